@@ -1,0 +1,89 @@
+// Tensor core: an owning tensor with aligned storage, and non-owning strided views over any memory.
+// Not a math library: kernels take a View's pointer and strides and loop themselves. A transpose or a
+// head split is a new View of the same bytes; a copy is always explicit (Tensor::copy_of).
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "attn/check.h"
+
+namespace attn {
+
+using Shape = std::vector<int64_t>;
+
+// "(2, 8, 10, 64)", as PyTorch prints a shape.
+std::string to_string(const Shape& shape);
+int64_t numel(const Shape& shape);
+Shape contiguous_strides(const Shape& shape);
+
+// A non-owning view: data, shape and strides in elements. An empty view (data == nullptr) means
+// "not given" wherever a View is optional.
+template <typename T>
+struct View {
+  T* data = nullptr;
+  Shape shape;
+  Shape strides;
+
+  View() = default;
+  View(T* data, Shape shape) : data(data), shape(shape), strides(contiguous_strides(shape)) {}
+  View(T* data, Shape shape, Shape strides) : data(data), shape(std::move(shape)), strides(std::move(strides)) {}
+  // A view of T is also a view of const T.
+  operator View<const T>() const requires(!std::is_const_v<T>) { return {data, shape, strides}; }
+
+  bool empty() const { return data == nullptr; }
+  int rank() const { return static_cast<int>(shape.size()); }
+  int64_t numel() const { return attn::numel(shape); }
+  // Negative dims count from the end, as in PyTorch.
+  int64_t size(int dim) const { return shape[wrap(dim)]; }
+  int64_t stride(int dim) const { return strides[wrap(dim)]; }
+  bool is_contiguous() const;
+
+  View transpose(int a, int b) const;
+  // Same bytes, new shape; needs a contiguous view (one dim may be -1).
+  View reshape(Shape new_shape) const;
+  // Drop dim `dim` by fixing its index.
+  View select(int dim, int64_t index) const;
+  // Reads and writes with every index checked against the shape.
+  T& at(std::initializer_list<int64_t> index) const;
+
+ private:
+  int wrap(int dim) const;
+};
+
+template <typename T>
+class TensorT {
+ public:
+  TensorT() = default;
+  explicit TensorT(Shape shape);  // zero-filled, 64-byte aligned
+  static TensorT copy_of(View<const T> src);  // contiguous copy of a (possibly strided) view
+  TensorT(TensorT&&) noexcept = default;
+  TensorT& operator=(TensorT&&) noexcept = default;
+  TensorT(const TensorT&) = delete;  // no hidden copies: use copy_of
+  TensorT& operator=(const TensorT&) = delete;
+
+  T* data() { return buf_.get(); }
+  const T* data() const { return buf_.get(); }
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return attn::numel(shape_); }
+  int64_t size(int dim) const { return view().size(dim); }
+  View<T> view() { return {data(), shape_}; }
+  View<const T> view() const { return {data(), shape_}; }
+  operator View<T>() { return view(); }
+  operator View<const T>() const { return view(); }
+  // Same storage, new shape (numel must match).
+  void reshape(Shape shape);
+
+ private:
+  struct Free { void operator()(T* p) const; };
+  std::unique_ptr<T[], Free> buf_;
+  Shape shape_;
+};
+
+using Tensor = TensorT<float>;
+using TensorD = TensorT<double>;
+
+}  // namespace attn

@@ -1,0 +1,8 @@
+"""attn: multi-head attention in C++ (numpy in, numpy out).
+
+    import attn
+    out = attn.scaled_dot_product_attention(q, k, v, is_causal=True)
+"""
+from _attn import AttnError  # noqa: F401
+
+from .functional import scaled_dot_product_attention  # noqa: F401

@@ -1,0 +1,59 @@
+"""scaled_dot_product_attention with the semantics of torch.nn.functional's function of that name."""
+import numpy as np
+
+import _attn
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False, *, causal_alignment="top_left",
+                                 return_weights=False, return_lse=False, seed=0, backend="auto",
+                                 strict=False):
+    """softmax(query @ key^T * scale + mask) @ value over the last two dims; leading dims are batch.
+
+    attn_mask: bool (True = may attend, PyTorch's convention for this function) or float (added),
+    broadcastable to (..., L, S). is_causal combines with attn_mask (PyTorch forbids both at once);
+    causal_alignment is "top_left" (PyTorch) or "bottom_right" (the last query sees every key).
+    enable_gqa: dim -3 of key/value may divide dim -3 of query (grouped-query attention).
+    Extras: return_weights / return_lse make it return (out, weights?, lse?); a fully masked row
+    gives zeros (PyTorch gives NaN); dropout uses `seed`.
+    """
+    query, key, value = (np.asarray(x) for x in (query, key, value))
+    dtype = np.float64 if query.dtype == np.float64 else np.float32
+    query, key, value = (x.astype(dtype, copy=False) for x in (query, key, value))
+    if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise _attn.AttnError(
+            f"Expected query, key and value of the same rank >= 2, but got {query.shape}, {key.shape} "
+            f"and {value.shape} instead")
+    if not enable_gqa and key.shape[:-2] != query.shape[:-2]:
+        raise _attn.AttnError(
+            f"Expected key batch dims {query.shape[:-2]} like query's (or enable_gqa=True), but got "
+            f"{key.shape[:-2]} instead")
+    lead = query.shape[:-3]  # folded into B; dim -3 is the head dim
+
+    def as4(x):
+        x = x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim < 4 else x
+        return x.reshape((-1,) + x.shape[-3:]) if x.ndim > 4 else x
+
+    mask, kind = None, "keep"
+    if attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        kind = "keep" if mask.dtype == np.bool_ else "additive"
+        mask = mask if kind == "keep" else mask.astype(dtype, copy=False)
+        if query.ndim > 4:  # fold the leading dims like the inputs
+            full = query.shape[:-2] + (query.shape[-2], key.shape[-2])
+            mask = np.broadcast_to(mask, full).reshape((-1,) + full[-3:])
+    causal = causal_alignment if is_causal else "none"
+    out, weights, lse = _attn.sdpa(as4(query), as4(key), as4(value), mask, kind, None, "drop", causal,
+                                   scale, float(dropout_p), int(seed), bool(return_weights),
+                                   bool(return_lse), backend, bool(strict))
+    L, S = query.shape[-2], key.shape[-2]
+    out = out.reshape(lead + query.shape[-3:-1] + (value.shape[-1],)) if query.ndim >= 3 else out.reshape(L, -1)
+    if not (return_weights or return_lse):
+        return out
+    shape = query.shape[:-1]
+    result = [out]
+    if return_weights:
+        result.append(weights.reshape(shape + (S,)))
+    if return_lse:
+        result.append(lse.reshape(shape))
+    return tuple(result)

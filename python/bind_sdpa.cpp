@@ -1,0 +1,98 @@
+// Python binding of sdpa(): numpy in, numpy out, float32 or float64, no copies of the inputs.
+#include <pybind11/stl.h>
+
+#include "attn/sdpa.h"
+#include "numpy_view.h"
+
+namespace py = pybind11;
+using namespace attn;
+using py_util::new_array;
+using py_util::view_of;
+
+namespace {
+
+Causal parse_causal(const std::string& s) {
+  if (s == "none") return Causal::none;
+  if (s == "top_left") return Causal::top_left;
+  if (s == "bottom_right") return Causal::bottom_right;
+  throw Error(cat("Expected causal in {none, top_left, bottom_right}, but got '", s, "' instead"));
+}
+
+Backend parse_backend(const std::string& s) {
+  if (s == "auto") return Backend::automatic;
+  if (s == "reference") return Backend::reference;
+  if (s == "flash") return Backend::flash;
+  throw Error(cat("Expected backend in {auto, reference, flash}, but got '", s, "' instead"));
+}
+
+// kind: "keep" (bool, True = attend), "drop" (bool, True = masked out) or "additive" (float).
+template <typename T>
+Mask<T> make_mask(const std::optional<py::array>& m, const std::string& kind, const char* arg) {
+  if (!m) return {};
+  if (kind == "additive") return Mask<T>::additive(view_of<const T>(*m, arg));
+  if (kind == "keep") return Mask<T>::keep(view_of<const uint8_t>(*m, arg));
+  if (kind == "drop") return Mask<T>::drop(view_of<const uint8_t>(*m, arg));
+  throw Error(cat("Expected a mask kind in {keep, drop, additive} for ", arg, ", but got '", kind, "' instead"));
+}
+
+template <typename T>
+SdpaArgs<T> make_args(const py::array& q, const py::array& k, const py::array& v,
+                      const std::optional<py::array>& mask, const std::string& mask_kind,
+                      const std::optional<py::array>& key_padding, const std::string& padding_kind,
+                      const std::string& causal, std::optional<double> scale, double dropout_p, uint64_t seed) {
+  SdpaArgs<T> a;
+  a.q = view_of<const T>(q, "query");
+  a.k = view_of<const T>(k, "key");
+  a.v = view_of<const T>(v, "value");
+  a.attn_mask = make_mask<T>(mask, mask_kind, "attn_mask");
+  a.key_padding = make_mask<T>(key_padding, padding_kind, "key_padding_mask");
+  a.causal = parse_causal(causal);
+  a.scale = scale;
+  a.dropout_p = dropout_p;
+  a.seed = seed;
+  return a;
+}
+
+template <typename T>
+py::tuple run(const SdpaArgs<T>& a, bool want_weights, bool want_lse, const SdpaOptions& opt) {
+  const auto& q = a.q;
+  ATTN_CHECK(q.rank() == 4 && a.k.rank() == 4 && a.v.rank() == 4,
+             "Expected query, key and value of rank 4, but got ", to_string(q.shape), ", ",
+             to_string(a.k.shape), " and ", to_string(a.v.shape), " instead");
+  auto [out, out_v] = new_array<T>({q.size(0), q.size(1), q.size(2), a.v.size(3)});
+  auto [w, w_v] = new_array<T>(want_weights ? Shape{q.size(0), q.size(1), q.size(2), a.k.size(2)} : Shape{0});
+  auto [lse, lse_v] = new_array<T>(want_lse ? Shape{q.size(0), q.size(1), q.size(2)} : Shape{0});
+  SdpaOut<T> o{out_v, want_weights ? w_v : View<T>{}, want_lse ? lse_v : View<T>{}};
+  {
+    py::gil_scoped_release nogil;
+    sdpa(a, o, opt);
+  }
+  return py::make_tuple(out, want_weights ? py::object(w) : py::none(), want_lse ? py::object(lse) : py::none());
+}
+
+}  // namespace
+
+void bind_sdpa(py::module_& m) {
+  m.def(
+      "sdpa",
+      [](const py::array& q, const py::array& k, const py::array& v, const std::optional<py::array>& mask,
+         const std::string& mask_kind, const std::optional<py::array>& key_padding,
+         const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
+         double dropout_p, uint64_t seed, bool want_weights, bool want_lse, const std::string& backend,
+         bool strict) {
+        SdpaOptions opt{parse_backend(backend), strict};
+        if (q.dtype().is(py::dtype::of<double>()))
+          return run(make_args<double>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale,
+                                       dropout_p, seed),
+                     want_weights, want_lse, opt);
+        return run(make_args<float>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale,
+                                    dropout_p, seed),
+                   want_weights, want_lse, opt);
+      },
+      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask") = py::none(),
+      py::arg("mask_kind") = "keep", py::arg("key_padding") = py::none(), py::arg("padding_kind") = "drop",
+      py::arg("causal") = "none", py::arg("scale") = py::none(), py::arg("dropout_p") = 0.0,
+      py::arg("seed") = 0, py::arg("want_weights") = false, py::arg("want_lse") = false,
+      py::arg("backend") = "auto", py::arg("strict") = false,
+      "Rank-4 SDPA on numpy arrays: returns (out, weights or None, lse or None).");
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what attn needs on Debian 12, and nothing that is already there (idempotent, fast when done).
+# Debian packages through apt (as root, or with sudo); Python packages into .venv from PyPI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(g++ cmake make pkg-config ccache libopenblas-dev libhwy-dev libgtest-dev libgmock-dev
+  libbenchmark-dev libcli11-dev nlohmann-json3-dev libcairo2-dev chromium)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python: torch pinned to 2.13.0, the CPU build; an unpinned torch pulls a CUDA build of several GB.
+PY_REQS=(numpy pybind11 pytest hypothesis safetensors playwright "torch==2.13.0")
+[ -x .venv/bin/python ] || python3 -m venv .venv
+if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' 2>/dev/null
+import sys, importlib.metadata as md
+for req in sys.argv[1:]:
+    name, _, ver = req.partition("==")
+    have = md.version(name)
+    if ver and have.split("+")[0] != ver:
+        sys.exit(1)
+PY
+then
+  echo "install-deps: python packages into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check "${PY_REQS[@]}"
+fi

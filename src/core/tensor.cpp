@@ -1,0 +1,148 @@
+// Tensor and View: shapes, strides, checked access, aligned storage.
+#include "attn/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace attn {
+
+std::string to_string(const Shape& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+int64_t numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    st[i] = s;
+    s *= shape[i];
+  }
+  return st;
+}
+
+template <typename T>
+int View<T>::wrap(int dim) const {
+  int r = rank();
+  ATTN_CHECK(dim >= -r && dim < r, "Expected a dim in [", -r, ", ", r, ") for a view of shape ",
+             to_string(shape), ", but got ", dim, " instead");
+  return dim < 0 ? dim + r : dim;
+}
+
+template <typename T>
+bool View<T>::is_contiguous() const {
+  int64_t s = 1;
+  for (int i = rank(); i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != s) return false;
+    s *= shape[i];
+  }
+  return true;
+}
+
+template <typename T>
+View<T> View<T>::transpose(int a, int b) const {
+  View v = *this;
+  a = wrap(a), b = wrap(b);
+  std::swap(v.shape[a], v.shape[b]);
+  std::swap(v.strides[a], v.strides[b]);
+  return v;
+}
+
+template <typename T>
+View<T> View<T>::reshape(Shape new_shape) const {
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < new_shape.size(); ++i) {
+    if (new_shape[i] == -1) {
+      ATTN_CHECK(infer < 0, "Expected at most one -1 in reshape, but got ", to_string(new_shape), " instead");
+      infer = static_cast<int64_t>(i);
+    } else {
+      known *= new_shape[i];
+    }
+  }
+  if (infer >= 0 && known > 0) new_shape[infer] = numel() / known;
+  ATTN_CHECK(attn::numel(new_shape) == numel(), "Expected a shape with ", numel(), " elements to reshape ",
+             to_string(shape), ", but got ", to_string(new_shape), " instead");
+  ATTN_CHECK(is_contiguous(), "Expected a contiguous view to reshape, but got shape ", to_string(shape),
+             " with strides ", to_string(strides), " instead");
+  return View(data, new_shape);
+}
+
+template <typename T>
+View<T> View<T>::select(int dim, int64_t index) const {
+  int d = wrap(dim);
+  ATTN_CHECK(index >= 0 && index < shape[d], "Expected an index in [0, ", shape[d], ") for dim ", dim,
+             " of shape ", to_string(shape), ", but got ", index, " instead");
+  View v = *this;
+  v.data += index * strides[d];
+  v.shape.erase(v.shape.begin() + d);
+  v.strides.erase(v.strides.begin() + d);
+  return v;
+}
+
+template <typename T>
+T& View<T>::at(std::initializer_list<int64_t> index) const {
+  ATTN_CHECK(static_cast<int>(index.size()) == rank(), "Expected ", rank(), " indices for shape ",
+             to_string(shape), ", but got ", index.size(), " instead");
+  int64_t off = 0;
+  int i = 0;
+  for (int64_t ix : index) {
+    ATTN_CHECK(ix >= 0 && ix < shape[i], "Expected index ", i, " in [0, ", shape[i], ") for shape ",
+               to_string(shape), ", but got ", ix, " instead");
+    off += ix * strides[i++];
+  }
+  return data[off];
+}
+
+template <typename T>
+void TensorT<T>::Free::operator()(T* p) const { std::free(p); }
+
+template <typename T>
+TensorT<T>::TensorT(Shape shape) : shape_(std::move(shape)) {
+  for (int64_t d : shape_) ATTN_CHECK(d >= 0, "Expected non-negative sizes, but got ", to_string(shape_), " instead");
+  size_t bytes = (static_cast<size_t>(attn::numel(shape_)) * sizeof(T) + 63) / 64 * 64;
+  buf_.reset(static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64)));
+  if (!buf_) throw std::bad_alloc();
+  std::memset(buf_.get(), 0, bytes);
+}
+
+template <typename T>
+TensorT<T> TensorT<T>::copy_of(View<const T> src) {
+  TensorT t(src.shape);
+  T* dst = t.data();
+  const int r = src.rank();
+  std::vector<int64_t> idx(r, 0);
+  for (int64_t n = 0, total = t.numel(); n < total; ++n) {
+    int64_t off = 0;
+    for (int i = 0; i < r; ++i) off += idx[i] * src.strides[i];
+    dst[n] = src.data[off];
+    for (int i = r; i-- > 0;) {  // odometer increment
+      if (++idx[i] < src.shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+  return t;
+}
+
+template <typename T>
+void TensorT<T>::reshape(Shape shape) {
+  shape_ = view().reshape(std::move(shape)).shape;
+}
+
+template struct View<float>;
+template struct View<const float>;
+template struct View<double>;
+template struct View<const double>;
+template struct View<uint8_t>;
+template struct View<const uint8_t>;
+template class TensorT<float>;
+template class TensorT<double>;
+template class TensorT<uint8_t>;
+
+}  // namespace attn
