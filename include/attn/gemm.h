@@ -1,0 +1,21 @@
+// Dense matrix products through OpenBLAS, row-major, for projections (Linear, MHA in/out projections).
+// Not for the attention inner loops: those use the flash kernel's own microkernels.
+#pragma once
+#include <cstdint>
+
+#include "attn/tensor.h"
+
+namespace attn {
+
+// C (M, N) = alpha · op(A) · op(B) + beta · C, row-major with leading dimensions; op = transpose if set.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+          int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+// y (N, out) = x (N, in) · Wᵀ (in, out) + bias (out): torch.nn.functional.linear. x and y may have
+// any row stride (a column slice of a wider matrix) but unit column stride; bias may be empty.
+template <typename T>
+void linear(View<const T> x, View<const T> weight, View<const T> bias, View<T> y);
+
+}  // namespace attn

@@ -1,0 +1,45 @@
+// gemm and linear over OpenBLAS's cblas interface.
+#include "attn/gemm.h"
+
+#include <cblas.h>
+
+namespace attn {
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+              lda, B, ldb, beta, C, ldc);
+}
+
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+          const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+              lda, B, ldb, beta, C, ldc);
+}
+
+template <typename T>
+void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
+  ATTN_CHECK(x.rank() == 2 && w.rank() == 2 && w.size(1) == in, "Expected weight of shape (out, ", in,
+             ") for input ", to_string(x.shape), ", but got ", to_string(w.shape), " instead");
+  ATTN_CHECK(y.rank() == 2 && y.size(0) == n && y.size(1) == out, "Expected output of shape ",
+             to_string({n, out}), ", but got ", to_string(y.shape), " instead");
+  ATTN_CHECK(bias.empty() || bias.shape == Shape{out}, "Expected bias of shape ", to_string({out}),
+             ", but got ", to_string(bias.shape), " instead");
+  ATTN_CHECK(x.stride(1) == 1 && y.stride(1) == 1 && w.is_contiguous(),
+             "Expected unit column stride for linear, but got input strides ", to_string(x.strides),
+             " and output strides ", to_string(y.strides), " instead");
+  if (n == 0) return;
+  T beta = 0;
+  if (!bias.empty()) {
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < out; ++c) y.data[r * y.stride(0) + c] = bias.data[c * bias.stride(0)];
+    beta = 1;
+  }
+  gemm(false, true, n, out, in, T(1), x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
+}
+
+template void linear(View<const float>, View<const float>, View<const float>, View<float>);
+template void linear(View<const double>, View<const double>, View<const double>, View<double>);
+
+}  // namespace attn
