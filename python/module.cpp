@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "attn/check.h"
+#include "attn/threads.h"
 
 namespace py = pybind11;
 
@@ -10,5 +11,7 @@ void bind_sdpa(py::module_& m);
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
   py::register_exception<attn::Error>(m, "AttnError", PyExc_ValueError);
+  m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads for attn kernels and OpenBLAS.");
+  m.def("get_num_threads", &attn::num_threads);
   bind_sdpa(m);
 }

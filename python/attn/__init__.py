@@ -3,6 +3,6 @@
     import attn
     out = attn.scaled_dot_product_attention(q, k, v, is_causal=True)
 """
-from _attn import AttnError  # noqa: F401
+from _attn import AttnError, get_num_threads, set_num_threads  # noqa: F401
 
 from .functional import scaled_dot_product_attention  # noqa: F401
