@@ -121,5 +121,18 @@ void sdpa(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& opt
 // The oracle: obvious code, materializes each row of scores, float or double.
 template <typename T>
 void reference_forward(const SdpaProblem<T>& p);
+// The backward oracle: recomputes the weights (reads neither p.out.out nor p.out.lse), float or double.
+// dout (B, H, L, Dv); dk and dv are summed over the query heads of a GQA group.
+template <typename T>
+void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaGrads<T>& g);
+
+// ---- Backward ----
+
+// Gradients of sdpa(args) given its output `out` (B, H, L, Dv), its `lse` (B, H, L) (sdpa with
+// out.lse requested) and dout = dLoss/dout (B, H, L, Dv). Same masks, causal, scale and dropout seed as
+// the forward; a fully masked row gets zero gradient. Backend choice as in sdpa().
+template <typename T>
+void sdpa_backward(const SdpaArgs<T>& args, View<const T> out, View<const T> lse, View<const T> dout,
+                   const SdpaGrads<T>& grads, const SdpaOptions& options = {});
 
 }  // namespace attn
