@@ -108,4 +108,32 @@ template BackendChoice explain(const SdpaArgs<double>&, const SdpaOut<double>&, 
 template void sdpa(const SdpaArgs<float>&, const SdpaOut<float>&, const SdpaOptions&);
 template void sdpa(const SdpaArgs<double>&, const SdpaOut<double>&, const SdpaOptions&);
 
+// ---- Backward ----
+
+template <typename T>
+void sdpa_backward(const SdpaArgs<T>& args, View<const T> out, View<const T> lse, View<const T> dout,
+                   const SdpaGrads<T>& grads, const SdpaOptions& options) {
+  // The kernels only read the forward's out and lse; make_problem takes them as outputs to check them.
+  auto writable = [](View<const T> x) { return View<T>(const_cast<T*>(x.data), x.shape, x.strides); };
+  ATTN_CHECK(!lse.empty(), "Expected lse (B, H, L) from the forward, but got nothing instead");
+  SdpaProblem<T> p = make_problem(args, SdpaOut<T>{writable(out), {}, writable(lse)});
+  check_rank4("dout", "(B, H, L, Dv)", dout);
+  check_shape("dout", "(B, H, L, Dv)", dout, {p.B, p.H, p.L, p.Dv});
+  check_rank4("dq", "(B, H, L, D)", grads.dq);
+  check_shape("dq", "(B, H, L, D)", grads.dq, {p.B, p.H, p.L, p.D});
+  check_rank4("dk", "(B, Hkv, S, D)", grads.dk);
+  check_shape("dk", "(B, Hkv, S, D)", grads.dk, {p.B, p.Hkv, p.S, p.D});
+  check_rank4("dv", "(B, Hkv, S, Dv)", grads.dv);
+  check_shape("dv", "(B, Hkv, S, Dv)", grads.dv, {p.B, p.Hkv, p.S, p.Dv});
+  // No flash backward yet: the reference is the fastest backward built, so strict has nothing to refuse.
+  ATTN_CHECK(options.backend != Backend::flash, "Expected backend reference or automatic for sdpa_backward, ",
+             "but got flash instead (no flash backward is built)");
+  reference_backward(p, dout, grads);
+}
+
+template void sdpa_backward(const SdpaArgs<float>&, View<const float>, View<const float>, View<const float>,
+                            const SdpaGrads<float>&, const SdpaOptions&);
+template void sdpa_backward(const SdpaArgs<double>&, View<const double>, View<const double>,
+                            View<const double>, const SdpaGrads<double>&, const SdpaOptions&);
+
 }  // namespace attn
