@@ -1,0 +1,223 @@
+// SDPA backward: the reference backward against central finite differences in fp64 on tiny shapes, over
+// every mask kind, both causal alignments, GQA ratios 1, 2, 4 and dropout; zero gradients of fully masked
+// rows; the argument checks of sdpa_backward. Not a benchmark.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+
+#include "attn/rng.h"
+#include "attn/sdpa.h"
+#include "attn/threads.h"
+
+using namespace attn;
+
+namespace {
+
+enum class MaskCase { none, keep, drop, additive, padding };
+
+const char* name(MaskCase m) {
+  const char* names[] = {"none", "keep", "drop", "additive", "padding"};
+  return names[static_cast<int>(m)];
+}
+const char* name(Causal c) { return c == Causal::none ? "none" : c == Causal::top_left ? "tl" : "br"; }
+
+struct Config {
+  int64_t B, H, Hkv, L, S, D, Dv;
+  MaskCase mask = MaskCase::none;
+  Causal causal = Causal::none;
+  double dropout = 0;
+};
+
+// Random inputs, masks and dout of one config. The values are floats widened to T, so a float and a double
+// Inputs of the same seed hold the same numbers and only the arithmetic differs.
+template <typename T>
+struct Inputs {
+  TensorT<T> q, k, v;  // (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
+  TensorT<T> dout;     // (B, H, L, Dv)
+  TensorT<T> bias;     // (B, H, L, S) additive mask
+  TensorT<uint8_t> bools;
+  SdpaArgs<T> args;
+
+  Inputs(const Config& c, uint64_t seed)
+      : q({c.B, c.H, c.L, c.D}), k({c.B, c.Hkv, c.S, c.D}), v({c.B, c.Hkv, c.S, c.Dv}),
+        dout({c.B, c.H, c.L, c.Dv}) {
+    Rng rng(seed);
+    for (TensorT<T>* t : {&q, &k, &v, &dout})
+      for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = T(float(rng.normal()));
+    args.q = q, args.k = k, args.v = v;
+    args.causal = c.causal;
+    args.dropout_p = c.dropout;
+    args.seed = 1234;
+    const float inf = std::numeric_limits<float>::infinity();
+    switch (c.mask) {
+      case MaskCase::none: break;
+      case MaskCase::keep:  // (L, S), broadcast over B and H; the last row keeps nothing
+        bools = TensorT<uint8_t>({c.L, c.S});
+        for (int64_t l = 0; l < c.L; ++l)
+          for (int64_t s = 0; s < c.S; ++s) bools.data()[l * c.S + s] = l < c.L - 1 && rng.uniform() < 0.7;
+        args.attn_mask = Mask<T>::keep(bools.view());
+        break;
+      case MaskCase::drop:  // (B, 1, L, S), broadcast over H
+        bools = TensorT<uint8_t>({c.B, 1, c.L, c.S});
+        for (int64_t i = 0; i < bools.numel(); ++i) bools.data()[i] = rng.uniform() < 0.3;
+        args.attn_mask = Mask<T>::drop(bools.view());
+        break;
+      case MaskCase::additive:  // (B, H, L, S): finite values and a few -inf
+        bias = TensorT<T>({c.B, c.H, c.L, c.S});
+        for (int64_t i = 0; i < bias.numel(); ++i) bias.data()[i] = T(rng.uniform() < 0.2 ? -inf : float(rng.normal()));
+        args.attn_mask = Mask<T>::additive(bias.view());
+        break;
+      case MaskCase::padding:  // key_padding (B, S), true = masked out
+        bools = TensorT<uint8_t>({c.B, c.S});
+        for (int64_t i = 0; i < bools.numel(); ++i) bools.data()[i] = rng.uniform() < 0.3;
+        args.key_padding = Mask<T>::drop(bools.view());
+        break;
+    }
+  }
+};
+
+template <typename T>
+struct Grads {
+  TensorT<T> dq, dk, dv;  // (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, Dv)
+  explicit Grads(const Config& c) : dq({c.B, c.H, c.L, c.D}), dk({c.B, c.Hkv, c.S, c.D}), dv({c.B, c.Hkv, c.S, c.Dv}) {}
+  SdpaGrads<T> views() { return {dq.view(), dk.view(), dv.view()}; }
+};
+
+template <typename T>
+Grads<T> reference_grads(const Config& c, const Inputs<T>& in) {
+  Grads<T> g(c);
+  TensorT<T> out({c.B, c.H, c.L, c.Dv});  // (B, H, L, Dv), unread by the reference backward
+  reference_backward(make_problem(in.args, SdpaOut<T>{out.view(), {}, {}}), in.dout.view(), g.views());
+  return g;
+}
+
+// The functional whose gradient we check: f(q, k, v) = sum(dout ∘ sdpa(q, k, v)), so df/dout-side = dout.
+double functional(const Config& c, const Inputs<double>& in) {
+  TensorD out({c.B, c.H, c.L, c.Dv});  // (B, H, L, Dv)
+  reference_forward(make_problem(in.args, SdpaOut<double>{out.view(), {}, {}}));
+  double f = 0;
+  for (int64_t i = 0; i < out.numel(); ++i) f += in.dout.data()[i] * out.data()[i];
+  return f;
+}
+
+using FdParam = std::tuple<MaskCase, Causal, int /* H / Hkv */, double /* dropout */, bool /* L > S */>;
+
+class ReferenceBackwardFd : public testing::TestWithParam<FdParam> {};
+
+TEST_P(ReferenceBackwardFd, MatchesCentralDifferences) {
+  auto [mask, causal, ratio, dropout, tall] = GetParam();
+  set_num_threads(1);  // thousands of tiny forwards: threads would cost more than they bring
+  Config c{2, 4, 4 / ratio, tall ? 7 : 5, tall ? 5 : 7, 3, 4, mask, causal, dropout};
+  Inputs<double> in(c, 7);
+  Grads<double> g = reference_grads(c, in);
+  // Central differences: error <= h²/6·|f'''| + ε·Σ|terms of f|/h. Inputs and dout are N(0, 1), so
+  // |f'''| per element is O(10) and Σ|terms| is O(100): with h = 1e-5 that is ~2e-10 + ~2e-9. The
+  // tolerance 1e-7·(1 + |g|) leaves a margin of ~50 without letting a wrong term (O(1e-2) or more) pass.
+  const double h = 1e-5, tol = 1e-7;
+  double worst = 0;
+  auto check = [&](TensorD& x, const TensorD& grad, const char* what) {
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double x0 = x.data()[i];
+      x.data()[i] = x0 + h;
+      const double fp = functional(c, in);
+      x.data()[i] = x0 - h;
+      const double fm = functional(c, in);
+      x.data()[i] = x0;
+      const double fd = (fp - fm) / (2 * h), got = grad.data()[i];
+      worst = std::max(worst, std::abs(fd - got) / (1 + std::abs(got)));
+      ASSERT_NEAR(got, fd, tol * (1 + std::abs(got))) << what << " element " << i;
+    }
+  };
+  check(in.q, g.dq, "dq");
+  check(in.k, g.dk, "dk");
+  check(in.v, g.dv, "dv");
+  RecordProperty("worst_relative_error", cat(worst));
+}
+
+std::string fd_name(const testing::TestParamInfo<FdParam>& info) {
+  auto [mask, causal, ratio, dropout, tall] = info.param;
+  return cat(name(mask), "_causal_", name(causal), "_gqa", ratio, dropout > 0 ? "_dropout" : "", tall ? "_L7S5" : "_L5S7");
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, ReferenceBackwardFd,
+                         testing::Combine(testing::Values(MaskCase::none, MaskCase::keep, MaskCase::drop,
+                                                          MaskCase::additive, MaskCase::padding),
+                                          testing::Values(Causal::none, Causal::top_left, Causal::bottom_right),
+                                          testing::Values(1, 2, 4), testing::Values(0.0, 0.3), testing::Bool()),
+                         fd_name);
+
+// A row that attends to nothing has output 0 whatever q, k, v are: its dq is 0 and its dout feeds
+// nothing, so changing that dout leaves dk and dv as they were.
+TEST(ReferenceBackward, FullyMaskedRowsGiveZeroGradient) {
+  // keep mask: the last row keeps nothing; bottom-right causal with L > S: rows 0 and 1 see no key
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    Config c{1, 2, 1, 7, 5, 3, 4, MaskCase::keep, causal, 0.3};
+    Inputs<double> in(c, 11);
+    Grads<double> g = reference_grads(c, in);
+    std::vector<int64_t> masked_rows = {c.L - 1};
+    if (causal == Causal::bottom_right) masked_rows.insert(masked_rows.end(), {0, 1});
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t l : masked_rows) {
+        for (int64_t d = 0; d < c.D; ++d) EXPECT_EQ(g.dq.view().at({0, h, l, d}), 0.0);
+        for (int64_t e = 0; e < c.Dv; ++e) in.dout.view().at({0, h, l, e}) = 1e3;
+      }
+    Grads<double> g2 = reference_grads(c, in);
+    for (int64_t i = 0; i < g.dk.numel(); ++i) EXPECT_EQ(g.dk.data()[i], g2.dk.data()[i]);
+    for (int64_t i = 0; i < g.dv.numel(); ++i) EXPECT_EQ(g.dv.data()[i], g2.dv.data()[i]);
+  }
+}
+
+// Strided gradients: dq written into a (B, L, H, D) buffer viewed as (B, H, L, D), as MHA does.
+TEST(ReferenceBackward, WritesStridedGradients) {
+  Config c{2, 4, 2, 5, 6, 3, 4, MaskCase::padding, Causal::top_left, 0.0};
+  Inputs<double> in(c, 3);
+  Grads<double> want = reference_grads(c, in);
+  TensorD dq_blhd({c.B, c.L, c.H, c.D}), dk({c.B, c.Hkv, c.S, c.D}), dv({c.B, c.Hkv, c.S, c.Dv});
+  for (int64_t i = 0; i < dk.numel(); ++i) dk.data()[i] = 99;  // the backward overwrites, never adds
+  TensorD out({c.B, c.H, c.L, c.Dv});
+  reference_backward<double>(make_problem(in.args, SdpaOut<double>{out.view(), {}, {}}), in.dout.view(),
+                     SdpaGrads<double>{dq_blhd.view().transpose(1, 2), dk.view(), dv.view()});
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t l = 0; l < c.L; ++l)
+        for (int64_t d = 0; d < c.D; ++d) EXPECT_EQ(dq_blhd.view().at({b, l, h, d}), want.dq.view().at({b, h, l, d}));
+  for (int64_t i = 0; i < dk.numel(); ++i) EXPECT_EQ(dk.data()[i], want.dk.data()[i]);
+}
+
+// sdpa_backward: every argument's shape is checked, and the error names the argument and both shapes.
+TEST(SdpaBackward, ShapeErrorsNameBothShapes) {
+  Config c{1, 4, 2, 5, 6, 3, 4};
+  Inputs<float> in(c, 5);
+  Tensor out({c.B, c.H, c.L, c.Dv}), lse({c.B, c.H, c.L});
+  sdpa(in.args, SdpaOut<float>{out.view(), {}, lse.view()});
+  Grads<float> g(c);
+  sdpa_backward<float>(in.args, out, lse, in.dout, g.views());  // well-formed: no throw
+
+  Tensor wrong_dout({c.B, c.H, c.L, c.D}), wrong_dk({c.B, c.H, c.S, c.D}), wrong_lse({c.B, c.H, c.S});
+  auto expect_error = [](auto&& call, const std::string& arg, const std::string& want, const std::string& got) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(arg), std::string::npos) << msg;
+      EXPECT_NE(msg.find(want), std::string::npos) << msg;
+      EXPECT_NE(msg.find(got), std::string::npos) << msg;
+    }
+  };
+  expect_error([&] { sdpa_backward<float>(in.args, out, lse, wrong_dout, g.views()); }, "dout", "(1, 4, 5, 4)",
+               "(1, 4, 5, 3)");
+  expect_error([&] { sdpa_backward<float>(in.args, out, lse, in.dout, {g.dq, wrong_dk, g.dv}); }, "dk",
+               "(1, 2, 6, 3)", "(1, 4, 6, 3)");
+  expect_error([&] { sdpa_backward<float>(in.args, out, wrong_lse, in.dout, g.views()); }, "lse", "(1, 4, 5)",
+               "(1, 4, 6)");
+  expect_error([&] { sdpa_backward<float>(in.args, wrong_dout, lse, in.dout, g.views()); }, "out", "(1, 4, 5, 4)",
+               "(1, 4, 5, 3)");
+  expect_error([&] { sdpa_backward<float>(in.args, out, {}, in.dout, g.views()); }, "lse", "(B, H, L)", "nothing");
+}
+
+}  // namespace
