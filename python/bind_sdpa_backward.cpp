@@ -1,0 +1,70 @@
+// Python binding of sdpa_backward(): numpy in, (dq, dk, dv) numpy out, float32 or float64, no copies of
+// the inputs. Takes the same argument spelling as _attn.sdpa, plus the forward's out and lse and dout.
+#include <pybind11/stl.h>
+
+#include "attn/sdpa.h"
+#include "numpy_view.h"
+#include "sdpa_args.h"
+
+namespace py = pybind11;
+using namespace attn;
+using py_util::new_array;
+using py_util::view_of;
+using py_util::make_mask;
+using py_util::parse_backend;
+using py_util::parse_causal;
+
+namespace {
+
+template <typename T>
+py::tuple run(const py::array& q, const py::array& k, const py::array& v, const py::array& out,
+              const py::array& lse, const py::array& dout, const std::optional<py::array>& mask,
+              const std::string& mask_kind, const std::optional<py::array>& key_padding,
+              const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
+              double dropout_p, uint64_t seed, const SdpaOptions& opt) {
+  SdpaArgs<T> a;
+  a.q = view_of<const T>(q, "query");
+  a.k = view_of<const T>(k, "key");
+  a.v = view_of<const T>(v, "value");
+  a.attn_mask = make_mask<T>(mask, mask_kind, "attn_mask");
+  a.key_padding = make_mask<T>(key_padding, padding_kind, "key_padding_mask");
+  a.causal = parse_causal(causal);
+  a.scale = scale;
+  a.dropout_p = dropout_p;
+  a.seed = seed;
+  // The gradients have the shapes of their inputs; sdpa_backward checks everything else.
+  auto shape = [](const View<const T>& x) { return x.shape; };
+  auto [dq, dq_v] = new_array<T>(shape(a.q));
+  auto [dk, dk_v] = new_array<T>(shape(a.k));
+  auto [dv, dv_v] = new_array<T>(shape(a.v));
+  View<const T> out_v = view_of<const T>(out, "out"), lse_v = view_of<const T>(lse, "lse"),
+                dout_v = view_of<const T>(dout, "dout");
+  {
+    py::gil_scoped_release nogil;
+    sdpa_backward(a, out_v, lse_v, dout_v, SdpaGrads<T>{dq_v, dk_v, dv_v}, opt);
+  }
+  return py::make_tuple(dq, dk, dv);
+}
+
+}  // namespace
+
+void bind_sdpa_backward(py::module_& m) {
+  m.def(
+      "sdpa_backward",
+      [](const py::array& q, const py::array& k, const py::array& v, const py::array& out, const py::array& lse,
+         const py::array& dout, const std::optional<py::array>& mask, const std::string& mask_kind,
+         const std::optional<py::array>& key_padding, const std::string& padding_kind, const std::string& causal,
+         std::optional<double> scale, double dropout_p, uint64_t seed, const std::string& backend, bool strict) {
+        SdpaOptions opt{parse_backend(backend), strict};
+        auto call = [&]<typename T>(T) {
+          return run<T>(q, k, v, out, lse, dout, mask, mask_kind, key_padding, padding_kind, causal, scale,
+                        dropout_p, seed, opt);
+        };
+        return q.dtype().is(py::dtype::of<double>()) ? call(0.0) : call(0.0f);
+      },
+      py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"), py::arg("lse"), py::arg("dout"),
+      py::arg("mask") = py::none(), py::arg("mask_kind") = "keep", py::arg("key_padding") = py::none(),
+      py::arg("padding_kind") = "drop", py::arg("causal") = "none", py::arg("scale") = py::none(),
+      py::arg("dropout_p") = 0.0, py::arg("seed") = 0, py::arg("backend") = "auto", py::arg("strict") = false,
+      "Gradients of rank-4 SDPA on numpy arrays, given the forward's out and lse and dout: returns (dq, dk, dv).");
+}
