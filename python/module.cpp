@@ -7,6 +7,7 @@
 namespace py = pybind11;
 
 void bind_sdpa(py::module_& m);
+void bind_sdpa_backward(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_attn, m) {
   m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads for attn kernels and OpenBLAS.");
   m.def("get_num_threads", &attn::num_threads);
   bind_sdpa(m);
+  bind_sdpa_backward(m);
 }
