@@ -35,7 +35,8 @@ void reference_forward(const SdpaProblem<T>& p) {
             x = dot * T(p.scale) + p.bias(b, h, l, s);
           }
           w[s] = x;
-          m = std::max(m, x);
+          // not std::max, which skips a NaN: a NaN score makes the row NaN, never "fully masked" (zero)
+          if (x > m || std::isnan(x)) m = x;
         }
         // softmax; a fully masked row (m = -inf) gives weights 0, output 0, LSE -inf
         T sum = 0;
