@@ -1,0 +1,325 @@
+// safetensors I/O: a reader that treats the file as hostile (F32/F64/F16/BF16 in, float32 out) and an
+// atomic F32 writer whose bytes match what the safetensors library writes for the same tensors.
+// Not a lazy or mmap loader: the file is read into memory once, and every number in the header is
+// checked against the bytes actually there before any tensor is built.
+#include "attn/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <system_error>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// Every file error names the file: "safetensors file 'x': Expected ..., but got ... instead".
+#define ST_CHECK(cond, ...) ATTN_CHECK(cond, "safetensors file '", path, "': ", __VA_ARGS__)
+
+namespace attn {
+namespace {
+
+using json = nlohmann::json;
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian, like this host");
+
+// The library's own limit on the JSON header (MAX_HEADER_SIZE in safetensors/src/tensor.rs).
+constexpr uint64_t kMaxHeader = 100'000'000;
+constexpr uint64_t kMaxI64 = std::numeric_limits<int64_t>::max();
+
+std::string os_error(int e) { return std::generic_category().message(e); }
+
+// A JSON value for an error message, cut short: a header may be 100 MB.
+std::string brief(const json& v) {
+  std::string s = v.dump();
+  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
+}
+
+// ---- dtypes we read, all converted to float32 exactly (F64 rounds to nearest) ----
+
+float f16_to_f32(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float32
+    float f = std::ldexp(float(man), -24);
+    return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | sign);
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf / NaN (payload kept)
+  return std::bit_cast<float>(sign | ((exp + 127 - 15) << 23) | (man << 13));   // rebias the exponent
+}
+
+struct DType {
+  const char* name;
+  uint64_t size;
+  void (*convert)(const uint8_t* src, float* dst, int64_t n);
+};
+
+template <typename T, typename F>
+void convert_each(const uint8_t* src, float* dst, int64_t n, F f) {
+  for (int64_t i = 0; i < n; ++i) {
+    T x;
+    std::memcpy(&x, src + i * sizeof(T), sizeof(T));  // data may sit at any byte offset
+    dst[i] = f(x);
+  }
+}
+
+const DType kDTypes[] = {
+    {"F32", 4, [](const uint8_t* s, float* d, int64_t n) { std::memcpy(d, s, size_t(n) * 4); }},
+    {"F64", 8, [](const uint8_t* s, float* d, int64_t n) { convert_each<double>(s, d, n, [](double x) { return float(x); }); }},
+    {"F16", 2, [](const uint8_t* s, float* d, int64_t n) { convert_each<uint16_t>(s, d, n, f16_to_f32); }},
+    {"BF16", 2, [](const uint8_t* s, float* d, int64_t n) {
+       convert_each<uint16_t>(s, d, n, [](uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); });
+     }},
+};
+
+struct Entry {
+  std::string name;
+  const DType* dtype;
+  Shape shape;
+  uint64_t begin, end;  // relative to the first byte after the header
+};
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ST_CHECK(fd >= 0, "Expected a readable file, but got '", os_error(errno), "' instead");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  ST_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), "Expected a regular file, but got something else instead");
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  for (size_t got = 0; got < bytes.size();) {
+    ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    ST_CHECK(r > 0, "Expected ", bytes.size(), " bytes, but got ", got, " before '",
+             r < 0 ? os_error(errno) : "end of file", "' instead");
+    got += size_t(r);
+  }
+  return bytes;
+}
+
+// Parses the header, rejecting duplicate keys in any object (JSON allows them; a file where one name
+// means two tensors is ambiguous, and nlohmann would silently keep the last).
+json parse_header(const std::string& path, const char* first, const char* last) {
+  std::vector<std::set<std::string>> keys;  // one set per object being parsed
+  auto on_event = [&](int, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) keys.emplace_back();
+    if (ev == json::parse_event_t::object_end) keys.pop_back();
+    if (ev == json::parse_event_t::key) {
+      const auto& k = parsed.get_ref<const std::string&>();
+      ST_CHECK(keys.back().insert(k).second, "Expected unique keys in the header, but got \"", k, "\" twice instead");
+    }
+    return true;
+  };
+  try {
+    return json::parse(first, last, on_event);
+  } catch (const json::exception& e) {
+    ST_CHECK(false, "Expected a JSON header, but got '", e.what(), "' instead");
+  }
+  return {};
+}
+
+Entry parse_entry(const std::string& path, const std::string& name, const json& v, uint64_t data_size) {
+  ST_CHECK(v.is_object(), "Expected tensor '", name, "' to be {\"dtype\", \"shape\", \"data_offsets\"}, but got ",
+           brief(v), " instead");
+  auto field = [&](const char* f) -> const json& {
+    auto it = v.find(f);
+    ST_CHECK(it != v.end(), "Expected tensor '", name, "' to have \"", f, "\", but got ", brief(v), " instead");
+    return *it;
+  };
+  Entry e{name, nullptr, {}, 0, 0};
+  const json& dt = field("dtype");
+  for (const DType& d : kDTypes)
+    if (dt.is_string() && dt.get_ref<const std::string&>() == d.name) e.dtype = &d;
+  ST_CHECK(e.dtype, "Expected tensor '", name, "' of dtype F32, F64, F16 or BF16, but got ", brief(dt), " instead");
+
+  const json& sh = field("shape");
+  bool ok = sh.is_array();
+  uint64_t n = 1;  // numel; like the library, the running product must not overflow (and fits int64)
+  for (size_t i = 0; ok && i < sh.size(); ++i) {
+    ok = sh[i].is_number_unsigned() && !__builtin_mul_overflow(n, sh[i].get<uint64_t>(), &n) && n <= kMaxI64 &&
+         sh[i].get<uint64_t>() <= kMaxI64;
+    if (ok) e.shape.push_back(int64_t(sh[i].get<uint64_t>()));
+  }
+  uint64_t bytes = 0;
+  ok = ok && !__builtin_mul_overflow(n, e.dtype->size, &bytes);
+  ST_CHECK(ok, "Expected tensor '", name, "' to have a shape of non-negative sizes whose byte count fits in 64 bits, "
+           "but got ", brief(sh), " instead");
+
+  const json& off = field("data_offsets");
+  ST_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+           "Expected data_offsets of tensor '", name, "' to be [begin, end], but got ", brief(off), " instead");
+  e.begin = off[0].get<uint64_t>(), e.end = off[1].get<uint64_t>();
+  ST_CHECK(e.begin <= e.end, "Expected data_offsets [begin, end] with begin <= end for tensor '", name, "', but got [",
+           e.begin, ", ", e.end, "] instead");
+  ST_CHECK(e.end <= data_size, "Expected data_offsets of tensor '", name, "' within the ", data_size,
+           " data bytes after the header, but got [", e.begin, ", ", e.end, "] instead (truncated file?)");
+  ST_CHECK(e.end - e.begin == bytes, "Expected tensor '", name, "' of shape ", to_string(e.shape), " and dtype ",
+           e.dtype->name, " to take ", bytes, " bytes, but got data_offsets [", e.begin, ", ", e.end, "] (",
+           e.end - e.begin, " bytes) instead");
+  return e;
+}
+
+// The tensors must tile the data buffer exactly: sorted by offset, each starts where the last ended,
+// and the last ends at the end of the file (the library's rule; a gap could hide anything).
+void check_tiling(const std::string& path, std::vector<Entry>& entries, uint64_t data_size) {
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t pos = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : entries) {
+    ST_CHECK(e.begin >= pos, "Expected tensors that do not overlap, but got '", prev->name, "' at [", prev->begin,
+             ", ", prev->end, "] and '", e.name, "' at [", e.begin, ", ", e.end, "] instead");
+    ST_CHECK(e.begin == pos, "Expected tensors that cover the data without holes, but got ", e.begin - pos,
+             " unused bytes [", pos, ", ", e.begin, ") before tensor '", e.name, "' instead");
+    pos = e.end, prev = &e;
+  }
+  ST_CHECK(pos == data_size, "Expected tensors that cover all ", data_size, " data bytes, but got ", data_size - pos,
+           " unused bytes [", pos, ", ", data_size, ") at the end instead");
+}
+
+void write_all(const std::string& path, int fd, const void* p, size_t n) {
+  for (auto* c = static_cast<const char*>(p); n > 0;) {
+    ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    ST_CHECK(w > 0, "Expected to write ", n, " more bytes, but got '", os_error(w < 0 ? errno : EIO), "' instead");
+    c += w, n -= size_t(w);
+  }
+}
+
+// A JSON string literal; names and metadata must be UTF-8 (the header is JSON).
+std::string quote(const std::string& path, const std::string& s) {
+  try {
+    return json(s).dump();
+  } catch (const json::exception&) {
+    ST_CHECK(false, "Expected UTF-8 tensor names and metadata, but got \"", s, "\" instead");
+  }
+  return {};
+}
+
+}  // namespace
+
+StateDict load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  std::vector<uint8_t> file = read_file(path);
+  ST_CHECK(file.size() >= 8, "Expected at least 8 bytes (the header length), but got ", file.size(), " instead");
+  uint64_t n;
+  std::memcpy(&n, file.data(), 8);
+  ST_CHECK(n <= file.size() - 8, "Expected a header length of at most ", file.size() - 8, " (the file has ",
+           file.size(), " bytes), but got ", n, " instead");
+  ST_CHECK(n <= kMaxHeader, "Expected a header length of at most ", kMaxHeader, ", but got ", n, " instead");
+  const char* header = reinterpret_cast<const char*>(file.data() + 8);
+  json j = parse_header(path, header, header + n);
+  ST_CHECK(j.is_object(), "Expected a JSON object as the header, but got ", brief(j), " instead");
+
+  const uint8_t* data = file.data() + 8 + n;
+  const uint64_t data_size = file.size() - 8 - n;
+  std::map<std::string, std::string> meta;
+  std::vector<Entry> entries;
+  for (const auto& [name, v] : j.items()) {
+    if (name == "__metadata__") {
+      ST_CHECK(v.is_object() || v.is_null(), "Expected __metadata__ to be an object of strings, but got ", brief(v),
+               " instead");
+      for (const auto& [k, s] : v.items()) {
+        ST_CHECK(s.is_string(), "Expected __metadata__ value of \"", k, "\" to be a string, but got ", brief(s),
+                 " instead");
+        meta[k] = s.get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(path, name, v, data_size));
+  }
+  check_tiling(path, entries, data_size);
+
+  StateDict out;
+  for (const Entry& e : entries) {
+    Tensor t(e.shape);
+    e.dtype->convert(data + e.begin, t.data(), t.numel());
+    out.emplace(e.name, std::move(t));
+  }
+  if (metadata) *metadata = std::move(meta);
+  return out;
+}
+
+void save_safetensors(const std::string& path, const StateDict& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // The header, byte for byte as the library writes it: compact JSON, "__metadata__" first, then the
+  // tensors in offset order, which for one dtype is name order (std::map compares bytes, like Rust).
+  std::string h = "{";
+  if (!metadata.empty()) {
+    h += "\"__metadata__\":{";
+    for (const auto& [k, v] : metadata) h += quote(path, k) + ":" + quote(path, v) + ",";
+    h.back() = '}';
+    h += ",";
+  }
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    ST_CHECK(name != "__metadata__", "Expected tensor names other than \"__metadata__\", but got it instead");
+    ST_CHECK(t.data() || t.numel() == 0, "Expected tensor '", name, "' to have storage, but got an empty Tensor instead");
+    std::string shape;
+    for (int64_t d : t.shape()) shape += cat(shape.empty() ? "" : ",", d);
+    uint64_t end = offset + uint64_t(t.numel()) * 4;
+    h += cat(quote(path, name), ":{\"dtype\":\"F32\",\"shape\":[", shape, "],\"data_offsets\":[", offset, ",", end, "]},");
+    offset = end;
+  }
+  if (h.back() == ',') h.pop_back();
+  h += "}";
+  h.append((8 - h.size() % 8) % 8, ' ');  // pad with spaces so the data starts 8-byte aligned
+  const uint64_t n = h.size();
+
+  // Atomic: write a temporary file next to the target, fsync it, then rename it over the target.
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    tmp = cat(path, ".tmp.", ::getpid(), ".", counter++);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    int e = errno;
+    ST_CHECK(fd >= 0 || (e == EEXIST && attempt < 100), "Expected to create the temporary file '", tmp,
+             "', but got '", os_error(e), "' instead");
+  }
+  try {
+    write_all(path, fd, &n, 8);
+    write_all(path, fd, h.data(), h.size());
+    for (const auto& [name, t] : tensors) write_all(path, fd, t.data(), size_t(t.numel()) * 4);
+    ST_CHECK(::fsync(fd) == 0, "Expected fsync to succeed, but got '", os_error(errno), "' instead");
+    int rc = ::close(fd);
+    fd = -1;
+    ST_CHECK(rc == 0, "Expected close to succeed, but got '", os_error(errno), "' instead");
+    ST_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "Expected to rename '", tmp, "' over it, but got '",
+             os_error(errno), "' instead");
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  // Make the rename itself durable (best effort: the new file is complete either way).
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+const Tensor& expect_tensor(const StateDict& sd, const std::string& name, const Shape& want) {
+  auto it = sd.find(name);
+  if (it == sd.end()) {
+    std::string have;
+    for (const auto& [k, t] : sd) have += (have.empty() ? "'" : ", '") + k + "' " + to_string(t.shape());
+    throw Error(cat("Expected a tensor named '", name, "', but got only [", have, "] instead"));
+  }
+  ATTN_CHECK(it->second.shape() == want, "Expected ", name, " of shape ", to_string(want), ", but got ",
+             to_string(it->second.shape()), " instead");
+  return it->second;
+}
+
+}  // namespace attn
