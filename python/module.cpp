@@ -8,6 +8,7 @@ namespace py = pybind11;
 
 void bind_sdpa(py::module_& m);
 void bind_sdpa_backward(py::module_& m);
+void bind_io(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
@@ -16,4 +17,5 @@ PYBIND11_MODULE(_attn, m) {
   m.def("get_num_threads", &attn::num_threads);
   bind_sdpa(m);
   bind_sdpa_backward(m);
+  bind_io(m);
 }
