@@ -17,33 +17,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Extras: return_weights / return_lse make it return (out, weights?, lse?); a fully masked row
     gives zeros (PyTorch gives NaN); dropout uses `seed`.
     """
-    query, key, value = (np.asarray(x) for x in (query, key, value))
-    dtype = np.float64 if query.dtype == np.float64 else np.float32
-    query, key, value = (x.astype(dtype, copy=False) for x in (query, key, value))
-    if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
-        raise _attn.AttnError(
-            f"Expected query, key and value of the same rank >= 2, but got {query.shape}, {key.shape} "
-            f"and {value.shape} instead")
-    if not enable_gqa and key.shape[:-2] != query.shape[:-2]:
-        raise _attn.AttnError(
-            f"Expected key batch dims {query.shape[:-2]} like query's (or enable_gqa=True), but got "
-            f"{key.shape[:-2]} instead")
+    (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
     lead = query.shape[:-3]  # folded into B; dim -3 is the head dim
-
-    def as4(x):
-        x = x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim < 4 else x
-        return x.reshape((-1,) + x.shape[-3:]) if x.ndim > 4 else x
-
-    mask, kind = None, "keep"
-    if attn_mask is not None:
-        mask = np.asarray(attn_mask)
-        kind = "keep" if mask.dtype == np.bool_ else "additive"
-        mask = mask if kind == "keep" else mask.astype(dtype, copy=False)
-        if query.ndim > 4:  # fold the leading dims like the inputs
-            full = query.shape[:-2] + (query.shape[-2], key.shape[-2])
-            mask = np.broadcast_to(mask, full).reshape((-1,) + full[-3:])
     causal = causal_alignment if is_causal else "none"
-    out, weights, lse = _attn.sdpa(as4(query), as4(key), as4(value), mask, kind, None, "drop", causal,
+    out, weights, lse = _attn.sdpa(_as4(query), _as4(key), _as4(value), mask, kind, None, "drop", causal,
                                    scale, float(dropout_p), int(seed), bool(return_weights),
                                    bool(return_lse), backend, bool(strict))
     L, S = query.shape[-2], key.shape[-2]
@@ -57,3 +34,52 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if return_lse:
         result.append(lse.reshape(shape))
     return tuple(result)
+
+
+
+def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None, dropout_p=0.0,
+                                          is_causal=False, scale=None, enable_gqa=False, *,
+                                          causal_alignment="top_left", seed=0, backend="auto", strict=False):
+    """Gradients (dq, dk, dv) of scaled_dot_product_attention at (query, key, value).
+
+    grad_out is dLoss/dout; out and lse come from the forward call (return_lse=True), whose other
+    arguments (mask, dropout_p and seed, is_causal, scale, enable_gqa) must be passed again. With
+    enable_gqa, dk and dv are summed over the query heads that share a key/value head. A fully masked
+    row gets zero gradient.
+    """
+    (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
+    out, lse, grad_out = (np.asarray(x, dtype=query.dtype) for x in (out, lse, grad_out))
+    causal = causal_alignment if is_causal else "none"
+    dq, dk, dv = _attn.sdpa_backward(_as4(query), _as4(key), _as4(value), _as4(out), _as4(lse[..., None])[..., 0],
+                                     _as4(grad_out), mask, kind, None, "drop", causal, scale, float(dropout_p),
+                                     int(seed), backend, bool(strict))
+    return dq.reshape(query.shape), dk.reshape(key.shape), dv.reshape(value.shape)
+
+def _as4(x):
+    """(..., H, L, D) as (B, H, L, D): missing leading dims become 1, extra ones fold into B."""
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape) if x.ndim < 4 else x
+    return x.reshape((-1,) + x.shape[-3:]) if x.ndim > 4 else x
+
+
+def _prepare(query, key, value, attn_mask, enable_gqa):
+    """Checked numpy inputs of one dtype, and the mask with its kind ("keep" or "additive") folded like them."""
+    query, key, value = (np.asarray(x) for x in (query, key, value))
+    dtype = np.float64 if query.dtype == np.float64 else np.float32
+    query, key, value = (x.astype(dtype, copy=False) for x in (query, key, value))
+    if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise _attn.AttnError(
+            f"Expected query, key and value of the same rank >= 2, but got {query.shape}, {key.shape} "
+            f"and {value.shape} instead")
+    if not enable_gqa and key.shape[:-2] != query.shape[:-2]:
+        raise _attn.AttnError(
+            f"Expected key batch dims {query.shape[:-2]} like query's (or enable_gqa=True), but got "
+            f"{key.shape[:-2]} instead")
+    mask, kind = None, "keep"
+    if attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        kind = "keep" if mask.dtype == np.bool_ else "additive"
+        mask = mask if kind == "keep" else mask.astype(dtype, copy=False)
+        if query.ndim > 4:  # fold the leading dims like the inputs
+            full = query.shape[:-2] + (query.shape[-2], key.shape[-2])
+            mask = np.broadcast_to(mask, full).reshape((-1,) + full[-3:])
+    return (query, key, value), mask, kind
