@@ -121,6 +121,9 @@ void sdpa(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& opt
 // The oracle: obvious code, materializes each row of scores, float or double.
 template <typename T>
 void reference_forward(const SdpaProblem<T>& p);
+// FlashAttention-2 forward, fp32 only: never materializes the weights (p.out.weights must be empty),
+// writes out and, if requested, LSE. Same result for any thread count.
+void flash_forward(const SdpaProblem<float>& p);
 // The backward oracle: recomputes the weights (reads neither p.out.out nor p.out.lse), float or double.
 // dout (B, H, L, Dv); dk and dv are summed over the query heads of a GQA group.
 template <typename T>
