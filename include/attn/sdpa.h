@@ -128,6 +128,9 @@ void flash_forward(const SdpaProblem<float>& p);
 // dout (B, H, L, Dv); dk and dv are summed over the query heads of a GQA group.
 template <typename T>
 void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaGrads<T>& g);
+// FlashAttention-2 backward, fp32 only: needs p.out.out and p.out.lse from the forward. dout (B, H, L, Dv).
+// Same result for any thread count.
+void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g);
 
 // ---- Backward ----
 
