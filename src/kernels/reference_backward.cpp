@@ -51,7 +51,7 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
               x = dot * scale + p.bias(b, h, l, s);
             }
             w[s] = x;
-            m = std::max(m, x);
+            if (x > m || std::isnan(x)) m = x;  // as the forward: a NaN score makes the row NaN, not masked
           }
           // fully masked row: P = 0, so every gradient it feeds is 0
           if (m == -inf) continue;
