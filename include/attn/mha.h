@@ -1,0 +1,103 @@
+// MultiheadAttention with torch.nn.MultiheadAttention's semantics: the same parameters under the same
+// state_dict names, the same shapes, masks, add_bias_kv, add_zero_attn and dropout on the weights, plus
+// grouped-query attention (num_kv_heads). Forward only; not a training layer (no backward here).
+//
+// Where we differ from PyTorch, on purpose:
+// - A fully masked row (a query that may attend to no key, in some head) gives weights 0 and context 0
+//   in that head, so when every head is masked the output row is out_proj.bias. PyTorch gives NaN there
+//   (need_weights=True, or its fast path) or zeros (its need_weights=False path).
+// - is_causal is a top-left causal mask of its own (query l sees keys s <= l) that combines with
+//   attn_mask and key_padding_mask; PyTorch requires attn_mask with is_causal and takes it as a hint that
+//   attn_mask is causal. The columns add_bias_kv / add_zero_attn append stay visible to every query, as
+//   they are under PyTorch's padded causal attn_mask.
+// - Initialisation and dropout draw from attn::Rng / the dropout hash of rng.h: PyTorch's distributions,
+//   other numbers.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn/mask.h"
+#include "attn/safetensors.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+// The constructor arguments of torch.nn.MultiheadAttention (0 = PyTorch's None), plus ours.
+struct MhaOptions {
+  int64_t embed_dim = 0;      // E
+  int64_t num_heads = 1;      // H; head dim D = E / H
+  double dropout = 0.0;       // on the attention weights, in training mode only
+  bool bias = true;           // in_proj_bias and out_proj.bias
+  bool add_bias_kv = false;   // append the learned key/value bias_k, bias_v as one more key
+  bool add_zero_attn = false; // append a zero key/value
+  int64_t kdim = 0;           // key features; 0 = E
+  int64_t vdim = 0;           // value features; 0 = E
+  bool batch_first = false;   // (N, L, E) instead of (L, N, E)
+  int64_t num_kv_heads = 0;   // Hkv; 0 = H. GQA when < H, MQA at 1
+  uint64_t seed = 0;          // initialisation, and the first dropout seed
+};
+
+// forward()'s optional arguments, named and defaulted as in PyTorch. Masks are views (no copy is made
+// unless add_bias_kv / add_zero_attn need a padded column). PyTorch's bool masks are Mask::drop
+// (True = ignore / not allowed); float masks are Mask::additive; Mask::keep works too.
+struct MhaArgs {
+  Mask<float> key_padding_mask = {};  // (N, S), unbatched (S,)
+  bool need_weights = true;           // also return the attention weights (forces the reference backend)
+  Mask<float> attn_mask = {};         // (L, S) or (N·H, L, S), unbatched (L, S) or (H, L, S)
+  bool average_attn_weights = true;   // weights averaged over heads, else per head
+  bool is_causal = false;             // top-left causal; combines with both masks
+  std::ostream* trace = nullptr;      // if set, prints the shape at every stage
+};
+
+// S' = S + add_bias_kv + add_zero_attn: the keys actually attended to.
+struct MhaOutput {
+  Tensor output;   // (L, N, E), (N, L, E) with batch_first, (L, E) unbatched
+  Tensor weights;  // empty unless need_weights: (N, L, S') averaged or (N, H, L, S'); unbatched (L, S') / (H, L, S')
+};
+
+class MultiheadAttention {
+ public:
+  // Throws attn::Error for embed_dim % num_heads != 0, num_heads % num_kv_heads != 0 and other bad options.
+  explicit MultiheadAttention(const MhaOptions& options);
+
+  // query (L, N, E) / (N, L, E) / (L, E); key (S, N, kdim), value (S, N, vdim) in the same layout.
+  // Any strides with a unit last stride are read in place; other inputs are copied once.
+  MhaOutput forward(View<const float> query, View<const float> key, View<const float> value,
+                    const MhaArgs& args = {});
+
+  // PyTorch's names and order: in_proj_weight (3E, E) when kdim == vdim == E and Hkv == H, else
+  // q_proj_weight (E, E), k_proj_weight (Hkv·D, kdim), v_proj_weight (Hkv·D, vdim); in_proj_bias
+  // (E + 2·Hkv·D); bias_k, bias_v (1, 1, Hkv·D); out_proj.weight (E, E), out_proj.bias (E).
+  StateDict state_dict() const;
+  // Every expected name with its shape; unknown or missing names are errors. Nothing changes on error.
+  void load_state_dict(const StateDict& sd);
+  void save(const std::string& path) const;  // safetensors
+  void load(const std::string& path);
+
+  void train(bool on = true) { training_ = on; }
+  void eval() { train(false); }
+  bool training() const { return training_; }
+  const MhaOptions& options() const { return o_; }  // kdim, vdim, num_kv_heads resolved
+  int64_t head_dim() const { return o_.embed_dim / o_.num_heads; }
+  // (state_dict name, parameter) in PyTorch's order; the pointers stay valid for the object's life.
+  std::vector<std::pair<std::string, Tensor*>> named_parameters();
+  std::vector<std::pair<std::string, const Tensor*>> named_parameters() const;
+
+ private:
+  MhaOptions o_;
+  bool training_ = true;        // like a fresh torch module
+  uint64_t dropout_seed_;       // advanced by every forward that applies dropout
+  Tensor in_proj_weight_;       // (3E, E) packed, or empty
+  Tensor q_proj_weight_;        // (E, E)          } when not packed
+  Tensor k_proj_weight_;        // (Hkv·D, kdim)   }
+  Tensor v_proj_weight_;        // (Hkv·D, vdim)   }
+  Tensor in_proj_bias_;         // (E + 2·Hkv·D), if bias
+  Tensor out_proj_weight_;      // (E, E)
+  Tensor out_proj_bias_;        // (E), if bias
+  Tensor bias_k_, bias_v_;      // (1, 1, Hkv·D), if add_bias_kv
+};
+
+}  // namespace attn

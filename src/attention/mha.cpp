@@ -1,0 +1,382 @@
+// MultiheadAttention: checks, PyTorch's initialisation, state_dict I/O, and a forward that is a
+// sequence of readable steps (project, split heads by strides, sdpa, concat by strides, project).
+// No attention math here: that is sdpa()'s job.
+#include "attn/mha.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <ostream>
+
+#include "attn/gemm.h"
+#include "attn/rng.h"
+#include "attn/sdpa.h"
+
+namespace attn {
+namespace {
+
+// ---- Initialisation, as torch.nn.init ----
+
+// torch.nn.init._calculate_fan_in_and_fan_out: dims 0 and 1 times the receptive field (dims 2...).
+std::pair<double, double> fans(const Shape& s) {
+  double receptive = 1;
+  for (size_t i = 2; i < s.size(); ++i) receptive *= double(s[i]);
+  return {double(s[1]) * receptive, double(s[0]) * receptive};
+}
+
+void fill_uniform(Tensor& t, double bound, Rng& rng) {
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(rng.uniform(-bound, bound));
+}
+
+void xavier_uniform(Tensor& t, Rng& rng) {
+  auto [in, out] = fans(t.shape());
+  fill_uniform(t, std::sqrt(6.0 / (in + out)), rng);
+}
+
+void xavier_normal(Tensor& t, Rng& rng) {
+  auto [in, out] = fans(t.shape());
+  const double std = std::sqrt(2.0 / (in + out));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(std * rng.normal());
+}
+
+// kaiming_uniform_(a=sqrt(5)), nn.Linear's default: gain sqrt(2 / (1 + a²)) · sqrt(3 / fan_in) = 1/sqrt(fan_in).
+void linear_default(Tensor& t, Rng& rng) { fill_uniform(t, 1.0 / std::sqrt(fans(t.shape()).first), rng); }
+
+// ---- Views ----
+
+// PyTorch's layouts as (B, T, C) views of the same bytes: (T, B, C) transposed, unbatched (T, C) as B = 1.
+View<const float> as_btc(View<const float> x, bool seq_first) {
+  if (x.rank() == 2) return {x.data, {1, x.size(0), x.size(1)}, {x.size(0) * x.stride(0), x.stride(0), x.stride(1)}};
+  return seq_first ? x.transpose(0, 1) : x;
+}
+
+// A zeroed buffer stored in the input's layout, (T, B, C) when seq_first else (B, T, C), so one gemm
+// covers all rows and the result is already in PyTorch's output layout.
+Tensor new_buffer(bool seq_first, int64_t B, int64_t T, int64_t C) {
+  return seq_first ? Tensor({T, B, C}) : Tensor({B, T, C});
+}
+View<float> btc(Tensor& t, bool seq_first) { return seq_first ? t.view().transpose(0, 1) : t.view(); }
+
+// (B, T, heads·D) -> (B, heads, T, D): the head split of the DESIGN, the same bytes read by strides.
+template <typename T>
+View<T> split_heads(View<T> x, int64_t heads) {
+  const int64_t d = x.size(2) / heads;
+  return {x.data, {x.size(0), heads, x.size(1), d}, {x.stride(0), d * x.stride(2), x.stride(1), x.stride(2)}};
+}
+
+// Rows [begin, begin + n) of a contiguous matrix or vector: a slice of a packed parameter.
+View<const float> rows(const Tensor& t, int64_t begin, int64_t n) {
+  if (!t.data()) return {};
+  const int64_t width = t.shape().size() > 1 ? t.size(1) : 1;
+  Shape shape = t.shape();
+  shape[0] = n;
+  return {t.data() + begin * width, shape};
+}
+
+// y (B, T, out) = x (B, T, in) · Wᵀ + bias. One gemm over all B·T rows when both views step through
+// their rows with one stride, else one gemm per batch. Copies x once if BLAS can't read it in place.
+void project(View<const float> x, View<const float> w, View<const float> bias, View<float> y) {
+  const int64_t B = x.size(0), T = x.size(1), in = x.size(2), out = y.size(2);
+  auto rows_ok = [](const auto& v) {  // unit last stride, row strides BLAS accepts (lda >= columns)
+    return v.stride(2) == 1 && (v.size(0) == 1 || v.stride(0) >= v.size(2)) &&
+           (v.size(1) == 1 || v.stride(1) >= v.size(2));
+  };
+  if (!rows_ok(x)) {
+    Tensor copy = Tensor::copy_of(x);
+    return project(copy.view(), w, bias, y);
+  }
+  auto collapses = [](const auto& v, int outer, int inner) { return v.stride(outer) == v.size(inner) * v.stride(inner); };
+  for (auto [outer, inner] : {std::pair{0, 1}, std::pair{1, 0}}) {
+    if (collapses(x, outer, inner) && collapses(y, outer, inner) && x.stride(inner) >= in) {
+      linear<float>({x.data, {B * T, in}, {x.stride(inner), 1}}, w, bias, {y.data, {B * T, out}, {y.stride(inner), 1}});
+      return;
+    }
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    View<const float> xb{x.data + b * x.stride(0), {T, in}, {T > 1 ? x.stride(1) : in, 1}};  // (T, in)
+    linear<float>(xb, w, bias, y.select(0, b));
+  }
+}
+
+// ---- Masks ----
+
+// f(view) on the view a mask holds (bools or additive values), to reshape it by strides.
+template <typename F>
+void with_view(Mask<float>& m, F f) {
+  if (m.kind == Mask<float>::Kind::additive) f(m.bias);
+  else f(m.bools);
+}
+
+// What sdpa gets for one mask: a view of the caller's mask, or (with add_bias_kv / add_zero_attn) a
+// padded additive copy, since a column can't be appended to a view.
+struct MaskArg {
+  Mask<float> mask;
+  Tensor storage;  // (..., S') when padded
+};
+
+// PyTorch's pad(mask, (0, extra)): `extra` trailing columns that mask nothing. With `causal`, the top-left
+// triangle over the first S columns is folded in (the padded columns stay visible, as in PyTorch).
+// `m` may be absent (kind none): then it is the (L, S) causal mask alone. The copy is additive:
+// MaskRef::at already turns each kind into what it adds.
+MaskArg pad_mask(const Mask<float>& m, const Shape& shape /* (..., L, S) */, int64_t extra, bool causal) {
+  const int r = int(shape.size());
+  Shape shape4(4 - r, 1), strides4(4 - r, 0);  // rank 4, leading dims broadcast
+  shape4.insert(shape4.end(), shape.begin(), shape.end());
+  const Shape& st = m.kind == Mask<float>::Kind::additive ? m.bias.strides : m.bools.strides;
+  for (int i = 0; i < r; ++i) strides4.push_back(m.given() ? st[i] : 0);
+  MaskRef<float> src{m.kind, m.bools.data, m.bias.data, strides4[0], strides4[1], strides4[2], strides4[3]};
+  const int64_t S = shape4[3], S2 = S + extra;
+  Shape padded = shape;
+  padded.back() = S2;
+  MaskArg a{{}, Tensor(padded)};
+  float* dst = a.storage.data();  // (d0, d1, L, S') contiguous
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t i0 = 0; i0 < shape4[0]; ++i0)
+    for (int64_t i1 = 0; i1 < shape4[1]; ++i1)
+      for (int64_t l = 0; l < shape4[2]; ++l, dst += S2)
+        for (int64_t s = 0; s < S; ++s) dst[s] = causal && s > l ? -inf : src.at(i0, i1, l, s);
+  a.mask = Mask<float>::additive(a.storage.view());
+  return a;
+}
+
+const char* layout_name(bool batched, bool batch_first) {
+  return !batched ? "(L, E)" : batch_first ? "(N, L, E)" : "(L, N, E)";
+}
+
+}  // namespace
+
+// ---- Construction and parameters ----
+
+MultiheadAttention::MultiheadAttention(const MhaOptions& options) : o_(options) {
+  ATTN_CHECK(o_.embed_dim > 0 && o_.num_heads > 0, "Expected embed_dim and num_heads > 0, but got embed_dim = ",
+             o_.embed_dim, " and num_heads = ", o_.num_heads, " instead");
+  ATTN_CHECK(o_.embed_dim % o_.num_heads == 0, "Expected embed_dim divisible by num_heads, but got embed_dim = ",
+             o_.embed_dim, " and num_heads = ", o_.num_heads, " instead");
+  if (o_.num_kv_heads == 0) o_.num_kv_heads = o_.num_heads;
+  if (o_.kdim == 0) o_.kdim = o_.embed_dim;
+  if (o_.vdim == 0) o_.vdim = o_.embed_dim;
+  ATTN_CHECK(o_.num_kv_heads > 0 && o_.num_heads % o_.num_kv_heads == 0,
+             "Expected num_heads divisible by num_kv_heads, but got num_heads = ", o_.num_heads,
+             " and num_kv_heads = ", o_.num_kv_heads, " instead");
+  ATTN_CHECK(o_.kdim > 0 && o_.vdim > 0, "Expected kdim and vdim > 0, but got kdim = ", o_.kdim, " and vdim = ",
+             o_.vdim, " instead");
+  ATTN_CHECK(o_.dropout >= 0 && o_.dropout <= 1, "Expected dropout in [0, 1], but got ", o_.dropout, " instead");
+
+  const int64_t E = o_.embed_dim, KV = o_.num_kv_heads * head_dim();  // KV = Hkv·D
+  const bool packed = o_.kdim == E && o_.vdim == E && o_.num_kv_heads == o_.num_heads;
+  Rng rng(o_.seed);
+  if (packed) {
+    in_proj_weight_ = Tensor({3 * E, E});
+    xavier_uniform(in_proj_weight_, rng);
+  } else {
+    q_proj_weight_ = Tensor({E, E});
+    k_proj_weight_ = Tensor({KV, o_.kdim});
+    v_proj_weight_ = Tensor({KV, o_.vdim});
+    for (Tensor* w : {&q_proj_weight_, &k_proj_weight_, &v_proj_weight_}) xavier_uniform(*w, rng);
+  }
+  out_proj_weight_ = Tensor({E, E});
+  linear_default(out_proj_weight_, rng);
+  if (o_.bias) {  // zero, as _reset_parameters leaves them
+    in_proj_bias_ = Tensor({E + 2 * KV});
+    out_proj_bias_ = Tensor({E});
+  }
+  if (o_.add_bias_kv) {
+    bias_k_ = Tensor({1, 1, KV});
+    bias_v_ = Tensor({1, 1, KV});
+    xavier_normal(bias_k_, rng);
+    xavier_normal(bias_v_, rng);
+  }
+  dropout_seed_ = rng.next();
+}
+
+std::vector<std::pair<std::string, Tensor*>> MultiheadAttention::named_parameters() {
+  std::vector<std::pair<std::string, Tensor*>> p;
+  auto add = [&](const char* name, Tensor& t) {
+    if (t.data()) p.emplace_back(name, &t);  // absent parameters are empty tensors
+  };
+  add("in_proj_weight", in_proj_weight_);
+  add("q_proj_weight", q_proj_weight_);
+  add("k_proj_weight", k_proj_weight_);
+  add("v_proj_weight", v_proj_weight_);
+  add("in_proj_bias", in_proj_bias_);
+  add("bias_k", bias_k_);
+  add("bias_v", bias_v_);
+  add("out_proj.weight", out_proj_weight_);
+  add("out_proj.bias", out_proj_bias_);
+  return p;
+}
+
+std::vector<std::pair<std::string, const Tensor*>> MultiheadAttention::named_parameters() const {
+  auto p = const_cast<MultiheadAttention*>(this)->named_parameters();
+  return {p.begin(), p.end()};
+}
+
+StateDict MultiheadAttention::state_dict() const {
+  StateDict sd;
+  for (auto& [name, t] : named_parameters()) sd.emplace(name, Tensor::copy_of(t->view()));
+  return sd;
+}
+
+void MultiheadAttention::load_state_dict(const StateDict& sd) {
+  auto params = named_parameters();
+  for (auto& [name, t] : sd) {
+    bool known = false;
+    for (auto& p : params) known |= p.first == name;
+    std::string expected;
+    for (auto& p : params) expected += (expected.empty() ? "" : ", ") + p.first;
+    ATTN_CHECK(known, "Expected state_dict names in {", expected, "}, but got unknown name '", name, "' instead");
+  }
+  std::vector<const Tensor*> src;  // check all before changing anything
+  for (auto& [name, t] : params) src.push_back(&expect_tensor(sd, name, t->shape()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor copy = Tensor::copy_of(src[i]->view());  // any layout in, ours contiguous
+    std::memcpy(params[i].second->data(), copy.data(), sizeof(float) * size_t(copy.numel()));
+  }
+}
+
+void MultiheadAttention::save(const std::string& path) const { save_safetensors(path, state_dict()); }
+void MultiheadAttention::load(const std::string& path) { load_state_dict(load_safetensors(path)); }
+
+// ---- Forward ----
+
+MhaOutput MultiheadAttention::forward(View<const float> query, View<const float> key, View<const float> value,
+                                      const MhaArgs& a) {
+  // 1. Inputs: PyTorch's (L, N, E), (N, L, E) or unbatched (L, E), read as (B, L, E) views.
+  const bool batched = query.rank() == 3;
+  ATTN_CHECK(query.rank() == 2 || batched, "Expected query of rank 3 ", layout_name(true, o_.batch_first),
+             " or rank 2 (L, E), but got shape ", to_string(query.shape), " instead");
+  ATTN_CHECK(key.rank() == query.rank() && value.rank() == query.rank(), "Expected key and value of rank ",
+             query.rank(), " like query ", to_string(query.shape), ", but got key ", to_string(key.shape),
+             " and value ", to_string(value.shape), " instead");
+  const bool seq_first = batched && !o_.batch_first;
+  const View<const float> xq = as_btc(query, seq_first);  // (B, L, E)
+  const View<const float> xk = as_btc(key, seq_first);    // (B, S, kdim)
+  const View<const float> xv = as_btc(value, seq_first);  // (B, S, vdim)
+  const int64_t B = xq.size(0), L = xq.size(1), S = xk.size(1), E = o_.embed_dim, H = o_.num_heads,
+                Hkv = o_.num_kv_heads, D = head_dim(), KV = Hkv * D;
+  const int64_t extra = int64_t(o_.add_bias_kv) + int64_t(o_.add_zero_attn), S2 = S + extra;  // S2 = S'
+  ATTN_CHECK(xq.size(2) == E, "Expected query ", layout_name(batched, o_.batch_first), " with E = ", E,
+             ", but got shape ", to_string(query.shape), " instead");
+  ATTN_CHECK(xk.size(0) == B && xk.size(2) == o_.kdim, "Expected key with N = ", B, " and kdim = ", o_.kdim,
+             " (query ", to_string(query.shape), "), but got shape ", to_string(key.shape), " instead");
+  ATTN_CHECK(xv.size(0) == B && xv.size(1) == S && xv.size(2) == o_.vdim, "Expected value with N = ", B,
+             ", S = ", S, " and vdim = ", o_.vdim, " (key ", to_string(key.shape), "), but got shape ",
+             to_string(value.shape), " instead");
+
+  // 2. Masks. key_padding_mask (N, S); attn_mask (L, S) or (N·H, L, S), whose dim 0 splits into (N, H)
+  // by strides. Without extra columns they are passed on as views.
+  MaskArg padding{a.key_padding_mask, {}}, mask{a.attn_mask, {}};
+  if (padding.mask.given()) {
+    const Shape want = batched ? Shape{B, S} : Shape{S};
+    ATTN_CHECK(padding.mask.shape() == want, "Expected key_padding_mask of shape ",
+               batched ? "(N, S) = " : "(S,) = ", to_string(want), ", but got ", to_string(padding.mask.shape()),
+               " instead");
+    if (!batched) with_view(padding.mask, [](auto& v) { v = {v.data, {1, v.shape[0]}, {0, v.strides[0]}}; });  // (1, S)
+  }
+  if (mask.mask.given()) {
+    const Shape shape = mask.mask.shape();
+    const bool ok = shape == Shape{L, S} || shape == Shape{B * H, L, S};
+    ATTN_CHECK(ok, "Expected attn_mask of shape (L, S) = ", to_string({L, S}), " or (N·H, L, S) = ",
+               to_string({B * H, L, S}), ", but got ", to_string(shape), " instead");
+    if (shape.size() == 3)  // (N·H, L, S) -> (N, H, L, S)
+      with_view(mask.mask, [&](auto& v) {
+        v = {v.data, {B, H, L, S}, {H * v.strides[0], v.strides[0], v.strides[1], v.strides[2]}};
+      });
+  }
+  Causal causal = a.is_causal ? Causal::top_left : Causal::none;
+  if (extra > 0) {  // append columns: padded copies, with the causal triangle folded into the attn_mask
+    if (padding.mask.given()) padding = pad_mask(padding.mask, padding.mask.shape(), extra, false);
+    if (mask.mask.given() || a.is_causal)
+      mask = pad_mask(mask.mask, mask.mask.given() ? mask.mask.shape() : Shape{L, S}, extra, a.is_causal);
+    causal = Causal::none;
+  }
+
+  // 3. In-projections into buffers in the input's layout. K and V get S' rows: the extra ones are the
+  // bias_k / bias_v row, then (add_zero_attn) a zero row, left as the buffer's zero fill.
+  const bool packed = in_proj_weight_.data() != nullptr;
+  auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
+  Tensor q_buf = new_buffer(seq_first, B, L, E), k_buf = new_buffer(seq_first, B, S2, KV),
+         v_buf = new_buffer(seq_first, B, S2, KV);
+  View<float> q = btc(q_buf, seq_first);  // (B, L, E)
+  View<float> k = btc(k_buf, seq_first);  // (B, S', Hkv·D)
+  View<float> v = btc(v_buf, seq_first);  // (B, S', Hkv·D)
+  View<float> k_rows = k, v_rows = v;     // (B, S, Hkv·D): the projected rows
+  k_rows.shape[1] = v_rows.shape[1] = S;
+  project(xq, weight(0, q_proj_weight_), rows(in_proj_bias_, 0, E), q);
+  project(xk, weight(1, k_proj_weight_), rows(in_proj_bias_, E, KV), k_rows);
+  project(xv, weight(2, v_proj_weight_), rows(in_proj_bias_, E + KV, KV), v_rows);
+  if (o_.add_bias_kv) {
+    for (int64_t b = 0; b < B; ++b) {
+      std::memcpy(&k.at({b, S, 0}), bias_k_.data(), sizeof(float) * size_t(KV));
+      std::memcpy(&v.at({b, S, 0}), bias_v_.data(), sizeof(float) * size_t(KV));
+    }
+  }
+
+  // 4. Attention per head: Q (B, H, L, D), K and V (B, Hkv, S', D), all views of the buffers above;
+  // the context is written straight into (B, L, E), which is the concat of the heads.
+  SdpaArgs<float> args;
+  args.q = split_heads(q, H);
+  args.k = split_heads(k, Hkv);
+  args.v = split_heads(v, Hkv);
+  args.attn_mask = mask.mask;
+  args.key_padding = padding.mask;
+  args.causal = causal;
+  if (training_ && o_.dropout > 0) {
+    args.dropout_p = o_.dropout;
+    args.seed = dropout_seed_++;
+  }
+  Tensor ctx_buf = new_buffer(seq_first, B, L, E);
+  View<float> ctx = btc(ctx_buf, seq_first);             // (B, L, E)
+  Tensor weights = a.need_weights ? Tensor({B, H, L, S2}) : Tensor();  // (B, H, L, S')
+  SdpaOut<float> out{split_heads(ctx, H), a.need_weights ? weights.view() : View<float>{}, {}};
+  if (a.trace) {
+    std::ostream& t = *a.trace;
+    t << "MultiheadAttention: E = " << E << ", H = " << H << ", Hkv = " << Hkv << ", D = " << D
+      << (batched ? (o_.batch_first ? ", batch_first" : ", seq_first") : ", unbatched") << "\n"
+      << "Q after projection (B, L, E): " << to_string(q.shape) << "\n"
+      << "K after projection (B, S, Hkv·D): " << to_string(k_rows.shape) << "\n"
+      << "V after projection (B, S, Hkv·D): " << to_string(v_rows.shape) << "\n";
+    if (extra) t << "K, V with add_bias_kv/add_zero_attn (B, S', Hkv·D): " << to_string(k.shape) << "\n";
+    t << "Q after head split (B, H, L, D): " << to_string(args.q.shape) << "\n"
+      << "K after head split (B, Hkv, S, D): " << to_string(args.k.shape) << "\n"
+      << "V after head split (B, Hkv, S, Dv): " << to_string(args.v.shape) << "\n"
+      << "scores (B, H, L, S): " << to_string({B, H, L, S2}) << "\n";
+    BackendChoice choice = explain(args, out);
+    t << "sdpa backend: " << to_string(choice.backend) << " (" << choice.reason << ")\n";
+  }
+  sdpa(args, out);
+
+  // 5. Output projection, into PyTorch's layout.
+  Tensor output = new_buffer(seq_first, B, L, E);
+  project(ctx, out_proj_weight_.view(), out_proj_bias_.data() ? out_proj_bias_.view() : View<const float>{},
+          btc(output, seq_first));
+
+  // 6. Weights averaged over heads if asked; unbatched results drop N.
+  if (a.need_weights && a.average_attn_weights) {
+    Tensor mean({B, L, S2});  // (B, L, S')
+    const int64_t LS = L * S2;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < LS; ++i) mean.data()[b * LS + i] += weights.data()[(b * H + h) * LS + i];
+    for (int64_t i = 0; i < mean.numel(); ++i) mean.data()[i] /= float(H);
+    weights = std::move(mean);
+  }
+  if (!batched) {
+    output.reshape({L, E});
+    if (a.need_weights) {
+      Shape w = weights.shape();
+      weights.reshape(Shape(w.begin() + 1, w.end()));
+    }
+  }
+  if (a.trace) {
+    *a.trace << "context (B, H, L, Dv): " << to_string(out.out.shape) << "\n"
+             << "context after concat (B, L, E): " << to_string(ctx.shape) << "\n"
+             << "output " << layout_name(batched, o_.batch_first) << ": " << to_string(output.shape()) << "\n";
+    if (a.need_weights)
+      *a.trace << "weights " << (a.average_attn_weights ? "(N, L, S)" : "(N, H, L, S)") << (batched ? "" : " without N")
+               << ": " << to_string(weights.shape()) << "\n";
+  }
+  return {std::move(output), std::move(weights)};
+}
+
+}  // namespace attn
