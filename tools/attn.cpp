@@ -1,18 +1,26 @@
-// The `attn` command line: demo, and (as they land) bench, train, generate, viz.
+// The `attn` command line: demo, bench, and (as they land) train, generate, viz.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "attn/check.h"
-
-int run_demo();
+#include "cli.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: multi-head attention from the formula to a trained model"};
   app.require_subcommand(1);
   auto* demo = app.add_subcommand("demo", "walk through attention on the seed's configuration");
+
+  attn::BenchOptions bench_opt;
+  auto* bench = app.add_subcommand("bench", "time reference vs flash attention over growing L");
+  bench->add_option("--threads", bench_opt.threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
+  bench->add_option("--repeats", bench_opt.repeats, "timed runs per row (median)")->check(CLI::PositiveNumber);
+  bench->add_option("--lengths", bench_opt.lengths, "sequence lengths L = S")->delimiter(',');
+  bench->add_option("--reference-max", bench_opt.reference_max, "largest L for the reference backend");
+
   CLI11_PARSE(app, argc, argv);
   try {
-    if (*demo) return run_demo();
+    if (*demo) return attn::run_demo();
+    if (*bench) return attn::run_bench(bench_opt);
   } catch (const attn::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -2,8 +2,13 @@
 #include <cstdio>
 
 #include "attn/sdpa.h"
+#include "cli.h"
+
+namespace attn {
 
 int run_demo() {
   std::printf("attn demo\n");
   return 0;
 }
+
+}  // namespace attn

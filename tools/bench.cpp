@@ -1,0 +1,128 @@
+// `attn bench`: attention time, GFLOP/s, fraction of this run's sgemm rate, and peak memory, for the
+// reference and flash backends over growing L. A measurement tool, not a test: numbers go to BENCHMARKS.md.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "attn/gemm.h"
+#include "attn/rng.h"
+#include "attn/sdpa.h"
+#include "attn/threads.h"
+#include "cli.h"
+
+namespace attn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Median wall time of `reps` runs of f, in seconds, after one warm-up run.
+template <typename F>
+double median_seconds(int reps, F&& f) {
+  f();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Resident-set high-water mark in bytes; reset_peak() restarts it (Linux clear_refs 5).
+long peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6)) * 1024;
+  return 0;
+}
+long rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6)) * 1024;
+  return 0;
+}
+void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+Tensor random_tensor(Shape shape, uint64_t seed) {
+  Tensor t(std::move(shape));
+  Rng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<float>(rng.normal());
+  return t;
+}
+
+double sgemm_gflops(int reps) {
+  const int64_t n = 2048;
+  Tensor a = random_tensor({n, n}, 1), b = random_tensor({n, n}, 2), c({n, n});
+  double s = median_seconds(reps, [&] { gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
+  return 2.0 * n * n * n / s * 1e-9;
+}
+
+struct Case {
+  const char* name;
+  int64_t B, H, Hkv, L, S, D;
+  Causal causal;
+};
+
+void run_case(const Case& c, Backend backend, double peak, int reps) {
+  Tensor q = random_tensor({c.B, c.H, c.L, c.D}, 3), k = random_tensor({c.B, c.Hkv, c.S, c.D}, 4),
+         v = random_tensor({c.B, c.Hkv, c.S, c.D}, 5), out({c.B, c.H, c.L, c.D});
+  SdpaArgs<float> args{q, k, v};
+  args.causal = c.causal;
+  SdpaOut<float> o{out};
+  long base = rss_bytes();
+  reset_peak();
+  double s = median_seconds(reps, [&] { sdpa(args, o, {backend, false}); });
+  double extra_mb = std::max(0L, peak_rss_bytes() - base) / 1e6;
+  // FLOPs: 4·B·H·L·S·D, half when causal (the visible triangle)
+  double flops = 4.0 * c.B * c.H * c.L * c.S * c.D * (c.causal == Causal::none ? 1.0 : 0.5);
+  double gf = flops / s * 1e-9;
+  std::printf("%-10s %6lld %6lld %3lld/%-3lld %4lld  %-9s %10.2f %8.1f %6.0f%% %9.1f\n", c.name,
+              (long long)c.L, (long long)c.S, (long long)c.H, (long long)c.Hkv, (long long)c.D,
+              to_string(backend), s * 1e3, gf, 100 * gf / peak, extra_mb);
+  std::fflush(stdout);
+}
+
+// Time to read K and V once (the floor for a decode step): a plain sum over the same bytes.
+double read_kv_seconds(const Case& c, int reps) {
+  Tensor k = random_tensor({c.B, c.Hkv, c.S, c.D}, 4), v = random_tensor({c.B, c.Hkv, c.S, c.D}, 5);
+  volatile float sink = 0;
+  return median_seconds(reps, [&] {
+    float acc = 0;
+    const int64_t n = k.numel();
+#pragma omp parallel for reduction(+ : acc) schedule(static)
+    for (int64_t i = 0; i < n; ++i) acc += k.data()[i] + v.data()[i];
+    sink = acc;
+  });
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& opt) {
+  set_num_threads(opt.threads);
+  double peak = sgemm_gflops(opt.repeats);
+  std::printf("threads %d; OpenBLAS sgemm 2048^3: %.1f GFLOP/s (the peak below)\n", opt.threads, peak);
+  std::printf("%-10s %6s %6s %7s %4s  %-9s %10s %8s %7s %9s\n", "case", "L", "S", "H/Hkv", "D", "backend",
+              "time ms", "GFLOP/s", "%sgemm", "extra MB");
+  for (int64_t L : opt.lengths) {
+    for (Causal causal : {Causal::none, Causal::top_left}) {
+      Case c{causal == Causal::none ? "mha" : "causal", 1, 8, 8, L, L, 64, causal};
+      if (L <= opt.reference_max) run_case(c, Backend::reference, peak, opt.repeats);
+      run_case(c, Backend::flash, peak, opt.repeats);
+    }
+  }
+  Case gqa{"gqa", 1, 32, 8, 4096, 4096, 128, Causal::none};
+  run_case(gqa, Backend::flash, peak, opt.repeats);
+  Case decode{"decode", 1, 32, 8, 1, 16384, 128, Causal::none};
+  run_case(decode, Backend::reference, peak, opt.repeats);
+  run_case(decode, Backend::flash, peak, opt.repeats);
+  double floor = read_kv_seconds(decode, opt.repeats);
+  std::printf("decode floor: reading K and V once (%.0f MB) takes %.3f ms\n",
+              2.0 * decode.Hkv * decode.S * decode.D * 4 / 1e6, floor * 1e3);
+  return 0;
+}
+
+}  // namespace attn
