@@ -1,0 +1,221 @@
+// FlashAttention building blocks shared by the CPU flash kernels (forward now, backward later): the
+// packing of K (as Kᵀ panels) and V, the register-blocked microkernels for S = Q·Kᵀ and O = α⊙O + P·V,
+// and a vectorized exp2. Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
+// these over tiles) and not a general GEMM (sizes are those of attention tiles).
+//
+// Two parts. The target-independent part (packing, constants) has a plain include guard. The SIMD part
+// is compiled once per Highway target: include this header after <hwy/highway.h> in a translation unit
+// that re-includes itself through <hwy/foreach_target.h>; it defines attn::flash::HWY_NAMESPACE.
+//
+// Layouts (N = vector lanes of the target, 16 for AVX-512, 8 for AVX2, 4 for SSE4):
+//   Kᵀ panel: keys [s, s+N) as a (D, N) block, element (d, j) at d*N + j; consecutive panels of a
+//             head lie D*N floats apart, keys past the end are 0.
+//   V rows:   (S, ldv) rows, read as is when they have unit column stride and Dv % N == 0, otherwise
+//             packed to (S, Dvp) with Dvp = Dv rounded up to N and zero columns past Dv.
+#ifndef ATTN_FLASH_COMMON_ONCE
+#define ATTN_FLASH_COMMON_ONCE
+#include <cmath>
+#include <cstdint>
+
+namespace attn::flash {
+
+inline constexpr float kLog2e = 1.44269504088896340736f;  // scores live in the log2 domain: exp(x) = exp2(x·log2 e)
+inline constexpr float kLn2 = 0.69314718055994530942f;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Kᵀ panels of rows [0, n) of a (n, D) matrix with strides (rs, cs): ceil(n/N) panels of (D, N).
+// Used for K (and, for the backward, V as Vᵀ).
+inline void pack_panels(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, int64_t N, float* dst) {
+  for (int64_t s0 = 0; s0 < n; s0 += N, dst += D * N) {
+    const int64_t w = n - s0 < N ? n - s0 : N;
+    for (int64_t j = 0; j < w; ++j) {
+      const float* row = src + (s0 + j) * rs;
+      for (int64_t d = 0; d < D; ++d) dst[d * N + j] = row[d * cs];
+    }
+    for (int64_t j = w; j < N; ++j)
+      for (int64_t d = 0; d < D; ++d) dst[d * N + j] = 0.f;
+  }
+}
+
+// Rows [0, n) of a (n, cols) matrix with strides (rs, cs) into (n, ld) rows, zero past cols.
+inline void pack_rows(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t cols, int64_t ld, float* dst) {
+  for (int64_t s = 0; s < n; ++s, dst += ld) {
+    const float* row = src + s * rs;
+    for (int64_t e = 0; e < cols; ++e) dst[e] = row[e * cs];
+    for (int64_t e = cols; e < ld; ++e) dst[e] = 0.f;
+  }
+}
+
+}  // namespace attn::flash
+#endif  // ATTN_FLASH_COMMON_ONCE
+
+// ---- Per-target SIMD part ----
+#if defined(ATTN_FLASH_COMMON_TOGGLE) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_FLASH_COMMON_TOGGLE
+#undef ATTN_FLASH_COMMON_TOGGLE
+#else
+#define ATTN_FLASH_COMMON_TOGGLE
+#endif
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::flash::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Register blocking: an (kMR rows) x (kNV vectors) accumulator block, plus kNV loads in flight.
+// AVX-512 has 32 vector registers: 6x4 = 24 accumulators. The 16-register targets: 6x2 = 12.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+inline constexpr int kNV = 4;
+#else
+inline constexpr int kNV = 2;
+#endif
+inline constexpr int kMR = 6;
+
+// 2^x for x <= 0 (every exponent the online softmax takes: scores minus their running max), 0 for
+// x < -126 (the result would be subnormal: < 2^-126 against a row maximum of 1), NaN stays NaN.
+// x = q + f with q = round(x) and |f| <= 1/2; 2^f = e^(f·ln2) by Highway's polynomial for e^r on
+// |r| <= ln2/2 (the one its Exp uses); 2^q goes into the exponent bits. f is exact, so only the
+// polynomial and one rounding of f·ln2 contribute error (a few ulp).
+HWY_INLINE VF Exp2(DF d, VF x) {
+  const hn::RebindToSigned<DF> di;
+  const VF q = hn::Round(x);
+  const VF r = hn::Mul(hn::Sub(x, q), hn::Set(d, kLn2));
+  const VF y = hn::Add(hn::impl::ExpImpl<float>().ExpPoly(d, r), hn::Set(d, 1.f));
+  const VF scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, q), hn::Set(di, 127))));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.f)), hn::Mul(y, scale));
+}
+
+// max of row[0, n), n a multiple of the lanes.
+HWY_INLINE float RowMax(const float* HWY_RESTRICT row, int64_t n) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  VF m = hn::Set(d, -HUGE_VALF);
+  for (int64_t j = 0; j < n; j += N) m = hn::Max(m, hn::LoadU(d, row + j));
+  return hn::GetLane(hn::MaxOfLanes(d, m));
+}
+
+// row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes); returns the sum of the new row.
+HWY_INLINE float Exp2Row(float* HWY_RESTRICT row, int64_t n, float m) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const VF vm = hn::Set(d, m);
+  VF sum = hn::Zero(d);
+  for (int64_t j = 0; j < n; j += N) {
+    const VF p = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+    hn::StoreU(p, d, row + j);
+    sum = hn::Add(sum, p);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+// S (MR, NV·N) = Q (MR, D) · Kᵀ (D, NV·N), plus what S holds already if `add` (the mask bias).
+// q: MR rows, row stride ldq. kt: NV consecutive Kᵀ panels, ldp floats apart. s: row stride lds.
+template <int MR, int NV>
+HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float* HWY_RESTRICT kt, int64_t ldp,
+                          int64_t D, float* HWY_RESTRICT s, int64_t lds, bool add) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  VF acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = hn::Zero(d);
+  for (int64_t k = 0; k < D; ++k) {
+    VF b[NV];
+    for (int j = 0; j < NV; ++j) b[j] = hn::LoadU(d, kt + j * ldp + k * N);
+    for (int r = 0; r < MR; ++r) {
+      const VF a = hn::Set(d, q[r * ldq + k]);
+      for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) {
+      float* dst = s + r * lds + j * N;
+      hn::StoreU(add ? hn::Add(acc[r][j], hn::LoadU(d, dst)) : acc[r][j], d, dst);
+    }
+}
+
+// O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N); α per row, or none (nullptr: α = 1).
+// p: row stride ldp. v: rows ldv apart. o: row stride ldo.
+template <int MR, int NV>
+HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const float* HWY_RESTRICT v, int64_t ldv,
+                          int64_t n, float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  VF acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) {
+      acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
+      if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
+    }
+  for (int64_t s = 0; s < n; ++s) {
+    VF b[NV];
+    for (int j = 0; j < NV; ++j) b[j] = hn::LoadU(d, v + s * ldv + j * N);
+    for (int r = 0; r < MR; ++r) {
+      const VF a = hn::Set(d, p[r * ldp + s]);
+      for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int j = 0; j < NV; ++j) hn::StoreU(acc[r][j], d, o + r * ldo + j * N);
+}
+
+// Runtime block sizes (mr <= kMR, nv <= kNV) to the template instance; the tails of a tile use the
+// smaller ones.
+template <int NV, int MR = kMR, class... Args>
+HWY_INLINE void QKRows(int64_t mr, Args... args) {
+  if constexpr (MR > 1)
+    if (mr < MR) return QKRows<NV, MR - 1>(mr, args...);
+  QKBlock<MR, NV>(args...);
+}
+template <int NV = kNV, class... Args>
+HWY_INLINE void QK(int64_t mr, int64_t nv, Args... args) {
+  if constexpr (NV > 1)
+    if (nv < NV) return QK<NV - 1>(mr, nv, args...);
+  QKRows<NV>(mr, args...);
+}
+template <int NV, int MR = kMR, class... Args>
+HWY_INLINE void PVRows(int64_t mr, Args... args) {
+  if constexpr (MR > 1)
+    if (mr < MR) return PVRows<NV, MR - 1>(mr, args...);
+  PVBlock<MR, NV>(args...);
+}
+template <int NV = kNV, class... Args>
+HWY_INLINE void PV(int64_t mr, int64_t nv, Args... args) {
+  if constexpr (NV > 1)
+    if (nv < NV) return PV<NV - 1>(mr, nv, args...);
+  PVRows<NV>(mr, args...);
+}
+
+// S (rows, lds) = Q (rows, D) · Kᵀ over np panels (+ S if add), blocked kMR x kNV.
+HWY_INLINE void QKTile(const float* q, int64_t rows, int64_t D, const float* kt, int64_t np, float* s,
+                       int64_t lds, bool add) {
+  const int64_t N = hn::Lanes(DF());
+  for (int64_t j = 0; j < np; j += kNV) {
+    const int64_t nv = np - j < kNV ? np - j : kNV;
+    for (int64_t r = 0; r < rows; r += kMR)
+      QK(rows - r < kMR ? rows - r : kMR, nv, q + r * D, D, kt + j * D * N, D * N, D, s + r * lds + j * N, lds, add);
+  }
+}
+
+// O (rows, Dvp) = α ⊙ O + P (rows, n) · V (n, Dvp), blocked kMR x kNV; alpha may be nullptr.
+HWY_INLINE void PVTile(const float* p, int64_t rows, int64_t ldp, const float* v, int64_t ldv, int64_t n,
+                       float* o, int64_t Dvp, const float* alpha) {
+  const int64_t N = hn::Lanes(DF());
+  const int64_t nvec = Dvp / N;
+  for (int64_t c = 0; c < nvec; c += kNV) {
+    const int64_t nv = nvec - c < kNV ? nvec - c : kNV;
+    for (int64_t r = 0; r < rows; r += kMR)
+      PV(rows - r < kMR ? rows - r : kMR, nv, p + r * ldp, ldp, v + c * N, ldv, n, o + r * Dvp + c * N, Dvp,
+         alpha ? alpha + r : nullptr);
+  }
+}
+
+}  // namespace attn::flash::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_FLASH_COMMON_TOGGLE

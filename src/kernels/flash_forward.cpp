@@ -1,0 +1,333 @@
+// FlashAttention-2 forward on the CPU, fp32: tiles of queries against tiles of keys with the online
+// softmax, never materializing the (L, S) scores; O(S·D) extra memory for the packed keys plus
+// O(tile) per thread. Not the oracle (reference.cpp is) and not fp64; no attention weights.
+//
+// One query tile = lq query positions x the G = H/Hkv query heads of one KV head (row r is position
+// l0 + r/G, head kvh·G + r%G), so each packed Kᵀ panel feeds every head of a GQA group.
+// Scores are kept in the log2 domain: Q is scaled by scale·log2(e) when packed, masks are multiplied
+// by log2(e), and exp2 replaces exp; LSE is converted back to natural log at the end.
+//
+// Threads: OpenMP over independent (batch, KV head, query tile) items, each reduced in a fixed order
+// by one thread, so any thread count gives bitwise the same output. Decoding (few query rows, long S)
+// splits S into chunks of a fixed size instead and merges their (m, l, O) triples in chunk order.
+// SIMD: one copy per Highway target (AVX-512, AVX2, SSE4, scalar), chosen when the program runs.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "attn/rng.h"
+#include "attn/sdpa.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "../src/kernels/flash_forward.cpp"  // found through include/; src/ is not on the path
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_SSSE3  // SSE4 is the portable SIMD target; older CPUs get the scalar one
+#endif
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include "flash_common.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::flash::HWY_NAMESPACE {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int64_t kBc = 256;             // keys per tile: the (rows, kBc) score tile stays in L2
+constexpr int64_t kRowsPerTile = 64;     // query rows per tile, about
+constexpr int64_t kDecodeRows = 16;      // at most this many rows per KV head ...
+constexpr int64_t kDecodeMinS = 1024;    // ... and at least this many keys: the decode path
+constexpr int64_t kDecodeChunk = 512;    // keys per decode chunk; fixed, so the merge never depends on threads
+constexpr int64_t kPackBudget = 16 << 20;  // bytes of packed K/V held at once (at least one KV head)
+constexpr int64_t kPackRows = 1024;      // keys per packing job
+
+// What every tile needs to know about the problem.
+struct Plan {
+  const SdpaProblem<float>& p;
+  int64_t G = 0, N = 0, Dvp = 0;  // query heads per KV head, lanes, Dv rounded up to N
+  int64_t lq = 0, Br = 0;  // query positions and rows (lq·G) per tile
+  bool decode = false;  // split S into chunks instead of L into tiles
+  bool pack_v = false;  // V rows can't be read in place (column stride != 1 or Dv % N != 0)
+  float qscale = 0;     // scale·log2(e), folded into Q
+  uint32_t threshold = 0;  // dropout
+  float keep_scale = 1;    // 1/(1 - dropout_p), applied with the final normalisation
+};
+
+Plan MakePlan(const SdpaProblem<float>& p) {
+  Plan pl{p};
+  pl.G = p.H / p.Hkv;
+  pl.N = static_cast<int64_t>(hn::Lanes(DF()));
+  pl.Dvp = round_up(p.Dv, pl.N);
+  pl.decode = p.L * pl.G <= kDecodeRows && p.S >= kDecodeMinS;
+  // lq·G about kRowsPerTile and a multiple of kMR where it can be, so no microkernel runs short.
+  const int64_t step = kMR / std::gcd<int64_t>(pl.G, kMR);
+  pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(kRowsPerTile) / double(step * pl.G))));
+  pl.Br = pl.lq * pl.G;
+  pl.pack_v = p.args.v.strides[3] != 1 || p.Dv % pl.N != 0;
+  pl.qscale = static_cast<float>(p.scale) * kLog2e;
+  pl.threshold = dropout_threshold(p.args.dropout_p);
+  pl.keep_scale = p.args.dropout_p < 1 ? 1.f / static_cast<float>(1 - p.args.dropout_p) : 0.f;
+  return pl;
+}
+
+// Per-thread scratch: one query tile and its running statistics.
+struct Tile {
+  hwy::AlignedFreeUniquePtr<float[]> buf;
+  float* q;      // (Br, D) Q rows times scale·log2(e)
+  float* s;      // (Br, kBc) scores, then probabilities P
+  float* o;      // (Br, Dvp) unnormalised output
+  float* m;      // (Br,) running max, log2 domain
+  float* l;      // (Br,) running sum of P (before dropout)
+  float* alpha;  // (Br,) rescale factor of this key tile
+  int64_t b = 0, kvh = 0, l0 = 0, rows = 0;
+
+  explicit Tile(const Plan& pl) : buf(nullptr, hwy::AlignedFreer(nullptr, nullptr)) {
+    const int64_t Br = pl.Br, a = 16;  // 64-byte aligned parts
+    const int64_t nq = round_up(Br * pl.p.D, a), ns = round_up(Br * kBc, a), no = round_up(Br * pl.Dvp, a),
+                  nr = round_up(Br, a);
+    buf = hwy::AllocateAligned<float>(static_cast<size_t>(nq + ns + no + 3 * nr));
+    q = buf.get(), s = q + nq, o = s + ns, m = o + no, l = m + nr, alpha = l + nr;
+  }
+  int64_t row_l(int64_t r, int64_t G) const { return l0 + r / G; }
+  int64_t row_h(int64_t r, int64_t G) const { return kvh * G + r % G; }
+};
+
+// Q rows of positions [l0, l0 + nl) for the G heads of KV head kvh, scaled; statistics reset.
+void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t nl) {
+  const auto& Q = pl.p.args.q;
+  const int64_t D = pl.p.D;
+  t.b = b, t.kvh = kvh, t.l0 = l0, t.rows = nl * pl.G;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const float* src = Q.data + b * Q.strides[0] + t.row_h(r, pl.G) * Q.strides[1] + t.row_l(r, pl.G) * Q.strides[2];
+    for (int64_t d = 0; d < D; ++d) t.q[r * D + d] = src[d * Q.strides[3]] * pl.qscale;
+  }
+  std::fill(t.m, t.m + t.rows, -kInf);
+  std::fill(t.l, t.l + t.rows, 0.f);
+  std::fill(t.o, t.o + t.rows * pl.Dvp, 0.f);
+}
+
+// row[j] += log2(e)·mask(b, h, l, s0 + j) for j < n: additive values scaled to the log2 domain, bool
+// masks as -inf. The mask row is read through its pointer and stride.
+void AddMask(const MaskRef<float>& m, int64_t b, int64_t h, int64_t l, int64_t s0, int64_t n, float* row) {
+  const int64_t off = b * m.sb + h * m.sh + l * m.sl + s0 * m.ss, ss = m.ss;
+  if (m.kind == Mask<float>::Kind::additive) {
+    const float* x = m.bias + off;
+    for (int64_t j = 0; j < n; ++j) row[j] += kLog2e * x[j * ss];
+  } else {
+    const uint8_t* x = m.bools + off;
+    const bool masked_if = m.kind == Mask<float>::Kind::drop;  // keep-mask: masked where false
+    for (int64_t j = 0; j < n; ++j)
+      if ((x[j * ss] != 0) == masked_if) row[j] = -kInf;
+  }
+}
+
+// The mask part of the score tile for keys [s0, s0 + n): log2(e)·(attn_mask + key_padding), -inf past
+// each row's causal edge and on the columns [n, npad) that only pad the last panel. Returns false when
+// every entry is -inf: the tile is skipped.
+bool FillMask(const Plan& pl, Tile& t, int64_t s0, int64_t n, int64_t npad) {
+  const auto& p = pl.p;
+  bool live = false;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const int64_t l = t.row_l(r, pl.G), h = t.row_h(r, pl.G);
+    float* row = t.s + r * kBc;
+    const int64_t end = std::clamp<int64_t>(p.key_end(l) - s0, 0, n);
+    std::fill(row, row + end, 0.f);
+    std::fill(row + end, row + npad, -kInf);
+    if (p.padding.given()) AddMask(p.padding, t.b, h, l, s0, end, row);
+    if (p.mask.given()) AddMask(p.mask, t.b, h, l, s0, end, row);
+    bool any = false;
+    for (int64_t j = 0; j < end; ++j) any |= row[j] != -kInf;
+    live |= any;
+  }
+  return live;
+}
+
+// Dropout on P after the row statistics (l and LSE stay pre-dropout), the reference's keep bits.
+void Dropout(const Plan& pl, Tile& t, int64_t s0, int64_t n) {
+  const auto& p = pl.p;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const uint64_t base = static_cast<uint64_t>(((t.b * p.H + t.row_h(r, pl.G)) * p.L + t.row_l(r, pl.G)) * p.S + s0);
+    float* row = t.s + r * kBc;
+    for (int64_t j = 0; j < n; ++j)
+      if (!dropout_keep(p.args.seed, base + static_cast<uint64_t>(j), pl.threshold)) row[j] = 0.f;
+  }
+}
+
+// The online softmax of the tile's rows over keys [s_begin, s_end), s_begin a multiple of N.
+// kt: Kᵀ panels from key s_begin on; v: V rows from key s_begin on, ldv apart.
+void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const float* kt, const float* v,
+                 int64_t ldv) {
+  const auto& p = pl.p;
+  const bool causal = p.args.causal != Causal::none;
+  const int64_t first_end = p.key_end(t.l0);  // the causal edge of the tile's first, most limited row
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += kBc) {
+    const int64_t n = std::min(kBc, s_end - s0), npad = round_up(n, pl.N);
+    // S = (Q·scale·log2 e)·Kᵀ + log2(e)·masks. The mask tile goes first, so a fully masked tile costs
+    // no GEMM; tiles below the causal diagonal without masks need no per-element work at all.
+    const bool masked = p.has_bias() || npad != n || (causal && first_end < s0 + n);
+    if (masked && !FillMask(pl, t, s0, n, npad)) continue;
+    QKTile(t.q, t.rows, p.D, kt + (s0 - s_begin) * p.D, npad / pl.N, t.s, kBc, masked);
+    // m_new = max(m, rowmax(S)); P = 2^(S - m_new); l = 2^(m - m_new)·l + rowsum(P)
+    bool rescale = false;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      float* row = t.s + r * kBc;
+      const float m_new = std::max(t.m[r], RowMax(row, npad));
+      // fully masked so far: m = -inf; use 0 so 2^(-inf - -inf) is not NaN (P = 0 then)
+      const float m_use = m_new == -kInf ? 0.f : m_new;
+      // while m = -inf, O and l are still 0: nothing to rescale
+      const float a = t.m[r] == -kInf ? 1.f : std::exp2(t.m[r] - m_use);
+      t.alpha[r] = a;
+      rescale |= a != 1.f;
+      t.l[r] = a * t.l[r] + Exp2Row(row, npad, m_use);
+      t.m[r] = m_new;
+    }
+    if (p.args.dropout_p > 0) Dropout(pl, t, s0, n);
+    // O = α ⊙ O + P·V; the rescale only when some row's max changed
+    PVTile(t.s, t.rows, kBc, v + (s0 - s_begin) * ldv, ldv, n, t.o, pl.Dvp, rescale ? t.alpha : nullptr);
+  }
+}
+
+// out row (b, h, l) = o·keep_scale/lsum; LSE = m·ln2 + ln(lsum). A fully masked row (lsum = 0, m = -inf):
+// out 0, LSE -inf. A NaN score leaves lsum NaN, so the row is NaN, never taken for fully masked.
+void WriteRow(const Plan& pl, int64_t b, int64_t h, int64_t l, const float* o, float m, float lsum) {
+  const auto& O = pl.p.out.out;
+  float* dst = O.data + b * O.strides[0] + h * O.strides[1] + l * O.strides[2];
+  const bool empty = lsum == 0.f;
+  const float inv = empty ? 0.f : pl.keep_scale / lsum;
+  for (int64_t e = 0; e < pl.p.Dv; ++e) dst[e * O.strides[3]] = empty ? 0.f : o[e] * inv;
+  const auto& lse = pl.p.out.lse;
+  if (!lse.empty())
+    lse.data[b * lse.strides[0] + h * lse.strides[1] + l * lse.strides[2]] = empty ? -kInf : m * kLn2 + std::log(lsum);
+}
+
+// V rows of (b, kvh): the packed copy or, where the layout allows, V itself.
+const float* VRows(const Plan& pl, int64_t b, int64_t kvh, const float* packed, int64_t* ldv) {
+  const auto& V = pl.p.args.v;
+  *ldv = pl.pack_v ? pl.Dvp : V.strides[2];
+  return pl.pack_v ? packed : V.data + b * V.strides[0] + kvh * V.strides[1];
+}
+
+// Pack keys [s0, s0 + n) of (b, kvh): Kᵀ panels at kt (panel of key s0 first), V rows at vp if needed.
+void PackKeys(const Plan& pl, int64_t b, int64_t kvh, int64_t s0, int64_t n, float* kt, float* vp) {
+  const auto& K = pl.p.args.k;
+  const auto& V = pl.p.args.v;
+  pack_panels(K.data + b * K.strides[0] + kvh * K.strides[1] + s0 * K.strides[2], K.strides[2], K.strides[3], n,
+              pl.p.D, pl.N, kt);
+  if (pl.pack_v)
+    pack_rows(V.data + b * V.strides[0] + kvh * V.strides[1] + s0 * V.strides[2], V.strides[2], V.strides[3], n,
+              pl.p.Dv, pl.Dvp, vp);
+}
+
+// Prefill/training path: items (b, kvh, query tile). K/V of a batch of KV heads are packed once and
+// shared by all their query tiles and query heads.
+void ForwardTiles(const Plan& pl) {
+  const auto& p = pl.p;
+  const int64_t pairs = p.B * p.Hkv, nt = (p.L + pl.lq - 1) / pl.lq;
+  const int64_t kt_size = round_up(p.S, pl.N) * p.D, v_size = pl.pack_v ? p.S * pl.Dvp : 0;
+  const int64_t per_pair = round_up(kt_size + v_size, 16);
+  const int64_t batch = std::clamp<int64_t>(kPackBudget / std::max<int64_t>(1, per_pair * 4), 1, pairs);
+  auto pack = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, batch * per_pair)));
+  const int64_t blocks = (p.S + kPackRows - 1) / kPackRows;
+#pragma omp parallel
+  {
+    Tile t(pl);
+    for (int64_t first = 0; first < pairs; first += batch) {
+      const int64_t np = std::min(batch, pairs - first);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < np * blocks; ++i) {
+        const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows;
+        float* kt = pack.get() + (i / blocks) * per_pair;
+        PackKeys(pl, pair / p.Hkv, pair % p.Hkv, s0, std::min(kPackRows, p.S - s0), kt + s0 * p.D,
+                 kt + kt_size + s0 * pl.Dvp);
+      }
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < np * nt; ++i) {
+        // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
+        const int64_t pair = first + i % np, ti = nt - 1 - i / np;
+        const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv, l0 = ti * pl.lq, nl = std::min(pl.lq, p.L - l0);
+        const float* kt = pack.get() + (i % np) * per_pair;
+        int64_t ldv;
+        const float* v = VRows(pl, b, kvh, kt + kt_size, &ldv);
+        LoadQ(pl, t, b, kvh, l0, nl);
+        ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), kt, v, ldv);
+        for (int64_t r = 0; r < t.rows; ++r)
+          WriteRow(pl, b, t.row_h(r, pl.G), t.row_l(r, pl.G), t.o + r * pl.Dvp, t.m[r], t.l[r]);
+      }
+    }
+  }
+}
+
+// Decode path: all L·G rows of a KV head form one tile; items (b, kvh, chunk of kDecodeChunk keys)
+// give partial (m, l, O), merged per row in chunk order.
+void ForwardDecode(const Plan& pl) {
+  const auto& p = pl.p;
+  const int64_t pairs = p.B * p.Hkv, nc = (p.S + kDecodeChunk - 1) / kDecodeChunk, rows = p.L * pl.G;
+  auto part_m = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows));  // (B·Hkv, nc, rows)
+  auto part_l = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows));  // (B·Hkv, nc, rows)
+  auto part_o = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows * pl.Dvp));  // (B·Hkv, nc, rows, Dvp)
+#pragma omp parallel
+  {
+    Tile t(pl);
+    auto kt = hwy::AllocateAligned<float>(static_cast<size_t>(kDecodeChunk * p.D));  // (kDecodeChunk/N) Kᵀ panels
+    auto vp = hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_v ? kDecodeChunk * pl.Dvp : 1));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < pairs * nc; ++i) {
+      const int64_t pair = i / nc, c = i % nc, b = pair / p.Hkv, kvh = pair % p.Hkv;
+      const int64_t s_begin = c * kDecodeChunk, s_end = std::min({p.S, s_begin + kDecodeChunk, p.key_end(p.L - 1)});
+      LoadQ(pl, t, b, kvh, 0, p.L);
+      if (s_begin < s_end) {
+        PackKeys(pl, b, kvh, s_begin, s_end - s_begin, kt.get(), vp.get());
+        int64_t ldv;
+        const float* v = VRows(pl, b, kvh, vp.get(), &ldv);
+        if (!pl.pack_v) v += s_begin * ldv;
+        ProcessKeys(pl, t, s_begin, s_end, kt.get(), v, ldv);
+      }
+      std::copy(t.m, t.m + rows, part_m.get() + i * rows);
+      std::copy(t.l, t.l + rows, part_l.get() + i * rows);
+      std::copy(t.o, t.o + rows * pl.Dvp, part_o.get() + i * rows * pl.Dvp);
+    }
+    // merge, chunk by chunk: m = max_c m_c; l = Σ_c 2^(m_c - m)·l_c; O = Σ_c 2^(m_c - m)·O_c
+#pragma omp for schedule(static)
+    for (int64_t j = 0; j < pairs * rows; ++j) {
+      const int64_t pair = j / rows, r = j % rows;
+      const float* pm = part_m.get() + pair * nc * rows + r;  // chunk c at pm[c * rows]
+      const float* pls = part_l.get() + pair * nc * rows + r;
+      float m = -kInf, lsum = 0.f;
+      for (int64_t c = 0; c < nc; ++c) m = std::max(m, pm[c * rows]);
+      const float m_use = m == -kInf ? 0.f : m;  // as in ProcessKeys: no -inf - -inf
+      float* o = t.o;  // (Dvp,) scratch
+      std::fill(o, o + pl.Dvp, 0.f);
+      for (int64_t c = 0; c < nc; ++c) {
+        if (pls[c * rows] == 0.f) continue;  // no live key for this row in chunk c (its O is 0)
+        const float w = std::exp2(pm[c * rows] - m_use);
+        const float* oc = part_o.get() + ((pair * nc + c) * rows + r) * pl.Dvp;
+        lsum += w * pls[c * rows];
+        for (int64_t e = 0; e < pl.Dvp; ++e) o[e] += w * oc[e];
+      }
+      WriteRow(pl, pair / p.Hkv, (pair % p.Hkv) * pl.G + r % pl.G, r / pl.G, o, m, lsum);
+    }
+  }
+}
+
+void FlashForward(const SdpaProblem<float>& p) {
+  if (p.B == 0 || p.H == 0 || p.L == 0) return;
+  const Plan pl = MakePlan(p);
+  if (pl.decode) ForwardDecode(pl);
+  else ForwardTiles(pl);
+}
+
+}  // namespace attn::flash::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+namespace flash {
+HWY_EXPORT(FlashForward);
+}  // namespace flash
+
+void flash_forward(const SdpaProblem<float>& p) { HWY_DYNAMIC_DISPATCH(flash::FlashForward)(p); }
+
+}  // namespace attn
+#endif
