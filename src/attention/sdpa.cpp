@@ -1,6 +1,8 @@
 // sdpa(): argument checks with clear errors, backend choice, dispatch. No math here.
 #include "attn/sdpa.h"
 
+#include <type_traits>
+
 namespace attn {
 namespace {
 
@@ -88,16 +90,40 @@ SdpaProblem<T> make_problem(const SdpaArgs<T>& a, const SdpaOut<T>& o) {
   return p;
 }
 
+// The backend for a checked problem. automatic: flash for float32, unless weights are requested (flash
+// never materializes them) or T is double; strict turns such a fallback into an error. An explicit
+// backend is honoured, or refused with the reason.
+template <typename T>
+BackendChoice choose(const SdpaProblem<T>& p, const SdpaOptions& options) {
+  constexpr bool fp64 = std::is_same_v<T, double>;
+  const bool weights = !p.out.weights.empty();
+  if (options.backend == Backend::reference) return {Backend::reference, "reference requested"};
+  if (options.backend == Backend::flash) {
+    ATTN_CHECK(!fp64, "Expected float32 inputs for backend flash, but got float64 instead (fp64 runs on the reference)");
+    ATTN_CHECK(!weights, "Expected no weights output for backend flash (flash never materializes them), but got ",
+               "weights of shape ", to_string(p.out.weights.shape), " instead");
+    return {Backend::flash, "flash requested"};
+  }
+  if (!fp64 && !weights) return {Backend::flash, "float32 without weights runs on the flash kernel"};
+  const char* reason = fp64 ? "fp64 runs on the reference" : "weights requested: flash never materializes them";
+  ATTN_CHECK(!options.strict, "Expected the flash backend (strict mode allows no fallback), but got a fallback to ",
+             "the reference instead: ", reason);
+  return {Backend::reference, reason};
+}
+
 template <typename T>
 BackendChoice explain(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& options) {
-  make_problem(args, out);
-  return {Backend::reference, options.backend == Backend::reference ? "requested" : "the only backend built"};
+  return choose(make_problem(args, out), options);
 }
 
 template <typename T>
 void sdpa(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& options) {
   SdpaProblem<T> p = make_problem(args, out);
-  explain(args, out, options);
+  if constexpr (std::is_same_v<T, float>) {
+    if (choose(p, options).backend == Backend::flash) return flash_forward(p);
+  } else {
+    choose(p, options);  // throws where explicit flash or strict refuse fp64
+  }
   reference_forward(p);
 }
 
