@@ -1,0 +1,427 @@
+// The interactive attention page: its CSS, static body and JS as raw strings, spliced by html.cpp
+// around the data (inline JSON in <script id="attn-data">). Not a framework: plain DOM, SVG lines,
+// canvas thumbnails; no URL anywhere (the SVG namespace is read from the page, not written here).
+//
+// Stable hooks for tests and users:
+//   #layer-select (option value = layer)   .tab#tab-head/#tab-model/#tab-matrix, sections #view-*
+//   .head-swatch[data-head][aria-pressed]  #q-col .tok[data-side=q][data-i], #k-col .tok[data-side=k]
+//   #lines line[data-head][data-q][data-k][data-w] (display:none when filtered out)
+//   #model-grid .thumb[data-layer][data-head]   #matrix[data-layer][data-head]   #notice (top-k)
+//   body[data-ready="1"] once everything is drawn.
+#pragma once
+
+namespace attn::viz {
+
+inline constexpr const char* kViewCss = R"attn(
+:root { --ink: #1f2328; --muted: #656d76; --line: #d0d7de; --accent: #2171b5; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "DejaVu Sans", sans-serif;
+       color: var(--ink); background: #fff; }
+header { padding: 16px 24px 0; border-bottom: 1px solid var(--line); background: #f6f8fa; }
+h1 { font-size: 20px; margin: 0 0 2px; }
+#meta { margin: 0 0 8px; color: var(--muted); }
+#notice { margin: 0 0 10px; padding: 6px 10px; background: #fff8c5; border: 1px solid #e3c76b;
+          border-radius: 6px; }
+nav { display: flex; gap: 4px; align-items: flex-end; }
+.tab { border: 1px solid transparent; border-bottom: none; background: none; padding: 8px 14px;
+       border-radius: 6px 6px 0 0; cursor: pointer; font: inherit; color: var(--muted); margin-bottom: -1px; }
+.tab[aria-selected="true"] { background: #fff; border-color: var(--line); color: var(--ink); font-weight: 600; }
+#layer-control { margin-left: auto; padding-bottom: 6px; color: var(--muted); }
+select, .toolbar button { font: inherit; padding: 2px 6px; }
+main { padding: 16px 24px 32px; }
+[hidden] { display: none !important; }
+.toolbar { display: flex; gap: 8px; align-items: center; flex-wrap: wrap; margin-bottom: 6px; }
+.hint { color: var(--muted); margin: 4px 0 12px; font-size: 13px; }
+#head-legend { display: flex; gap: 4px; flex-wrap: wrap; }
+.head-swatch { --c: #888; min-width: 30px; height: 24px; border-radius: 4px; border: 2px solid var(--c);
+               background: var(--c); color: #fff; font-weight: 600; font-size: 12px; cursor: pointer; }
+.head-swatch[aria-pressed="false"] { background: #fff; color: var(--c); opacity: .5; }
+#head-view { display: grid; grid-template-columns: max-content auto max-content; align-items: start; }
+.col-head { font-size: 11px; color: var(--muted); text-transform: uppercase; letter-spacing: .06em;
+            padding: 0 8px 4px; }
+.col-head.q { text-align: right; }
+.tok { height: 22px; line-height: 22px; padding: 0 8px; white-space: pre; cursor: pointer; border-radius: 3px;
+       font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 13px; }
+#q-col .tok { text-align: right; }
+.tok:hover, .tok.focus { box-shadow: inset 0 0 0 2px var(--accent); }
+.tok.pinned { font-weight: 700; }
+#lines { display: block; }
+#lines line { stroke-width: 2; }
+#model-grid { border-collapse: collapse; }
+#model-grid th { font-weight: 600; font-size: 12px; color: var(--muted); padding: 4px 8px; white-space: nowrap; }
+#model-grid td { padding: 4px; }
+#model-grid tr.current th { color: var(--accent); }
+.thumb { image-rendering: pixelated; border: 1px solid var(--line); cursor: pointer; display: block; margin: auto; }
+.thumb:hover { outline: 2px solid var(--accent); }
+#matrix-caption { color: var(--muted); }
+#matrix-wrap { position: relative; display: inline-block; }
+#matrix-tip { position: absolute; pointer-events: none; background: var(--ink); color: #fff; padding: 3px 7px;
+              border-radius: 4px; font-size: 12px; white-space: pre; }
+)attn";
+
+inline constexpr const char* kViewBody = R"attn(
+<header>
+  <h1 id="title"></h1>
+  <p id="meta"></p>
+  <p id="notice" hidden></p>
+  <nav>
+    <button class="tab" id="tab-head" data-view="head">Head view</button>
+    <button class="tab" id="tab-model" data-view="model">Model view</button>
+    <button class="tab" id="tab-matrix" data-view="matrix">Matrix view</button>
+    <label id="layer-control">Layer <select id="layer-select"></select></label>
+  </nav>
+</header>
+<main>
+<section id="view-head" class="view">
+  <div class="toolbar"><span>Heads</span><span id="head-legend"></span>
+    <button id="heads-all">all</button><button id="heads-none">none</button></div>
+  <p class="hint">Hover a token to see only its lines; click it to pin (click again or press Esc to release).
+    Click a colour to hide or show that head. Line opacity is the attention weight.</p>
+  <div id="head-view">
+    <div class="col-head q">queries</div><div></div><div class="col-head">keys</div>
+    <div id="q-col"></div>
+    <svg id="lines"></svg>
+    <div id="k-col"></div>
+  </div>
+</section>
+<section id="view-model" class="view" hidden>
+  <p class="hint">Every head of every layer (rows: queries, columns: keys). Click one to open it in the matrix view.</p>
+  <table id="model-grid"></table>
+</section>
+<section id="view-matrix" class="view" hidden>
+  <div class="toolbar"><label>Head <select id="head-select"></select></label><span id="matrix-caption"></span></div>
+  <div id="matrix-wrap"><canvas id="matrix"></canvas><div id="matrix-tip" hidden></div></div>
+</section>
+</main>
+)attn";
+
+inline constexpr const char* kViewJs = R"attn(
+"use strict";
+(() => {
+  const D = JSON.parse(document.getElementById("attn-data").textContent);
+  const $ = (id) => document.getElementById(id);
+  const SVG_NS = $("lines").namespaceURI;  // read from the page: the file names no URL at all
+  const L = D.L, S = D.S, ROW = 22, LINES_W = 300, FONT = getComputedStyle(document.body).fontFamily;
+  const TABLEAU = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+                   "#9c755f", "#bab0ac"];
+  const st = { layer: 0, on: [], focus: null, pinned: false, head: 0, lines: [], geom: null, modelBuilt: false };
+
+  const nHeads = (l) => D.layers[l].length;
+  const headColour = (h, n) => (n <= TABLEAU.length ? TABLEAU[h] : `hsl(${(h * 137.508) % 360}, 62%, 46%)`);
+  // Row i of head h in layer l: [key indices (null: all S keys in order), weights]
+  const row = (l, h, i) => { const hd = D.layers[l][h]; return [hd.k ? hd.k[i] : null, hd.w[i]]; };
+  const fmt = (w) => String(Number(w.toPrecision(3)));
+  function el(tag, attrs = {}, text) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  // The colour scale of the PNGs (D.colours, evenly spaced sRGB stops), as a 256-entry table.
+  const LUT = Array.from({ length: 256 }, (_, n) => {
+    const c = D.colours, x = (n / 255) * (c.length - 1), k = Math.min(Math.floor(x), c.length - 2), a = x - k;
+    return [0, 1, 2].map((m) => Math.round((1 - a) * c[k][m] + a * c[k + 1][m]));
+  });
+  const colour = (t) => LUT[Math.round(Math.min(Math.max(t, 0), 1) * 255)];
+
+  // ---- header --------------------------------------------------------------------------------
+  const counts = D.layers.map((x) => x.length), hmin = Math.min(...counts), hmax = Math.max(...counts);
+  $("title").textContent = D.title;
+  $("meta").textContent = `${L} query tokens · ${S} key tokens · ${D.layers.length} layer${D.layers.length > 1 ? "s" : ""}` +
+    ` · ${hmin === hmax ? hmin : hmin + "–" + hmax} heads · ${D.self ? "self" : "cross"}-attention`;
+  if (D.top_k) {
+    $("notice").hidden = false;
+    $("notice").textContent = `Long input: each query row keeps only its ${D.top_k} largest of ${S} weights ` +
+      `(top_k = ${D.top_k}); they hold ${(100 * D.kept_mass).toFixed(1)}% of the attention on average. ` +
+      "The other weights are not drawn.";
+  }
+
+  // ---- head view -----------------------------------------------------------------------------
+  function buildTokens() {
+    const sides = [["q", D.query_labels, D.query_tokens, "query"], ["k", D.key_labels, D.key_tokens, "key"]];
+    for (const [side, labels, raw, name] of sides) {
+      labels.forEach((label, i) => {
+        const t = el("div", { class: "tok", "data-side": side, "data-i": i,
+                              title: `${name} ${i}: ${JSON.stringify(raw[i])}` }, label);
+        t.addEventListener("mouseenter", () => { if (!st.pinned) setFocus({ side, i }); });
+        t.addEventListener("mouseleave", () => { if (!st.pinned) setFocus(null); });
+        t.addEventListener("click", (ev) => {
+          ev.stopPropagation();
+          const same = st.pinned && st.focus.side === side && st.focus.i === i;
+          st.pinned = !same;
+          setFocus(same ? null : { side, i });
+        });
+        $(side + "-col").append(t);
+      });
+    }
+    $("lines").setAttribute("width", LINES_W);
+    $("lines").setAttribute("height", Math.max(L, S) * ROW);
+    $("head-view").addEventListener("click", () => { if (st.pinned) setFocus(null); });
+    document.addEventListener("keydown", (e) => { if (e.key === "Escape") setFocus(null); });
+  }
+
+  function setFocus(f) {
+    st.focus = f;
+    if (!f) st.pinned = false;
+    applyFocus();
+  }
+
+  // Show the lines of enabled heads that touch the focused token (all when none is focused), and
+  // shade the other column's tokens by the largest visible weight to or from the focused one.
+  function applyFocus() {
+    const f = st.focus, shade = { q: new Float32Array(L), k: new Float32Array(S) };
+    for (const x of st.lines) {
+      const show = st.on[x.h] && (!f || (f.side === "q" ? x.q === f.i : x.k === f.i));
+      x.el.style.display = show ? "" : "none";
+      if (show && f) {
+        const [side, idx] = f.side === "q" ? ["k", x.k] : ["q", x.q];
+        shade[side][idx] = Math.max(shade[side][idx], x.w);
+      }
+    }
+    for (const side of ["q", "k"]) {
+      for (const t of $(side + "-col").children) {
+        const i = +t.dataset.i, me = !!f && f.side === side && f.i === i, a = f && f.side !== side ? shade[side][i] : 0;
+        t.classList.toggle("focus", me);
+        t.classList.toggle("pinned", me && st.pinned);
+        t.style.background = a > 0 ? `rgba(66, 146, 198, ${Math.min(1, a).toFixed(3)})` : "";
+      }
+    }
+  }
+
+  function buildSwatches() {
+    const n = nHeads(st.layer), box = $("head-legend");
+    if (st.on.length !== n) st.on = new Array(n).fill(true);
+    box.replaceChildren();
+    for (let h = 0; h < n; ++h) {
+      const b = el("button", { class: "head-swatch", "data-head": h, "aria-pressed": st.on[h],
+                               title: `head ${h}: click to hide or show its lines` }, String(h));
+      b.style.setProperty("--c", headColour(h, n));
+      b.addEventListener("click", () => {
+        st.on[h] = !st.on[h];
+        b.setAttribute("aria-pressed", st.on[h]);
+        applyFocus();
+      });
+      box.append(b);
+    }
+  }
+  const setAll = (v) => { st.on.fill(v); buildSwatches(); applyFocus(); };
+  $("heads-all").addEventListener("click", () => setAll(true));
+  $("heads-none").addEventListener("click", () => setAll(false));
+
+  function drawLines() {
+    const svg = $("lines"), l = st.layer, n = nHeads(l);
+    svg.replaceChildren();
+    st.lines = [];
+    for (let h = 0; h < n; ++h) {
+      const g = document.createElementNS(SVG_NS, "g");
+      g.setAttribute("stroke", headColour(h, n));
+      g.dataset.head = h;
+      for (let i = 0; i < L; ++i) {
+        const [ks, ws] = row(l, h, i);
+        ws.forEach((w, t) => {
+          if (!(w > 0)) return;  // zero (masked) and non-finite (null) weights draw nothing
+          const j = ks ? ks[t] : t, line = document.createElementNS(SVG_NS, "line");
+          line.setAttribute("x1", 0);
+          line.setAttribute("y1", (i + 0.5) * ROW);
+          line.setAttribute("x2", LINES_W);
+          line.setAttribute("y2", (j + 0.5) * ROW);
+          line.setAttribute("stroke-opacity", Math.min(1, w).toFixed(3));
+          Object.assign(line.dataset, { head: h, q: i, k: j, w });
+          g.append(line);
+          st.lines.push({ el: line, h, q: i, k: j, w });
+        });
+      }
+      svg.append(g);
+    }
+    applyFocus();
+  }
+
+  // ---- rasters: model thumbnails and the matrix ------------------------------------------------
+  // Head (l, h) as at most maxSide x maxSide cells; a cell shows the max of its pool x pool block.
+  function raster(l, h, maxSide) {
+    const pool = Math.max(1, Math.ceil(Math.max(L, S) / maxSide));
+    const rows = Math.ceil(L / pool), cols = Math.ceil(S / pool), v = new Float32Array(rows * cols);
+    let vmax = 0;
+    for (let i = 0; i < L; ++i) {
+      const [ks, ws] = row(l, h, i), base = Math.floor(i / pool) * cols;
+      ws.forEach((w, t) => {
+        if (!(w > 0)) return;
+        const p = base + Math.floor((ks ? ks[t] : t) / pool);
+        v[p] = Math.max(v[p], w);
+        vmax = Math.max(vmax, w);
+      });
+    }
+    return { l, h, pool, rows, cols, v, vmax: vmax || 1 };
+  }
+  // One pixel per cell, coloured on the scale 0..vmax.
+  function image(r) {
+    const c = el("canvas", { width: r.cols, height: r.rows }), ctx = c.getContext("2d");
+    const img = ctx.createImageData(r.cols, r.rows);
+    r.v.forEach((x, p) => { img.data.set(colour(x / r.vmax), 4 * p); img.data[4 * p + 3] = 255; });
+    ctx.putImageData(img, 0, 0);
+    return c;
+  }
+
+  function buildModel() {
+    if (st.modelBuilt) return;
+    st.modelBuilt = true;
+    const table = $("model-grid"), head = el("tr"), BOX = 84;
+    head.append(el("th"));
+    for (let h = 0; h < hmax; ++h) head.append(el("th", {}, `head ${h}`));
+    table.append(head);
+    D.layers.forEach((heads, l) => {
+      const tr = el("tr", { "data-layer": l });
+      tr.append(el("th", {}, D.layer_names[l]));
+      for (let h = 0; h < hmax; ++h) {
+        const td = el("td");
+        if (h < heads.length) {
+          const r = raster(l, h, 64), c = image(r), scale = BOX / Math.max(r.rows, r.cols);
+          c.className = "thumb";
+          Object.assign(c.dataset, { layer: l, head: h });
+          c.title = `${D.layer_names[l]} · head ${h}`;
+          c.style.width = `${Math.round(r.cols * scale)}px`;
+          c.style.height = `${Math.round(r.rows * scale)}px`;
+          c.addEventListener("click", () => openMatrix(l, h));
+          td.append(c);
+        }
+        tr.append(td);
+      }
+      table.append(tr);
+    });
+    markModelRow();
+  }
+  function markModelRow() {
+    for (const tr of $("model-grid").querySelectorAll("tr[data-layer]"))
+      tr.classList.toggle("current", +tr.dataset.layer === st.layer);
+  }
+
+  function drawMatrix() {
+    const l = st.layer, h = Math.min(st.head, nHeads(l) - 1), r = raster(l, h, 800);
+    st.head = h;
+    $("head-select").value = h;
+    const cv = $("matrix"), ctx = cv.getContext("2d");
+    const cell = Math.max(1, Math.min(36, Math.floor(800 / Math.max(r.rows, r.cols))));
+    const per = cell / r.pool, size = Math.min(12, Math.max(8, per * 0.72)), step = Math.ceil((size + 2) / per);
+    const label = (labels, i) => (step > 1 ? `${i} ` : "") + labels[i];
+    const font = `${size}px ${FONT}`;
+    ctx.font = font;
+    let qw = 0, kw = 0;
+    for (let i = 0; i < L; i += step) qw = Math.max(qw, ctx.measureText(label(D.query_labels, i)).width);
+    for (let j = 0; j < S; j += step) kw = Math.max(kw, ctx.measureText(label(D.key_labels, j)).width);
+    const rotate = step > 1 || kw > per - 2;
+    const x0 = Math.ceil(qw) + 12, y0 = Math.ceil(rotate ? kw : size) + 12;
+    const w = r.cols * cell, hgt = r.rows * cell, barH = Math.min(360, Math.max(120, hgt));
+    const W = x0 + w + 80, H = y0 + Math.max(hgt, barH) + 12, dpr = window.devicePixelRatio || 1;
+    cv.width = Math.ceil(W * dpr);
+    cv.height = Math.ceil(H * dpr);
+    cv.style.width = `${W}px`;
+    cv.style.height = `${H}px`;
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, W, H);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(image(r), x0, y0, w, hgt);
+    if (cell >= 10) {  // hairlines between cells of short inputs
+      ctx.strokeStyle = "rgba(255, 255, 255, 0.7)";
+      ctx.lineWidth = 1;
+      ctx.beginPath();
+      for (let c = 1; c < r.cols; ++c) { ctx.moveTo(x0 + c * cell, y0); ctx.lineTo(x0 + c * cell, y0 + hgt); }
+      for (let q = 1; q < r.rows; ++q) { ctx.moveTo(x0, y0 + q * cell); ctx.lineTo(x0 + w, y0 + q * cell); }
+      ctx.stroke();
+    }
+    ctx.strokeStyle = "#8c959f";
+    ctx.strokeRect(x0 - 0.5, y0 - 0.5, w + 1, hgt + 1);
+    ctx.font = font;
+    ctx.fillStyle = "#1f2328";
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "right";
+    for (let i = 0; i < L; i += step) ctx.fillText(label(D.query_labels, i), x0 - 6, y0 + (i + 0.5) * per);
+    for (let j = 0; j < S; j += step) {
+      const x = x0 + (j + 0.5) * per;
+      ctx.save();
+      if (rotate) {
+        ctx.translate(x, y0 - 6);
+        ctx.rotate(-Math.PI / 2);
+        ctx.textAlign = "left";
+        ctx.fillText(label(D.key_labels, j), 0, 0);
+      } else {
+        ctx.textAlign = "center";
+        ctx.textBaseline = "alphabetic";
+        ctx.fillText(label(D.key_labels, j), x, y0 - 6);
+      }
+      ctx.restore();
+    }
+    // colour bar: bottom = 0, top = the largest weight of this head
+    const bx = x0 + w + 18, grad = ctx.createLinearGradient(0, y0 + barH, 0, y0);
+    D.colours.forEach((c, k) => grad.addColorStop(k / (D.colours.length - 1), `rgb(${c})`));
+    ctx.fillStyle = grad;
+    ctx.fillRect(bx, y0, 12, barH);
+    ctx.strokeRect(bx - 0.5, y0 - 0.5, 13, barH + 1);
+    ctx.fillStyle = "#1f2328";
+    ctx.textAlign = "left";
+    ctx.font = `11px ${FONT}`;
+    for (const t of [0, 0.5, 1]) ctx.fillText(fmt(t * r.vmax), bx + 17, y0 + (1 - t) * barH);
+    Object.assign(cv.dataset, { layer: l, head: h });
+    st.geom = { x0, y0, cell, r };
+    $("matrix-caption").textContent = `${D.layer_names[l]} · head ${h} · rows: queries, columns: keys` +
+      (r.pool > 1 ? ` · each cell: max of ${r.pool}×${r.pool}` : "");
+  }
+
+  $("matrix").addEventListener("mousemove", (e) => {
+    const g = st.geom, tip = $("matrix-tip"), box = e.target.getBoundingClientRect();
+    const x = e.clientX - box.left, y = e.clientY - box.top;
+    const c = Math.floor((x - g.x0) / g.cell), q = Math.floor((y - g.y0) / g.cell), r = g.r;
+    if (c < 0 || q < 0 || c >= r.cols || q >= r.rows) { tip.hidden = true; return; }
+    const w = r.v[q * r.cols + c], p = r.pool;
+    tip.textContent = p === 1
+      ? `${D.query_labels[q]} (${q}) → ${D.key_labels[c]} (${c}): ${fmt(w)}`
+      : `queries ${q * p}–${Math.min(L, (q + 1) * p) - 1} → keys ${c * p}–${Math.min(S, (c + 1) * p) - 1}: max ${fmt(w)}`;
+    tip.hidden = false;
+    tip.style.left = `${x + 14}px`;
+    tip.style.top = `${y + 14}px`;
+  });
+  $("matrix").addEventListener("mouseleave", () => { $("matrix-tip").hidden = true; });
+
+  // ---- navigation ----------------------------------------------------------------------------
+  function fillHeadSelect() {
+    const sel = $("head-select");
+    sel.replaceChildren(...Array.from({ length: nHeads(st.layer) }, (_, h) => el("option", { value: h }, `head ${h}`)));
+    st.head = Math.min(st.head, nHeads(st.layer) - 1);
+    sel.value = st.head;
+  }
+  function setLayer(l) {
+    st.layer = l;
+    $("layer-select").value = l;
+    buildSwatches();
+    drawLines();
+    fillHeadSelect();
+    markModelRow();
+    if (!$("view-matrix").hidden) drawMatrix();
+  }
+  function showView(v) {
+    for (const name of ["head", "model", "matrix"]) {
+      $("view-" + name).hidden = name !== v;
+      $("tab-" + name).setAttribute("aria-selected", name === v);
+    }
+    if (v === "model") buildModel();
+    if (v === "matrix") drawMatrix();
+  }
+  function openMatrix(l, h) {
+    st.head = h;
+    setLayer(l);
+    showView("matrix");
+  }
+
+  D.layer_names.forEach((name, l) => $("layer-select").append(el("option", { value: l }, name)));
+  $("layer-select").addEventListener("change", (e) => setLayer(+e.target.value));
+  $("head-select").addEventListener("change", (e) => { st.head = +e.target.value; drawMatrix(); });
+  for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showView(b.dataset.view));
+  buildTokens();
+  setLayer(0);
+  showView("head");
+  document.body.dataset.ready = "1";
+})();
+)attn";
+
+}  // namespace attn::viz
