@@ -9,6 +9,8 @@ namespace py = pybind11;
 void bind_sdpa(py::module_& m);
 void bind_sdpa_backward(py::module_& m);
 void bind_io(py::module_& m);
+void bind_mha(py::module_& m);
+void bind_viz(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
@@ -18,4 +20,6 @@ PYBIND11_MODULE(_attn, m) {
   bind_sdpa(m);
   bind_sdpa_backward(m);
   bind_io(m);
+  bind_mha(m);
+  bind_viz(m);
 }
