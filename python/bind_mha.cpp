@@ -1,0 +1,95 @@
+// Python binding of MultiheadAttention: numpy float32 in and out, inputs and masks read in place.
+// python/attn/nn.py wraps it with PyTorch's signature; this file only converts arguments.
+#include <pybind11/stl.h>
+
+#include <sstream>
+
+#include "attn/mha.h"
+#include "numpy_view.h"
+
+namespace py = pybind11;
+using namespace attn;
+using py_util::view_of;
+
+namespace {
+
+// Hands a Tensor to numpy without a copy: the array's base capsule owns it.
+py::array to_numpy(Tensor&& t) {
+  auto* owned = new Tensor(std::move(t));
+  py::capsule base(owned, [](void* p) { delete static_cast<Tensor*>(p); });
+  const Shape& s = owned->shape();
+  return py::array_t<float>(std::vector<py::ssize_t>(s.begin(), s.end()), owned->data(), base);
+}
+
+// PyTorch's MHA masks: bool True = masked out (Mask::drop), float32 = added.
+Mask<float> mha_mask(const std::optional<py::array>& m, const char* arg) {
+  if (!m) return {};
+  if (m->dtype().kind() == 'b') return Mask<float>::drop(view_of<const uint8_t>(*m, arg));
+  return Mask<float>::additive(view_of<const float>(*m, arg));
+}
+
+}  // namespace
+
+void bind_mha(py::module_& m) {
+  py::class_<MultiheadAttention>(m, "MultiheadAttention")
+      .def(py::init([](int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
+                       bool add_zero_attn, int64_t kdim, int64_t vdim, bool batch_first, int64_t num_kv_heads,
+                       uint64_t seed) {
+             return MultiheadAttention({embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
+                                        batch_first, num_kv_heads, seed});
+           }),
+           py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0, py::arg("bias") = true,
+           py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false, py::arg("kdim") = 0,
+           py::arg("vdim") = 0, py::arg("batch_first") = false, py::arg("num_kv_heads") = 0, py::arg("seed") = 0)
+      .def(
+          "forward",
+          [](MultiheadAttention& self, const py::array& query, const py::array& key, const py::array& value,
+             const std::optional<py::array>& key_padding_mask, bool need_weights,
+             const std::optional<py::array>& attn_mask, bool average_attn_weights, bool is_causal, bool trace) {
+            std::ostringstream text;
+            MhaArgs args{mha_mask(key_padding_mask, "key_padding_mask"), need_weights, mha_mask(attn_mask, "attn_mask"),
+                         average_attn_weights, is_causal, trace ? &text : nullptr};
+            View<const float> q = view_of<const float>(query, "query"), k = view_of<const float>(key, "key"),
+                              v = view_of<const float>(value, "value");
+            MhaOutput r;
+            {
+              py::gil_scoped_release nogil;
+              r = self.forward(q, k, v, args);
+            }
+            py::object w = need_weights ? py::object(to_numpy(std::move(r.weights))) : py::none();
+            return py::make_tuple(to_numpy(std::move(r.output)), w, trace ? py::object(py::str(text.str())) : py::none());
+          },
+          py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
+          py::arg("need_weights") = true, py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
+          py::arg("is_causal") = false, py::arg("trace") = false, "(output, weights or None, trace text or None)")
+      .def("state_dict",
+           [](const MultiheadAttention& self) {
+             py::dict d;  // PyTorch's order
+             for (auto& [name, t] : self.named_parameters()) d[py::str(name)] = to_numpy(Tensor::copy_of(t->view()));
+             return d;
+           })
+      .def(
+          "load_state_dict",
+          [](MultiheadAttention& self, const py::dict& d) {
+            StateDict sd;
+            for (auto [k, v] : d) {
+              std::string name = py::str(k);
+              sd.emplace(name, Tensor::copy_of(view_of<const float>(py::array::ensure(v), name.c_str())));
+            }
+            self.load_state_dict(sd);
+          },
+          py::arg("state_dict"))
+      .def("save", &MultiheadAttention::save, py::arg("path"))
+      .def("load", &MultiheadAttention::load, py::arg("path"))
+      .def("train", &MultiheadAttention::train, py::arg("mode") = true)
+      .def("eval", &MultiheadAttention::eval)
+      .def_property_readonly("training", &MultiheadAttention::training)
+      .def_property_readonly("embed_dim", [](const MultiheadAttention& s) { return s.options().embed_dim; })
+      .def_property_readonly("num_heads", [](const MultiheadAttention& s) { return s.options().num_heads; })
+      .def_property_readonly("num_kv_heads", [](const MultiheadAttention& s) { return s.options().num_kv_heads; })
+      .def_property_readonly("kdim", [](const MultiheadAttention& s) { return s.options().kdim; })
+      .def_property_readonly("vdim", [](const MultiheadAttention& s) { return s.options().vdim; })
+      .def_property_readonly("head_dim", &MultiheadAttention::head_dim)
+      .def_property_readonly("dropout", [](const MultiheadAttention& s) { return s.options().dropout; })
+      .def_property_readonly("batch_first", [](const MultiheadAttention& s) { return s.options().batch_first; });
+}
