@@ -8,3 +8,4 @@ from _attn import AttnError, get_num_threads, set_num_threads  # noqa: F401
 from .functional import scaled_dot_product_attention, scaled_dot_product_attention_backward  # noqa: F401
 from .io import load_safetensors, save_safetensors  # noqa: F401
 from . import viz  # noqa: F401
+from .nn import MultiheadAttention  # noqa: F401
