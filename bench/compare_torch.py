@@ -1,0 +1,131 @@
+"""Side by side with PyTorch 2.13 in one process: attn vs torch SDPA (its CPU flash kernel), torch's
+matmul-softmax-matmul math path, and nn.MultiheadAttention, interleaved, same thread count, medians.
+
+    .venv/bin/python bench/compare_torch.py --threads 2 [--quick]
+
+Prints one table per case: median ms of each contender and the ratio torch / attn (> 1: attn faster).
+A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attn
+
+
+def interleaved_medians(contenders, reps):
+    """Runs each contender once per round, rounds `reps` times after a warm-up; median seconds each."""
+    times = {name: [] for name in contenders}
+    for fn in contenders.values():
+        fn()
+    for _ in range(reps):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def report(title, medians, ours="attn", flops=None):
+    print(f"\n{title}")
+    for name, s in medians.items():
+        extra = f"  {flops / s * 1e-9:7.1f} GFLOP/s" if flops else ""
+        ratio = "" if name.startswith(ours) else f"  attn is {s / medians[ours]:.2f}x faster"
+        print(f"  {name:<28} {s * 1e3:9.2f} ms{extra}{ratio}")
+
+
+def sdpa_case(B, H, Hkv, L, D, causal, reps, rng):
+    q = rng.standard_normal((B, H, L, D), dtype=np.float32)
+    k = rng.standard_normal((B, Hkv, L, D), dtype=np.float32)
+    v = rng.standard_normal((B, Hkv, L, D), dtype=np.float32)
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    gqa = H != Hkv
+
+    def torch_flash():
+        with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa)
+
+    def torch_math():
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal, enable_gqa=gqa)
+
+    contenders = {"attn": lambda: attn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa),
+                  "torch sdpa (flash)": torch_flash}
+    if L <= 4096:
+        contenders["torch sdpa (math)"] = torch_math
+    flops = 4.0 * B * H * L * L * D * (0.5 if causal else 1.0)
+    title = f"SDPA B={B} H={H} Hkv={Hkv} L=S={L} D={D} {'causal' if causal else 'non-causal'}"
+    report(title, interleaved_medians(contenders, reps), flops=flops)
+
+
+def sdpa_backward_case(B, H, L, D, reps, rng):
+    if not hasattr(attn, "scaled_dot_product_attention_backward"):
+        return
+    q, k, v, do = (rng.standard_normal((B, H, L, D), dtype=np.float32) for _ in range(4))
+    tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
+    tdo = torch.from_numpy(do)
+
+    def torch_fwd_bwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(tq, tk, tv).backward(tdo)
+
+    def attn_fwd_bwd():
+        out, lse = attn.scaled_dot_product_attention(q, k, v, return_lse=True)
+        attn.scaled_dot_product_attention_backward(q, k, v, out, lse, do)
+
+    contenders = {"attn fwd+bwd": attn_fwd_bwd, "attn fwd": lambda: attn.scaled_dot_product_attention(q, k, v),
+                  "torch sdpa fwd+bwd": torch_fwd_bwd}
+    med = interleaved_medians(contenders, reps)
+    report(f"SDPA forward+backward B={B} H={H} L=S={L} D={D}", med, ours="attn fwd+bwd")
+    print(f"  attn fwd+bwd / attn fwd = {med['attn fwd+bwd'] / med['attn fwd']:.2f}")
+
+
+def mha_case(E, H, L, reps, rng):
+    if not hasattr(attn, "MultiheadAttention"):
+        return
+    x = rng.standard_normal((1, L, E), dtype=np.float32)
+    tmha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    ours = attn.MultiheadAttention(E, H, batch_first=True)
+    ours.load_state_dict({k: v.numpy() for k, v in tmha.state_dict().items()})
+    ours.eval()
+    tx = torch.from_numpy(x)
+
+    def torch_mha():
+        with torch.no_grad():
+            tmha(tx, tx, tx, need_weights=False)
+
+    contenders = {"attn MultiheadAttention": lambda: ours(x, x, x, need_weights=False),
+                  "torch nn.MultiheadAttention": torch_mha}
+    report(f"MultiheadAttention E={E} H={H} L={L} need_weights=False, eval",
+           interleaved_medians(contenders, reps), ours="attn MultiheadAttention")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="L=1024 only, for a smoke run")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    attn.set_num_threads(a.threads)
+    print(f"torch {torch.__version__}, torch threads {torch.get_num_threads()}, attn threads "
+          f"{attn.get_num_threads()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')} "
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE')}")
+    rng = np.random.default_rng(0)
+    L = 1024 if a.quick else 4096
+    for causal in (False, True):
+        sdpa_case(1, 8, 8, L, 64, causal, a.reps, rng)
+    sdpa_case(1, 8, 8, L, 128, False, a.reps, rng)
+    sdpa_case(1, 32, 8, L, 128, False, a.reps, rng)
+    sdpa_backward_case(1, 8, L, 64, a.reps, rng)
+    mha_case(512, 8, L, a.reps, rng)
+
+
+if __name__ == "__main__":
+    main()
