@@ -195,6 +195,12 @@ TEST(Safetensors, RejectsHeaderThatIsNotJson) {
   expect_load_error(tmp / "x", {"Expected a JSON header", "parse error"});
   write_bytes(tmp / "y", make_file("{\"a\": \"\xff\"}", ""));  // not UTF-8
   expect_load_error(tmp / "y", {"Expected a JSON header"});
+  // The parser quotes the bad byte; the message stays valid UTF-8 (Python decodes it) and NUL-free.
+  write_bytes(tmp / "z", make_file(Bytes("\x80{}", 3), ""));
+  expect_load_error(tmp / "z", {"Expected a JSON header", "\\x80"});
+  // A NUL would end nlohmann's input early, hiding what follows it.
+  write_bytes(tmp / "w", make_file(Bytes("{}\0garbage", 10), ""));
+  expect_load_error(tmp / "w", {"Expected a JSON header", "NUL byte at header offset 2"});
 }
 
 TEST(Safetensors, RejectsHeaderThatIsNotAnObject) {

@@ -22,7 +22,8 @@ StateDict load_safetensors(const std::string& path, std::map<std::string, std::s
 // Writes F32 tensors atomically: a temporary file in the same folder, fsync, then rename over `path`,
 // so a crash leaves either the old file or the new one, never a broken one; on an error the temporary
 // file is removed and an existing `path` is left as it was. The bytes are what the safetensors library
-// writes for the same tensors and metadata (names in sorted order, header padded to 8 bytes).
+// writes for the same tensors (compact JSON, names sorted, header padded with spaces to 8 bytes);
+// metadata keys are sorted, where the library writes them in hash-map order.
 void save_safetensors(const std::string& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

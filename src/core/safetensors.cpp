@@ -23,7 +23,10 @@
 #include <nlohmann/json.hpp>
 
 // Every file error names the file: "safetensors file 'x': Expected ..., but got ... instead".
-#define ST_CHECK(cond, ...) ATTN_CHECK(cond, "safetensors file '", path, "': ", __VA_ARGS__)
+#define ST_CHECK(cond, ...)                                                                         \
+  do {                                                                                              \
+    if (!(cond)) throw ::attn::Error(printable(::attn::cat("safetensors file '", path, "': ", __VA_ARGS__))); \
+  } while (0)
 
 namespace attn {
 namespace {
@@ -36,6 +39,33 @@ constexpr uint64_t kMaxHeader = 100'000'000;
 constexpr uint64_t kMaxI64 = std::numeric_limits<int64_t>::max();
 
 std::string os_error(int e) { return std::generic_category().message(e); }
+
+// Messages quote bytes of the file (the JSON parser's "last read" token, names). Python decodes a
+// message as strict UTF-8 and C++ reads it up to the first NUL, so any byte that is not part of a
+// well-formed UTF-8 sequence, and any control byte, is written as \xNN.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const auto* u = reinterpret_cast<const unsigned char*>(s.data()) + i;
+    size_t len = u[0] < 0x80 ? 1 : (u[0] >> 5) == 0x6 ? 2 : (u[0] >> 4) == 0xE ? 3 : (u[0] >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0 && i + len <= s.size();
+    uint32_t cp = len == 1 ? u[0] : u[0] & (0x7f >> len);
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (u[k] & 0xC0) == 0x80;
+      cp = cp << 6 | (u[k] & 0x3F);
+    }
+    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};  // shorter encodings are overlong
+    ok = ok && cp >= min_cp[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp < 0xE000) && cp >= 0x20 && cp != 0x7F;
+    if (ok) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += cat("\\x", "0123456789abcdef"[u[0] >> 4], "0123456789abcdef"[u[0] & 15]);
+      i += 1;
+    }
+  }
+  return out;
+}
 
 // A JSON value for an error message, cut short: a header may be 100 MB.
 std::string brief(const json& v) {
@@ -217,6 +247,11 @@ StateDict load_safetensors(const std::string& path, std::map<std::string, std::s
            file.size(), " bytes), but got ", n, " instead");
   ST_CHECK(n <= kMaxHeader, "Expected a header length of at most ", kMaxHeader, ", but got ", n, " instead");
   const char* header = reinterpret_cast<const char*>(file.data() + 8);
+  // JSON has no raw NUL anywhere, and nlohmann's parser would take one for the end of its input,
+  // silently ignoring whatever follows it.
+  const void* nul = std::memchr(header, 0, n);
+  ST_CHECK(!nul, "Expected a JSON header, but got a NUL byte at header offset ",
+           static_cast<const char*>(nul) - header, " instead");
   json j = parse_header(path, header, header + n);
   ST_CHECK(j.is_object(), "Expected a JSON object as the header, but got ", brief(j), " instead");
 
