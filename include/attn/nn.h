@@ -1,0 +1,231 @@
+// The nn layer: Linear, LayerNorm, Dropout, ReLU/GELU, Embedding, the feed-forward block and
+// torch.nn.TransformerEncoderLayer / TransformerDecoderLayer, each with forward() and an explicit
+// backward() (no autograd engine, as llm.c). PyTorch's constructor arguments, semantics and state_dict
+// names. Not an optimizer, a loss or a model: those live in model/ and train/.
+//
+// The training contract, for every layer:
+// - forward(x) in training mode (the default) saves what backward needs (a copy of x, per-row stats,
+//   the dropout seed); in eval mode it saves nothing and applies no dropout.
+// - backward(dout) takes dLoss/dOutput (the output's shape), ADDS the parameter gradients into the
+//   Param::grad tensors (so several backward calls accumulate, as PyTorch's .grad does; zero_grad()
+//   clears them) and returns dLoss/dInput. One backward per forward: it uses the last forward's state.
+// - parameters(out, prefix) appends {name, value, grad} under PyTorch's state_dict names, in PyTorch's
+//   order, so the optimizer and the safetensors checkpoint iterate one list (param.h).
+//
+// Shapes: x (..., F): any leading dims; a layer works on rows of its last dim. Inputs are read in place
+// when contiguous, else copied once. Outputs are new contiguous tensors of the input's leading shape.
+// MultiheadAttention (mha.h) has the same contract: backward(dout) -> {dquery, dkey, dvalue}.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attn/kv_cache.h"
+#include "attn/mask.h"
+#include "attn/mha.h"
+#include "attn/param.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+// ---- Shared math (also for weight tying: an lm_head that reuses the embedding matrix) ----
+
+// Backward of y (N, out) = x (N, in) · Wᵀ + b: dx (N, in) = dy · W (overwritten; skipped if empty),
+// dw (out, in) += dyᵀ · x, db (out) += column sums of dy (skipped if empty). Rows may be strided.
+void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,
+                     View<float> dw, View<float> db);
+// y += x, elementwise over equal shapes (a residual connection; its backward passes dy to both sides).
+void add_(View<float> y, View<const float> x);
+
+// ---- Layers ----
+
+class Linear : public Layer {
+ public:
+  // torch.nn.Linear: weight (out, in) and bias (out) ~ U(-1/sqrt(in), 1/sqrt(in)).
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, uint64_t seed = 0);
+  Tensor forward(View<const float> x);      // (..., in) -> (..., out)
+  Tensor backward(View<const float> dout);  // (..., out) -> (..., in)
+  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
+
+  Tensor weight, bias;            // (out, in), (out) or empty
+  Tensor weight_grad, bias_grad;  // same shapes
+
+ private:
+  Tensor x_;  // (N, in): the saved input
+};
+
+class LayerNorm : public Layer {
+ public:
+  // torch.nn.LayerNorm over the last dim: y = (x - mean) / sqrt(var + eps) · weight + bias, biased var.
+  LayerNorm(int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
+  Tensor forward(View<const float> x);      // (..., F) -> (..., F)
+  Tensor backward(View<const float> dout);  // (..., F) -> (..., F)
+  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
+
+  Tensor weight, bias;            // (F) ones / zeros, or empty
+  Tensor weight_grad, bias_grad;
+  double eps;
+
+ private:
+  Tensor xhat_;  // (N, F): (x - mean) · rstd
+  Tensor rstd_;  // (N)
+};
+
+// Zeroes each element with probability p in training mode and scales the rest by 1/(1 - p), as
+// torch.nn.Dropout; the keep bit of element i is rng.h's dropout_keep(seed, i), and each training
+// forward takes the next seed, so backward recomputes the mask instead of storing it.
+class Dropout : public Layer {
+ public:
+  explicit Dropout(double p = 0.5, uint64_t seed = 0);
+  Tensor forward(View<const float> x);
+  Tensor backward(View<const float> dout);
+  void parameters(std::vector<Param>&, const std::string& = "") override {}
+  double p;
+
+ private:
+  uint64_t seed_;       // the next forward's seed
+  uint64_t last_seed_;  // the last training forward's seed
+  bool saved_ = false;
+};
+
+enum class Activation { relu, gelu, gelu_tanh };  // gelu is the exact erf form (PyTorch's default)
+// "relu", "gelu" or "gelu_tanh" (also "tanh" for the approximation); anything else is an Error.
+Activation parse_activation(const std::string& name);
+const char* to_string(Activation a);
+
+// ReLU / GELU as a layer: saves its input when training.
+class ActivationLayer : public Layer {
+ public:
+  explicit ActivationLayer(Activation kind) : kind(kind) {}
+  Tensor forward(View<const float> x);
+  Tensor backward(View<const float> dout);
+  void parameters(std::vector<Param>&, const std::string& = "") override {}
+  Activation kind;
+
+ private:
+  Tensor x_;
+};
+struct ReLU : ActivationLayer {
+  ReLU() : ActivationLayer(Activation::relu) {}
+};
+struct GELU : ActivationLayer {  // approximate: "none" (erf) or "tanh", as torch.nn.GELU
+  explicit GELU(const std::string& approximate = "none");
+};
+
+// torch.nn.Embedding: weight (num_embeddings, embedding_dim) ~ N(0, 1).
+class Embedding : public Layer {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed = 0);
+  // ids: `shape`'s numel indices in [0, num_embeddings), contiguous -> (shape..., embedding_dim).
+  Tensor forward(const int64_t* ids, const Shape& shape);
+  // dout (shape..., embedding_dim): scatter-adds into weight_grad. The ids have no gradient.
+  void backward(View<const float> dout);
+  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight
+
+  Tensor weight, weight_grad;  // (num_embeddings, embedding_dim)
+
+ private:
+  std::vector<int64_t> ids_;
+};
+
+// The Transformer's feed-forward block: linear1 -> activation -> dropout -> linear2, with PyTorch's
+// names (linear1.weight, ... directly under the prefix, as in TransformerEncoderLayer).
+class FeedForward : public Layer {
+ public:
+  FeedForward(int64_t d_model, int64_t dim_feedforward, Activation activation = Activation::relu,
+              double dropout = 0.1, bool bias = true, uint64_t seed = 0);
+  Tensor forward(View<const float> x);      // (..., d_model) -> (..., d_model)
+  Tensor backward(View<const float> dout);
+  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
+  void train(bool on = true) override;
+
+  Linear linear1, linear2;
+  ActivationLayer activation;
+  Dropout dropout;
+};
+
+// ---- Transformer layers ----
+
+// torch.nn.TransformerEncoderLayer / TransformerDecoderLayer's constructor arguments, plus ours.
+struct TransformerOptions {
+  int64_t d_model = 0;
+  int64_t nhead = 1;
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;                     // residual dropouts, the FFN's, and the attention weights'
+  Activation activation = Activation::relu;
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;                 // (N, L, E) instead of (L, N, E)
+  bool norm_first = false;                  // pre-LN: x + f(norm(x)); else post-LN: norm(x + f(x))
+  bool bias = true;                         // Linear, LayerNorm and MHA biases
+  int64_t num_kv_heads = 0;                 // GQA for the attention; 0 = nhead
+  uint64_t seed = 0;                        // initialisation and dropout
+};
+
+// Masks as in torch: bool True = masked out (Mask::drop), float = added. They are copied when training.
+struct EncoderArgs {
+  Mask<float> src_mask;              // (L, L) or (N·nhead, L, L)
+  Mask<float> src_key_padding_mask;  // (N, L)
+  bool is_causal = false;            // top-left causal, on its own or with src_mask
+};
+
+struct DecoderArgs {
+  Mask<float> tgt_mask;                 // (L, L) or (N·nhead, L, L)
+  Mask<float> memory_mask;              // (L, S) or (N·nhead, L, S)
+  Mask<float> tgt_key_padding_mask;     // (N, L)
+  Mask<float> memory_key_padding_mask;  // (N, S)
+  bool tgt_is_causal = false;
+  bool memory_is_causal = false;
+};
+
+class TransformerEncoderLayer : public Layer {
+ public:
+  explicit TransformerEncoderLayer(const TransformerOptions& options);
+  // src (L, N, E), (N, L, E) with batch_first, or unbatched (L, E) -> same shape.
+  Tensor forward(View<const float> src, const EncoderArgs& args = {});
+  Tensor backward(View<const float> dout);  // -> dsrc
+  // Eval-mode incremental decoding: x holds the T new tokens (layout as forward), attending to
+  // themselves and every token already in cache layer `layer` (bottom-right causal); appends their K/V.
+  Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer);
+  // self_attn.*, linear1.*, linear2.*, norm1.*, norm2.*
+  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
+  void train(bool on = true) override;
+
+  TransformerOptions options;
+  MultiheadAttention self_attn;
+  FeedForward ff;  // linear1, activation, dropout, linear2
+  LayerNorm norm1, norm2;
+  Dropout dropout1, dropout2;
+
+ private:
+  struct Saved;
+  std::shared_ptr<Saved> saved_;
+};
+
+struct DecoderGrads {
+  Tensor dtgt;     // tgt's shape
+  Tensor dmemory;  // memory's shape
+};
+
+class TransformerDecoderLayer : public Layer {
+ public:
+  explicit TransformerDecoderLayer(const TransformerOptions& options);
+  // tgt (L, N, E), memory (S, N, E) (batch_first: (N, ., E); unbatched: (., E)) -> tgt's shape.
+  Tensor forward(View<const float> tgt, View<const float> memory, const DecoderArgs& args = {});
+  DecoderGrads backward(View<const float> dout);
+  // self_attn.*, multihead_attn.*, linear1.*, linear2.*, norm1.*, norm2.*, norm3.*
+  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
+  void train(bool on = true) override;
+
+  TransformerOptions options;
+  MultiheadAttention self_attn, multihead_attn;
+  FeedForward ff;
+  LayerNorm norm1, norm2, norm3;
+  Dropout dropout1, dropout2, dropout3;
+
+ private:
+  struct Saved;
+  std::shared_ptr<Saved> saved_;
+};
+
+}  // namespace attn
