@@ -64,8 +64,11 @@ def _as4(x):
 def _prepare(query, key, value, attn_mask, enable_gqa):
     """Checked numpy inputs of one dtype, and the mask with its kind ("keep" or "additive") folded like them."""
     query, key, value = (np.asarray(x) for x in (query, key, value))
-    dtype = np.float64 if query.dtype == np.float64 else np.float32
-    query, key, value = (x.astype(dtype, copy=False) for x in (query, key, value))
+    if query.dtype not in (np.float32, np.float64) or key.dtype != query.dtype or value.dtype != query.dtype:
+        raise _attn.AttnError(
+            f"Expected query, key and value of one dtype, float32 or float64, but got {query.dtype}, "
+            f"{key.dtype} and {value.dtype} instead")
+    dtype = query.dtype
     if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
         raise _attn.AttnError(
             f"Expected query, key and value of the same rank >= 2, but got {query.shape}, {key.shape} "
