@@ -80,6 +80,9 @@ def _prepare(query, key, value, attn_mask, enable_gqa):
     mask, kind = None, "keep"
     if attn_mask is not None:
         mask = np.asarray(attn_mask)
+        if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.floating):
+            raise _attn.AttnError(
+                f"Expected attn_mask of dtype bool or float, but got {mask.dtype} of shape {mask.shape} instead")
         kind = "keep" if mask.dtype == np.bool_ else "additive"
         mask = mask if kind == "keep" else mask.astype(dtype, copy=False)
         if query.ndim > 4:  # fold the leading dims like the inputs
