@@ -77,6 +77,10 @@ def _prepare(query, key, value, attn_mask, enable_gqa):
         raise _attn.AttnError(
             f"Expected key batch dims {query.shape[:-2]} like query's (or enable_gqa=True), but got "
             f"{key.shape[:-2]} instead")
+    if key.shape[:-3] != query.shape[:-3] or value.shape[:-2] != key.shape[:-2]:  # _as4 folds them into B unchecked
+        raise _attn.AttnError(
+            f"Expected key and value batch dims {query.shape[:-3]} like query's, and value's dims before "
+            f"(S, Dv) like key's, but got key {key.shape} and value {value.shape} instead")
     mask, kind = None, "keep"
     if attn_mask is not None:
         mask = np.asarray(attn_mask)
