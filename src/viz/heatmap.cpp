@@ -17,7 +17,6 @@ namespace {
 
 constexpr const char* kFont = "DejaVu Sans";
 constexpr double kMargin = 16, kGap = 20, kBarWidth = 14, kTitleSize = 15, kSmallSize = 11;
-constexpr int kTicks = 5;
 
 using Surface = std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)>;
 using Context = std::unique_ptr<cairo_t, decltype(&cairo_destroy)>;
@@ -52,6 +51,20 @@ std::string format_tick(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
+}
+
+// Round tick values 0, step, 2 step, ... <= vmax, step in {1, 2, 2.5, 5} x 10^k, 3 to 6 ticks.
+std::vector<double> ticks(double vmax) {
+  const double raw = vmax / 5, decade = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = 10 * decade;
+  for (double m : {1.0, 2.0, 2.5, 5.0})
+    if (m * decade >= raw) {
+      step = m * decade;
+      break;
+    }
+  std::vector<double> out;
+  for (int k = 0; k * step <= vmax * (1 + 1e-9); ++k) out.push_back(k * step);
+  return out;
 }
 
 // Everything measured before drawing: sizes depend on the text widths.
@@ -112,7 +125,7 @@ Plan make_plan(cairo_t* cr, View<const float> w, const std::vector<std::string>&
   p.panel_w = p.left_w + p.cols * p.cell;
   p.panel_h = p.panel_title_h + p.top_h + p.rows * p.cell;
   p.title_h = kTitleSize + 6 + kSmallSize + 12;
-  p.bar_h = std::clamp(p.rows * p.cell, 120.0, 360.0);
+  p.bar_h = std::clamp(p.rows * p.cell, 120.0, 480.0);
 
   float largest = 0.f;
   for (int64_t h = 0; h < p.H; ++h)
@@ -124,12 +137,13 @@ Plan make_plan(cairo_t* cr, View<const float> w, const std::vector<std::string>&
   p.vmax = opt.vmax > 0 ? opt.vmax : largest > 0 ? largest : 1.f;
   set_font(cr, kSmallSize - 1);
   p.tick_w = 0;
-  for (int t = 0; t < kTicks; ++t) p.tick_w = std::max(p.tick_w, text_width(cr, format_tick(p.vmax * t / (kTicks - 1))));
+  for (double t : ticks(p.vmax)) p.tick_w = std::max(p.tick_w, text_width(cr, format_tick(t)));
 
   p.title = !opt.title.empty() ? valid_utf8(opt.title) : grid ? "all heads" : "attention";
   p.subtitle = "queries \u2193 " + std::to_string(p.L) + "  \u00b7  keys \u2192 " + std::to_string(p.S);
   if (grid) p.subtitle += "  \u00b7  " + std::to_string(p.H) + " heads";
-  if (p.pool > 1) p.subtitle += "  \u00b7  each cell: max of " + std::to_string(p.pool) + "\u00d7" + std::to_string(p.pool);
+  if (p.pool > 1)
+    p.subtitle += "  \u00b7  each cell: max of " + std::to_string(p.pool) + "\u00d7" + std::to_string(p.pool);
 
   const double grid_w = p.columns * p.panel_w + (p.columns - 1) * kGap;
   const double grid_h = p.grid_rows * p.panel_h + (p.grid_rows - 1) * kGap;
@@ -170,6 +184,19 @@ void draw_cells(cairo_t* cr, const Plan& p, int64_t h, double x0, double y0) {
       cairo_fill(cr);
     }
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_DEFAULT);
+  cairo_set_line_width(cr, 1);
+  if (p.cell >= 10) {  // hairlines between the cells of short inputs
+    cairo_set_source_rgba(cr, 1, 1, 1, 0.7);
+    for (int c = 1; c < p.cols; ++c) {
+      cairo_move_to(cr, x0 + c * p.cell + 0.5, y0);
+      cairo_line_to(cr, x0 + c * p.cell + 0.5, y0 + p.rows * p.cell);
+    }
+    for (int r = 1; r < p.rows; ++r) {
+      cairo_move_to(cr, x0, y0 + r * p.cell + 0.5);
+      cairo_line_to(cr, x0 + p.cols * p.cell, y0 + r * p.cell + 0.5);
+    }
+    cairo_stroke(cr);
+  }
   cairo_set_source_rgb(cr, 0.55, 0.55, 0.55);
   cairo_set_line_width(cr, 1);
   cairo_rectangle(cr, x0 - 0.5, y0 - 0.5, p.cols * p.cell + 1, p.rows * p.cell + 1);
@@ -216,13 +243,13 @@ void draw_colour_bar(cairo_t* cr, const Plan& p, double x, double y) {
   cairo_stroke(cr);
   set_font(cr, kSmallSize - 1);
   cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
-  for (int t = 0; t < kTicks; ++t) {
-    double ty = std::round(y + p.bar_h * (1 - double(t) / (kTicks - 1))) + 0.5;
+  for (double t : ticks(p.vmax)) {
+    double ty = std::round(y + p.bar_h * (1 - t / p.vmax)) + 0.5;
     cairo_move_to(cr, x + kBarWidth, ty);
     cairo_line_to(cr, x + kBarWidth + 4, ty);
     cairo_stroke(cr);
     cairo_move_to(cr, x + kBarWidth + 6, ty + (kSmallSize - 1) * 0.36);
-    cairo_show_text(cr, format_tick(p.vmax * t / (kTicks - 1)).c_str());
+    cairo_show_text(cr, format_tick(t).c_str());
   }
 }
 
@@ -291,7 +318,8 @@ HeatmapLayout write_heatmap_png(const std::string& path, View<const float> weigh
                                 const std::vector<std::string>& key_tokens, const HeatmapOptions& options) {
   ATTN_CHECK(weights.rank() == 2, "Expected weights of shape (L, S), but got ", to_string(weights.shape), " instead");
   check_tokens(weights, query_tokens, key_tokens);
-  View<const float> one(weights.data, {1, weights.shape[0], weights.shape[1]}, {0, weights.strides[0], weights.strides[1]});
+  View<const float> one(weights.data, {1, weights.shape[0], weights.shape[1]},
+                        {0, weights.strides[0], weights.strides[1]});  // (1, L, S)
   return write_png(path, one, query_tokens, key_tokens, options, false);
 }
 

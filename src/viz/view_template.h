@@ -6,7 +6,8 @@
 //   #layer-select (option value = layer)   .tab#tab-head/#tab-model/#tab-matrix, sections #view-*
 //   .head-swatch[data-head][aria-pressed]  #q-col .tok[data-side=q][data-i], #k-col .tok[data-side=k]
 //   #lines line[data-head][data-q][data-k][data-w] (display:none when filtered out)
-//   #model-grid .thumb[data-layer][data-head]   #matrix[data-layer][data-head]   #notice (top-k)
+//   #model-grid .thumb[data-layer][data-head]   #notice (top-k)
+//   #matrix[data-layer][data-head][data-x0][data-y0][data-cell][data-pool] (geometry in CSS pixels)
 //   body[data-ready="1"] once everything is drawn.
 #pragma once
 
@@ -36,7 +37,8 @@ main { padding: 16px 24px 32px; }
 .head-swatch { --c: #888; min-width: 30px; height: 24px; border-radius: 4px; border: 2px solid var(--c);
                background: var(--c); color: #fff; font-weight: 600; font-size: 12px; cursor: pointer; }
 .head-swatch[aria-pressed="false"] { background: #fff; color: var(--c); opacity: .5; }
-#head-view { display: grid; grid-template-columns: max-content auto max-content; align-items: start; }
+#head-view { display: grid; grid-template-columns: max-content max-content max-content; align-items: start;
+             justify-content: start; }
 .col-head { font-size: 11px; color: var(--muted); text-transform: uppercase; letter-spacing: .06em;
             padding: 0 8px 4px; }
 .col-head.q { text-align: right; }
@@ -128,7 +130,8 @@ inline constexpr const char* kViewJs = R"attn(
   // ---- header --------------------------------------------------------------------------------
   const counts = D.layers.map((x) => x.length), hmin = Math.min(...counts), hmax = Math.max(...counts);
   $("title").textContent = D.title;
-  $("meta").textContent = `${L} query tokens · ${S} key tokens · ${D.layers.length} layer${D.layers.length > 1 ? "s" : ""}` +
+  const NL = D.layers.length;
+  $("meta").textContent = `${L} query tokens · ${S} key tokens · ${NL} layer${NL > 1 ? "s" : ""}` +
     ` · ${hmin === hmax ? hmin : hmin + "–" + hmax} heads · ${D.self ? "self" : "cross"}-attention`;
   if (D.top_k) {
     $("notice").hidden = false;
@@ -362,7 +365,8 @@ inline constexpr const char* kViewJs = R"attn(
     ctx.textAlign = "left";
     ctx.font = `11px ${FONT}`;
     for (const t of [0, 0.5, 1]) ctx.fillText(fmt(t * r.vmax), bx + 17, y0 + (1 - t) * barH);
-    Object.assign(cv.dataset, { layer: l, head: h });
+    // drawn cell (i, j) starts at (x0 + j * cell, y0 + i * cell), CSS pixels
+    Object.assign(cv.dataset, { layer: l, head: h, x0, y0, cell, pool: r.pool });
     st.geom = { x0, y0, cell, r };
     $("matrix-caption").textContent = `${D.layer_names[l]} · head ${h} · rows: queries, columns: keys` +
       (r.pool > 1 ? ` · each cell: max of ${r.pool}×${r.pool}` : "");
@@ -376,7 +380,8 @@ inline constexpr const char* kViewJs = R"attn(
     const w = r.v[q * r.cols + c], p = r.pool;
     tip.textContent = p === 1
       ? `${D.query_labels[q]} (${q}) → ${D.key_labels[c]} (${c}): ${fmt(w)}`
-      : `queries ${q * p}–${Math.min(L, (q + 1) * p) - 1} → keys ${c * p}–${Math.min(S, (c + 1) * p) - 1}: max ${fmt(w)}`;
+      : `queries ${q * p}–${Math.min(L, (q + 1) * p) - 1} → keys ${c * p}–${Math.min(S, (c + 1) * p) - 1}: ` +
+        `max ${fmt(w)}`;
     tip.hidden = false;
     tip.style.left = `${x + 14}px`;
     tip.style.top = `${y + 14}px`;

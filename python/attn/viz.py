@@ -1,0 +1,66 @@
+"""Attention pictures from numpy arrays: PNG heatmaps and one self-contained interactive HTML page.
+
+    import attn
+    out, w, _ = attn.scaled_dot_product_attention(q, k, v, return_weights=True)   # w: (B, H, L, S)
+    attn.viz.heatmap("head3.png", w[0, 3], tokens, title="layer 0 · head 3")
+    attn.viz.heatmap("heads.png", w[0], tokens)                     # all heads in a grid
+    attn.viz.html("attention.html", [w[0]], tokens)                  # one layer; a list for more
+
+Not a model runner: give it weights you already have. Tokens are strings (a str is split into
+characters); key_tokens=None means self-attention (the query tokens label the keys).
+"""
+import os
+
+import numpy as np
+
+import _attn
+
+__all__ = ["heatmap", "html"]
+
+
+def _tokens(tokens):
+    if tokens is None:
+        return []
+    if isinstance(tokens, str):
+        return list(tokens)
+    return [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in tokens]
+
+
+def _weights(a):
+    return np.ascontiguousarray(np.asarray(a), dtype=np.float32)
+
+
+def heatmap(path, weights, query_tokens, key_tokens=None, title=None, *, vmax=None, max_px=1024):
+    """Write a PNG of weights (L, S), or of all heads (H, L, S) side by side with one colour scale.
+
+    vmax: the weight drawn darkest (default: the largest); max_px: longest side of one matrix in
+    pixels (longer inputs are max-pooled). Returns the layout: width, height, cell (pixels), rows,
+    cols (cells drawn per panel) and panels (top-left corner of each matrix), so cell (i, j) of
+    panel p starts at (panels[p][0] + j * cell, panels[p][1] + i * cell).
+    """
+    w = _weights(weights)
+    if w.ndim not in (2, 3):
+        raise _attn.AttnError(f"Expected weights of shape (L, S) or (H, L, S), but got {w.shape} instead")
+    return _attn.viz_heatmap(os.fspath(path), w, _tokens(query_tokens), _tokens(key_tokens), title or "",
+                             float(vmax or 0.0), int(max_px), w.ndim == 3)
+
+
+def html(path, layers, query_tokens, key_tokens=None, top_k=None, *, title="attention", layer_names=None):
+    """Write one self-contained HTML page (head view, model view, matrix view; no network).
+
+    layers: one array (num_layers, H, L, S), one layer (H, L, S), or a list of (H, L, S) arrays
+    (H may differ between layers). top_k: None keeps every weight for up to 64 keys and the 16
+    largest per query row beyond; 0 keeps all; k keeps the k largest per row. The page says when
+    weights were dropped. Returns path.
+    """
+    if isinstance(layers, (list, tuple)):
+        arrays = [_weights(x) for x in layers]
+    else:
+        a = _weights(layers)
+        if a.ndim not in (3, 4):
+            raise _attn.AttnError(
+                f"Expected layers of shape (num_layers, H, L, S) or (H, L, S), but got {a.shape} instead")
+        arrays = list(a) if a.ndim == 4 else [a]
+    _attn.viz_html(os.fspath(path), arrays, _tokens(query_tokens), _tokens(key_tokens),
+                   [str(n) for n in layer_names or []], title, -1 if top_k is None else int(top_k))
+    return path

@@ -1,0 +1,209 @@
+"""attn.viz's HTML page in a real browser: Chromium (the Debian package) driven by Playwright.
+
+Checks what a user sees and does: heads, tokens, lines and layers are all there; hovering or
+clicking a token leaves only its lines; clicking a head hides its lines; the layer selector swaps
+the weights; a model-view thumbnail opens its head in the matrix view; no console error and no
+request but the file itself. Saves screenshots in a fresh temp dir and prints their paths.
+Never skips: without /usr/bin/chromium or playwright it fails and says what to install.
+"""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+import attn
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError as e:  # a failure, not a skip
+    raise ImportError("the playwright Python package is missing: run scripts/install-deps.sh") from e
+
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = tempfile.mkdtemp(prefix="attn_viz_shots_")
+
+
+def softmax_rows(shape, seed):
+    x = np.random.default_rng(seed).normal(0, 2, shape)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} not found: install the Debian package chromium (scripts/install-deps.sh); "
+                    "this browser test does not skip", pytrace=False)
+    with sync_playwright() as p:
+        # Playwright's own browsers are never downloaded: the system Chromium, no sandbox (tests run as root).
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of the generated file that records console errors, page errors and requests."""
+
+    def __init__(self, browser, path):
+        self.url = "file://" + os.path.abspath(path)
+        self.page = browser.new_page(viewport={"width": 1200, "height": 900})
+        self.errors, self.requests = [], []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(self.url)
+        self.page.wait_for_selector("body[data-ready='1']")
+
+    def count(self, selector):
+        return self.page.locator(selector).count()
+
+    def visible_lines(self):
+        """(head, query, key) of every line not hidden by the page's filters."""
+        return self.page.evaluate("""() => Array.from(document.querySelectorAll('#lines line'))
+            .filter((l) => getComputedStyle(l).display !== 'none')
+            .map((l) => [+l.dataset.head, +l.dataset.q, +l.dataset.k])""")
+
+    def line_weights(self):
+        return self.page.evaluate("""() => Array.from(document.querySelectorAll('#lines line'))
+            .map((l) => [+l.dataset.head, +l.dataset.q, +l.dataset.k, +l.dataset.w])""")
+
+    def shot(self, name):
+        path = os.path.join(SHOTS, name)
+        self.page.screenshot(path=path, full_page=True)
+        print(f"screenshot: {path}")
+        return path
+
+    def assert_clean(self):
+        assert self.errors == [], self.errors
+        assert self.requests == [self.url], f"requests besides the page itself: {self.requests}"
+
+    def close(self):
+        self.page.close()
+
+
+def check_lines_match(page, w):
+    """The lines drawn are exactly the weights of one layer w (H, L, S) (all > 0 here)."""
+    lines = page.line_weights()
+    assert len(lines) == w.size
+    for h, i, j, x in lines:
+        assert np.float32(x) == w[h, i, j], (h, i, j)
+
+
+def test_head_model_and_matrix_views(browser, tmp_path):
+    H, L, S = 3, 5, 7
+    layers = softmax_rows((2, H, L, S), 0)  # cross-attention: different query and key tokens
+    q = ["<s>", "Le", "chat", "dort", "."]
+    k = ["The", "cat", "is", "sleeping", "on", "\"mats\"", "</s>"]
+    path = attn.viz.html(tmp_path / "cross.html", layers, q, k, title="cross-attention test",
+                         layer_names=["dec 0 · cross", "dec 1 · cross"])
+    page = Page(browser, path)
+    p = page.page
+    try:
+        # what is there
+        assert page.count(".head-swatch") == H
+        assert page.count("#q-col .tok") == L and page.count("#k-col .tok") == S
+        assert page.count("#layer-select option") == 2
+        assert p.locator("#q-col .tok").all_text_contents() == q
+        assert p.locator("#k-col .tok").all_text_contents() == k
+        check_lines_match(page, layers[0])
+        assert len(page.visible_lines()) == H * L * S
+
+        # hover a query token: only its lines stay
+        p.hover("#q-col .tok[data-i='2']")
+        vis = page.visible_lines()
+        assert len(vis) == H * S and all(qi == 2 for _, qi, _ in vis)
+        # click pins it: moving away keeps the filter
+        p.click("#q-col .tok[data-i='2']")
+        p.hover("#title")
+        assert len(page.visible_lines()) == H * S
+        assert "pinned" in p.get_attribute("#q-col .tok[data-i='2']", "class")
+        page.shot("head_view_pinned_query.png")
+        p.keyboard.press("Escape")
+        assert len(page.visible_lines()) == H * L * S
+
+        # hover a key token: only the lines into it
+        p.hover("#k-col .tok[data-i='4']")
+        vis = page.visible_lines()
+        assert len(vis) == H * L and all(kj == 4 for _, _, kj in vis)
+        p.hover("#title")
+
+        # click a head swatch: its lines disappear; click again: back
+        p.click(".head-swatch[data-head='1']")
+        assert p.get_attribute(".head-swatch[data-head='1']", "aria-pressed") == "false"
+        vis = page.visible_lines()
+        assert len(vis) == (H - 1) * L * S and all(h != 1 for h, _, _ in vis)
+        p.hover("#q-col .tok[data-i='0']")  # focus and head filter combine
+        vis = page.visible_lines()
+        assert len(vis) == (H - 1) * S and all(h != 1 and qi == 0 for h, qi, _ in vis)
+        p.hover("#title")
+        p.click(".head-swatch[data-head='1']")
+        assert len(page.visible_lines()) == H * L * S
+
+        # the layer selector swaps in the other layer's weights
+        p.select_option("#layer-select", "1")
+        check_lines_match(page, layers[1])
+        assert page.count(".head-swatch") == H
+
+        # model view: a thumbnail per (layer, head); clicking one opens it in the matrix view
+        p.click("#tab-model")
+        assert p.is_visible("#view-model") and not p.is_visible("#view-head")
+        assert page.count("#model-grid .thumb") == 2 * H
+        page.shot("model_view.png")
+        p.click(".thumb[data-layer='0'][data-head='2']")
+        assert p.is_visible("#view-matrix") and not p.is_visible("#view-model")
+        m = p.locator("#matrix")
+        assert (m.get_attribute("data-layer"), m.get_attribute("data-head")) == ("0", "2")
+        assert p.input_value("#layer-select") == "0" and p.input_value("#head-select") == "2"
+        # the matrix shows that head: its strongest cell is darker than its weakest
+        x0, y0, cell = (float(m.get_attribute(a)) for a in ("data-x0", "data-y0", "data-cell"))
+        w = layers[0, 2]
+
+        def luma(i, j):
+            r, g, b = p.evaluate("""([x, y]) => {
+                const c = document.getElementById('matrix'), s = c.width / c.getBoundingClientRect().width;
+                return Array.from(c.getContext('2d').getImageData(x * s, y * s, 1, 1).data.slice(0, 3)); }""",
+                                 [x0 + (j + 0.5) * cell, y0 + (i + 0.5) * cell])
+            return 0.299 * r + 0.587 * g + 0.114 * b
+
+        hi, lo = np.unravel_index(np.argmax(w), w.shape), np.unravel_index(np.argmin(w), w.shape)
+        assert luma(*hi) < 100 < 200 < luma(*lo)
+        m.hover(position={"x": x0 + (hi[1] + 0.5) * cell, "y": y0 + (hi[0] + 0.5) * cell})
+        assert p.is_visible("#matrix-tip")
+        assert f"{q[hi[0]]} ({hi[0]})" in p.text_content("#matrix-tip")
+        page.shot("matrix_view.png")
+        page.assert_clean()
+    finally:
+        page.close()
+
+
+def test_long_input_keeps_top_k_and_says_so(browser, tmp_path):
+    H, L = 2, 100
+    w = softmax_rows((H, L, L), 1)
+    text = "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of foo"
+    page = Page(browser, attn.viz.html(tmp_path / "long.html", [w], text))
+    p = page.page
+    try:
+        assert p.is_visible("#notice")
+        assert "top_k = 16" in p.text_content("#notice")
+        assert len(page.visible_lines()) == H * L * 16
+        assert page.count("#q-col .tok") == L
+        assert p.text_content("#q-col .tok[data-i='2']") == "\u2423"  # a lone space is shown as ␣
+        page.shot("long_head_view.png")
+        page.assert_clean()
+    finally:
+        page.close()
+
+
+def test_hostile_tokens_do_not_run(browser, tmp_path):
+    toks = ["</script><script>window.pwned=1</script>", "<img src=x onerror=window.pwned=1>", '"', "a\nb", "<!--"]
+    page = Page(browser, attn.viz.html(tmp_path / "h.html", [softmax_rows((2, 5, 5), 2)], toks,
+                                       title="<script>window.pwned=1</script>"))
+    p = page.page
+    try:
+        assert p.evaluate("() => window.pwned") is None
+        cut = [t if len(t) <= 24 else t[:24] + "\u2026" for t in toks]  # labels stop at 24 characters
+        assert p.locator("#q-col .tok").all_text_contents() == [cut[0], cut[1], '"', "a\u23ceb", "<!--"]
+        assert p.text_content("#title") == "<script>window.pwned=1</script>"
+        page.assert_clean()
+    finally:
+        page.close()
