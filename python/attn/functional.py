@@ -91,5 +91,9 @@ def _prepare(query, key, value, attn_mask, enable_gqa):
         mask = mask if kind == "keep" else mask.astype(dtype, copy=False)
         if query.ndim > 4:  # fold the leading dims like the inputs
             full = query.shape[:-2] + (query.shape[-2], key.shape[-2])
-            mask = np.broadcast_to(mask, full).reshape((-1,) + full[-3:])
+            try:
+                mask = np.broadcast_to(mask, full).reshape((-1,) + full[-3:])
+            except ValueError:  # numpy's message names neither the argument nor the target
+                raise _attn.AttnError(
+                    f"Expected attn_mask broadcastable to {full}, but got shape {mask.shape} instead") from None
     return (query, key, value), mask, kind
