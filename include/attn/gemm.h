@@ -18,4 +18,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
 template <typename T>
 void linear(View<const T> x, View<const T> weight, View<const T> bias, View<T> y);
 
+// Backward of linear: dx (N, in) = dy · W (overwritten; skipped if empty), dw (out, in) += dyᵀ · x,
+// db (out) += column sums of dy (skipped if empty). Rows of x, dy and dx may be strided.
+void linear_backward(View<const float> x, View<const float> weight, View<const float> dy, View<float> dx,
+                     View<float> dw, View<float> db);
+
 }  // namespace attn

@@ -39,6 +39,31 @@ void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
   gemm(false, true, n, out, in, T(1), x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
 }
 
+void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,
+                     View<float> dw, View<float> db) {
+  const int64_t N = x.size(0), in = x.size(1), out = w.size(0);
+  ATTN_CHECK(dy.rank() == 2 && dy.size(0) == N && dy.size(1) == out, "Expected dy of shape ", to_string({N, out}),
+             " for input ", to_string(x.shape), " and weight ", to_string(w.shape), ", but got ", to_string(dy.shape),
+             " instead");
+  ATTN_CHECK(x.stride(1) == 1 && dy.stride(1) == 1 && w.is_contiguous() && (dx.empty() || dx.stride(1) == 1),
+             "Expected unit column strides for linear_backward, but got x strides ", to_string(x.strides),
+             " and dy strides ", to_string(dy.strides), " instead");
+  if (!dx.empty()) {  // dx (N, in) = dy (N, out) · W (out, in)
+    ATTN_CHECK(dx.shape == Shape({N, in}), "Expected dx of shape ", to_string({N, in}), ", but got ",
+               to_string(dx.shape), " instead");
+    if (N > 0) gemm(false, false, N, in, out, 1.0f, dy.data, dy.stride(0), w.data, in, 0.0f, dx.data, dx.stride(0));
+  }
+  if (N == 0) return;
+  ATTN_CHECK(dw.shape == w.shape && dw.is_contiguous(), "Expected dw of the weight's shape ", to_string(w.shape),
+             ", contiguous, but got ", to_string(dw.shape), " instead");
+  gemm(true, false, out, in, N, 1.0f, dy.data, dy.stride(0), x.data, x.stride(0), 1.0f, dw.data, in);  // dW += dyᵀ·x
+  if (!db.empty())
+    for (int64_t r = 0; r < N; ++r) {  // db += Σ_rows dy, rows in order
+      const float* g = dy.data + r * dy.stride(0);
+      for (int64_t c = 0; c < out; ++c) db.data[c] += g[c];
+    }
+}
+
 template void linear(View<const float>, View<const float>, View<const float>, View<float>);
 template void linear(View<const double>, View<const double>, View<const double>, View<double>);
 
