@@ -17,10 +17,10 @@
 // MultiheadAttention (mha.h) has the same contract: backward(dout) -> {dquery, dkey, dvalue}.
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
+#include "attn/gemm.h"
 #include "attn/kv_cache.h"
 #include "attn/mask.h"
 #include "attn/mha.h"
@@ -29,12 +29,10 @@
 
 namespace attn {
 
-// ---- Shared math (also for weight tying: an lm_head that reuses the embedding matrix) ----
+// ---- Shared math ----
 
-// Backward of y (N, out) = x (N, in) · Wᵀ + b: dx (N, in) = dy · W (overwritten; skipped if empty),
-// dw (out, in) += dyᵀ · x, db (out) += column sums of dy (skipped if empty). Rows may be strided.
-void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,
-                     View<float> dw, View<float> db);
+// linear() and linear_backward() (gemm.h) are the projections' math, also for weight tying (an lm_head
+// that reuses the embedding matrix).
 // y += x, elementwise over equal shapes (a residual connection; its backward passes dy to both sides).
 void add_(View<float> y, View<const float> x);
 
@@ -126,7 +124,8 @@ class Embedding : public Layer {
   Tensor weight, weight_grad;  // (num_embeddings, embedding_dim)
 
  private:
-  std::vector<int64_t> ids_;
+  std::vector<int64_t> ids_;  // the last training forward's indices
+  Shape saved_shape_;         // its output shape (shape..., embedding_dim)
 };
 
 // The Transformer's feed-forward block: linear1 -> activation -> dropout -> linear2, with PyTorch's
@@ -196,10 +195,6 @@ class TransformerEncoderLayer : public Layer {
   FeedForward ff;  // linear1, activation, dropout, linear2
   LayerNorm norm1, norm2;
   Dropout dropout1, dropout2;
-
- private:
-  struct Saved;
-  std::shared_ptr<Saved> saved_;
 };
 
 struct DecoderGrads {
@@ -222,10 +217,6 @@ class TransformerDecoderLayer : public Layer {
   FeedForward ff;
   LayerNorm norm1, norm2, norm3;
   Dropout dropout1, dropout2, dropout3;
-
- private:
-  struct Saved;
-  std::shared_ptr<Saved> saved_;
 };
 
 }  // namespace attn

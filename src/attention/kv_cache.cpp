@@ -1,0 +1,57 @@
+// KVCache: per-layer K/V buffers, append and views of the filled prefix. No attention math here.
+#include "attn/kv_cache.h"
+
+#include <cstring>
+
+namespace attn {
+
+KVCache::KVCache(int64_t layers, int64_t B, int64_t Hkv, int64_t S_max, int64_t D, int64_t Dv)
+    : B_(B), Hkv_(Hkv), S_max_(S_max), D_(D), Dv_(Dv == 0 ? D : Dv) {
+  ATTN_CHECK(layers > 0 && B > 0 && Hkv > 0 && S_max > 0 && D > 0 && Dv_ > 0,
+             "Expected layers, B, Hkv, S_max, D > 0 for KVCache, but got layers = ", layers, ", B = ", B,
+             ", Hkv = ", Hkv, ", S_max = ", S_max, ", D = ", D, ", Dv = ", Dv_, " instead");
+  for (int64_t i = 0; i < layers; ++i) {
+    k_.emplace_back(Shape{B, Hkv, S_max, D});
+    v_.emplace_back(Shape{B, Hkv, S_max, Dv_});
+  }
+  len_.assign(size_t(layers), 0);
+}
+
+void KVCache::append(int64_t layer, View<const float> k, View<const float> v) {
+  ATTN_CHECK(layer >= 0 && layer < layers(), "Expected layer in [0, ", layers(), "), but got ", layer, " instead");
+  const int64_t T = k.rank() == 4 ? k.size(2) : -1, S = len_[size_t(layer)];
+  ATTN_CHECK(k.rank() == 4 && k.shape == Shape({B_, Hkv_, T, D_}), "Expected k of shape (B, Hkv, T, D) = ",
+             to_string({B_, Hkv_, T < 0 ? 0 : T, D_}), ", but got ", to_string(k.shape), " instead");
+  ATTN_CHECK(v.shape == Shape({B_, Hkv_, T, Dv_}), "Expected v of shape (B, Hkv, T, Dv) = ",
+             to_string({B_, Hkv_, T, Dv_}), " (k ", to_string(k.shape), "), but got ", to_string(v.shape), " instead");
+  ATTN_CHECK(S + T <= S_max_, "Expected at most S_max = ", S_max_, " tokens in KVCache layer ", layer,
+             ", but got ", S, " cached + ", T, " new instead");
+  auto copy = [&](Tensor& dst, View<const float> src, int64_t d) {  // dst (B, Hkv, S_max, d)
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t h = 0; h < Hkv_; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          float* o = dst.data() + ((b * Hkv_ + h) * S_max_ + S + t) * d;
+          const float* i = src.data + b * src.stride(0) + h * src.stride(1) + t * src.stride(2);
+          for (int64_t e = 0; e < d; ++e) o[e] = i[e * src.stride(3)];
+        }
+  };
+  copy(k_[size_t(layer)], k, D_);
+  copy(v_[size_t(layer)], v, Dv_);
+  len_[size_t(layer)] = S + T;
+}
+
+View<const float> KVCache::keys(int64_t layer) const {
+  const Tensor& t = k_.at(size_t(layer));
+  return {t.data(), {B_, Hkv_, len_[size_t(layer)], D_}, {Hkv_ * S_max_ * D_, S_max_ * D_, D_, 1}};
+}
+
+View<const float> KVCache::values(int64_t layer) const {
+  const Tensor& t = v_.at(size_t(layer));
+  return {t.data(), {B_, Hkv_, len_[size_t(layer)], Dv_}, {Hkv_ * S_max_ * Dv_, S_max_ * Dv_, Dv_, 1}};
+}
+
+int64_t KVCache::length(int64_t layer) const { return len_.at(size_t(layer)); }
+
+void KVCache::clear() { len_.assign(len_.size(), 0); }
+
+}  // namespace attn

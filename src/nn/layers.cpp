@@ -1,0 +1,407 @@
+// The elementary layers of nn.h: Linear, LayerNorm, Dropout, ReLU/GELU, Embedding and the feed-forward
+// block, forward and backward. Row-wise loops are plain and split over rows with OpenMP; reductions
+// into parameter gradients run in a fixed order, so results do not depend on the thread count.
+// Not the Transformer layers (transformer.cpp) and no attention (attention/).
+#include <cmath>
+#include <cstring>
+
+#include "attn/gemm.h"
+#include "attn/nn.h"
+
+namespace attn {
+namespace {
+
+// x as (N, F) rows: a view of x when contiguous, else of a copy kept in `storage`.
+View<const float> as_rows(View<const float> x, Tensor& storage) {
+  ATTN_CHECK(x.rank() >= 1, "Expected an input of rank >= 1 (..., F), but got shape ", to_string(x.shape), " instead");
+  const int64_t F = x.size(-1), N = F == 0 ? 0 : x.numel() / F;
+  if (!x.is_contiguous()) {
+    storage = Tensor::copy_of(x);
+    x = storage.view();
+  }
+  return {x.data, {N, F}};
+}
+
+// The saved tensor as rows, or an error naming the layer when no training forward came first.
+void check_saved(bool saved, const char* layer) {
+  ATTN_CHECK(saved, "Expected a forward in training mode before ", layer, ".backward, but got none instead");
+}
+
+void check_dout(View<const float> dout, const Shape& want, const char* layer) {
+  ATTN_CHECK(dout.shape == want, "Expected dout of the output's shape ", to_string(want), " in ", layer,
+             ".backward, but got ", to_string(dout.shape), " instead");
+}
+
+Shape with_last(Shape s, int64_t last) {
+  s.back() = last;
+  return s;
+}
+
+// An optional parameter: empty when absent (bias=False).
+View<float> opt(Tensor& t) { return t.data() ? t.view() : View<float>{}; }
+
+}  // namespace
+
+// ---- Shared math ----
+
+void add_(View<float> y, View<const float> x) {
+  ATTN_CHECK(y.shape == x.shape && y.is_contiguous() && x.is_contiguous(),
+             "Expected two contiguous tensors of one shape to add, but got ", to_string(y.shape), " and ",
+             to_string(x.shape), " instead");
+  const int64_t n = y.numel();
+  float* __restrict py = y.data;
+  const float* __restrict px = x.data;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) py[i] += px[i];
+}
+
+// ---- Linear ----
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias, uint64_t seed) {
+  ATTN_CHECK(in_features > 0 && out_features > 0, "Expected in_features and out_features > 0, but got ",
+             in_features, " and ", out_features, " instead");
+  Rng rng(seed);
+  weight = Tensor({out_features, in_features});
+  weight_grad = Tensor({out_features, in_features});
+  init::linear_weight(weight, rng);
+  if (has_bias) {
+    bias = Tensor({out_features});
+    bias_grad = Tensor({out_features});
+    const double bound = 1.0 / std::sqrt(double(in_features));
+    init::uniform(bias, -bound, bound, rng);
+  }
+}
+
+void Linear::parameters(std::vector<Param>& out, const std::string& prefix) {
+  out.push_back({prefix + "weight", &weight, &weight_grad});
+  if (bias.data()) out.push_back({prefix + "bias", &bias, &bias_grad});
+}
+
+Tensor Linear::forward(View<const float> x) {
+  const int64_t in = weight.size(1), out = weight.size(0);
+  ATTN_CHECK(x.rank() >= 1 && x.size(-1) == in, "Expected input (..., in_features) with in_features = ", in,
+             ", but got shape ", to_string(x.shape), " instead");
+  Tensor storage;
+  View<const float> rows = as_rows(x, storage);  // (N, in)
+  if (training_) {
+    x_ = storage.data() ? std::move(storage) : Tensor::copy_of(x);
+    rows = {x_.data(), rows.shape};
+  } else {
+    x_ = Tensor();
+  }
+  Tensor y(with_last(x.shape, out));  // (..., out)
+  linear<float>(rows, weight.view(), bias.data() ? bias.view() : View<const float>{}, y.view().reshape({rows.size(0), out}));
+  return y;
+}
+
+Tensor Linear::backward(View<const float> dout) {
+  check_saved(x_.data() != nullptr, "Linear");
+  const int64_t in = weight.size(1), out = weight.size(0), N = x_.numel() / in;
+  check_dout(dout, with_last(x_.shape(), out), "Linear");
+  Tensor storage;
+  View<const float> dy = as_rows(dout, storage);  // (N, out)
+  Tensor dx(x_.shape());                          // (..., in)
+  linear_backward({x_.data(), {N, in}}, weight.view(), dy, dx.view().reshape({N, in}), weight_grad.view(),
+                  opt(bias_grad));
+  return dx;
+}
+
+// ---- LayerNorm ----
+
+LayerNorm::LayerNorm(int64_t normalized_shape, double eps, bool elementwise_affine, bool has_bias) : eps(eps) {
+  ATTN_CHECK(normalized_shape > 0, "Expected normalized_shape > 0, but got ", normalized_shape, " instead");
+  if (!elementwise_affine) return;
+  weight = Tensor({normalized_shape});
+  weight_grad = Tensor({normalized_shape});
+  for (int64_t i = 0; i < normalized_shape; ++i) weight.data()[i] = 1.0f;
+  if (has_bias) {
+    bias = Tensor({normalized_shape});
+    bias_grad = Tensor({normalized_shape});
+  }
+}
+
+void LayerNorm::parameters(std::vector<Param>& out, const std::string& prefix) {
+  if (weight.data()) out.push_back({prefix + "weight", &weight, &weight_grad});
+  if (bias.data()) out.push_back({prefix + "bias", &bias, &bias_grad});
+}
+
+Tensor LayerNorm::forward(View<const float> x) {
+  Tensor storage;
+  View<const float> rows = as_rows(x, storage);  // (N, F)
+  const int64_t N = rows.size(0), F = rows.size(1);
+  ATTN_CHECK(!weight.data() || F == weight.size(0), "Expected input (..., F) with F = ", weight.size(0),
+             ", but got shape ", to_string(x.shape), " instead");
+  Tensor y(x.shape);
+  if (training_) {
+    xhat_ = Tensor(x.shape);
+    rstd_ = Tensor({N});
+  } else {
+    xhat_ = Tensor();
+    rstd_ = Tensor();
+  }
+  const float* w = weight.data();
+  const float* b = bias.data();
+  float* xhat = xhat_.data();
+  float* rstd_out = rstd_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* xr = rows.data + r * F;
+    float* yr = y.data() + r * F;
+    // Two passes in double: mean, then the biased variance of (x - mean), as PyTorch computes it.
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < F; ++i) mean += xr[i];
+    mean /= double(F);
+    for (int64_t i = 0; i < F; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    const float rstd = float(1.0 / std::sqrt(var / double(F) + eps)), m = float(mean);
+    if (rstd_out) rstd_out[r] = rstd;
+    for (int64_t i = 0; i < F; ++i) {
+      const float h = (xr[i] - m) * rstd;
+      if (xhat) xhat[r * F + i] = h;
+      yr[i] = h * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+  }
+  return y;
+}
+
+Tensor LayerNorm::backward(View<const float> dout) {
+  check_saved(xhat_.data() != nullptr, "LayerNorm");
+  check_dout(dout, xhat_.shape(), "LayerNorm");
+  Tensor storage;
+  View<const float> dy = as_rows(dout, storage);  // (N, F)
+  const int64_t N = dy.size(0), F = dy.size(1);
+  const float* xhat = xhat_.data();
+  const float* w = weight.data();
+  Tensor dx(xhat_.shape());
+  // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · weight
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < N; ++r) {
+    const float* g = dy.data + r * F;
+    const float* h = xhat + r * F;
+    double mg = 0, mgh = 0;
+    for (int64_t i = 0; i < F; ++i) {
+      const double gi = double(g[i]) * (w ? w[i] : 1.0f);
+      mg += gi;
+      mgh += gi * h[i];
+    }
+    mg /= double(F);
+    mgh /= double(F);
+    const float rstd = rstd_.data()[r];
+    float* dxr = dx.data() + r * F;
+    for (int64_t i = 0; i < F; ++i) dxr[i] = rstd * float(g[i] * (w ? w[i] : 1.0f) - mg - h[i] * mgh);
+  }
+  // dweight += Σ_rows dy · xhat, dbias += Σ_rows dy: rows in order.
+  for (int64_t r = 0; r < N; ++r) {
+    const float* g = dy.data + r * F;
+    const float* h = xhat + r * F;
+    if (w)
+      for (int64_t i = 0; i < F; ++i) weight_grad.data()[i] += g[i] * h[i];
+    if (bias.data())
+      for (int64_t i = 0; i < F; ++i) bias_grad.data()[i] += g[i];
+  }
+  return dx;
+}
+
+// ---- Dropout ----
+
+Dropout::Dropout(double p, uint64_t seed) : p(p), seed_(mix64(seed)), last_seed_(0) {
+  ATTN_CHECK(p >= 0 && p <= 1, "Expected dropout probability in [0, 1], but got ", p, " instead");
+}
+
+namespace {
+// y[i] = keep(seed, i) ? x[i] / (1 - p) : 0, the forward and the backward alike.
+Tensor apply_dropout(View<const float> x, double p, uint64_t seed) {
+  Tensor storage;
+  View<const float> rows = as_rows(x, storage);
+  Tensor y(x.shape);
+  const int64_t n = y.numel();
+  if (p >= 1) return y;  // everything dropped; 1/(1 - p) would be inf
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = float(1.0 / (1.0 - p));
+  const float* px = rows.data;
+  float* py = y.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) py[i] = dropout_keep(seed, uint64_t(i), threshold) ? px[i] * scale : 0.0f;
+  return y;
+}
+}  // namespace
+
+Tensor Dropout::forward(View<const float> x) {
+  saved_ = training_;
+  if (!training_ || p == 0) {
+    Tensor storage;
+    as_rows(x, storage);  // checks the rank
+    return Tensor::copy_of(x);
+  }
+  last_seed_ = seed_++;
+  return apply_dropout(x, p, last_seed_);
+}
+
+Tensor Dropout::backward(View<const float> dout) {
+  check_saved(saved_, "Dropout");
+  if (p == 0) return Tensor::copy_of(dout);
+  return apply_dropout(dout, p, last_seed_);
+}
+
+// ---- Activations ----
+
+Activation parse_activation(const std::string& name) {
+  if (name == "relu") return Activation::relu;
+  if (name == "gelu") return Activation::gelu;
+  if (name == "gelu_tanh" || name == "tanh") return Activation::gelu_tanh;
+  ATTN_CHECK(false, "Expected activation relu, gelu or gelu_tanh, but got '", name, "' instead");
+  return Activation::relu;
+}
+
+const char* to_string(Activation a) {
+  switch (a) {
+    case Activation::relu: return "relu";
+    case Activation::gelu: return "gelu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+  }
+  return "?";
+}
+
+GELU::GELU(const std::string& approximate)
+    : ActivationLayer(approximate == "tanh" ? Activation::gelu_tanh : Activation::gelu) {
+  ATTN_CHECK(approximate == "none" || approximate == "tanh", "Expected approximate 'none' or 'tanh', but got '",
+             approximate, "' instead");
+}
+
+namespace {
+constexpr double kSqrt1_2 = 0.70710678118654752440;     // 1/sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2π)
+constexpr double kSqrt2OverPi = 0.79788456080286535588; // sqrt(2/π)
+constexpr double kTanhCoef = 0.044715;
+
+// f(x) and f'(x); float in, float math (erff/tanhf are accurate to a few ulp).
+inline float act(Activation a, float x) {
+  switch (a) {
+    case Activation::relu: return x > 0 ? x : 0.0f;
+    case Activation::gelu: return 0.5f * x * (1.0f + std::erf(x * float(kSqrt1_2)));  // x·Φ(x)
+    case Activation::gelu_tanh:  // 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))
+      return 0.5f * x * (1.0f + std::tanh(float(kSqrt2OverPi) * (x + float(kTanhCoef) * x * x * x)));
+  }
+  return x;
+}
+
+inline float act_grad(Activation a, float x) {
+  switch (a) {
+    case Activation::relu: return x > 0 ? 1.0f : 0.0f;  // 0 at x = 0, as PyTorch
+    case Activation::gelu:  // Φ(x) + x·φ(x)
+      return 0.5f * (1.0f + std::erf(x * float(kSqrt1_2))) + x * float(kInvSqrt2Pi) * std::exp(-0.5f * x * x);
+    case Activation::gelu_tanh: {  // 0.5·(1 + t) + 0.5·x·(1 - t²)·sqrt(2/π)·(1 + 3·0.044715·x²)
+      const float t = std::tanh(float(kSqrt2OverPi) * (x + float(kTanhCoef) * x * x * x));
+      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * float(kSqrt2OverPi) * (1.0f + 3.0f * float(kTanhCoef) * x * x);
+    }
+  }
+  return 1.0f;
+}
+}  // namespace
+
+Tensor ActivationLayer::forward(View<const float> x) {
+  Tensor storage;
+  View<const float> rows = as_rows(x, storage);
+  Tensor y(x.shape);
+  const int64_t n = y.numel();
+  const Activation a = kind;
+  const float* px = rows.data;
+  float* py = y.data();
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
+  for (int64_t i = 0; i < n; ++i) py[i] = act(a, px[i]);
+  x_ = training_ ? (storage.data() ? std::move(storage) : Tensor::copy_of(x)) : Tensor();
+  return y;
+}
+
+Tensor ActivationLayer::backward(View<const float> dout) {
+  check_saved(x_.data() != nullptr, to_string(kind));
+  check_dout(dout, x_.shape(), to_string(kind));
+  Tensor storage;
+  View<const float> dy = as_rows(dout, storage);
+  Tensor dx(x_.shape());
+  const int64_t n = dx.numel();
+  const Activation a = kind;
+  const float* px = x_.data();
+  const float* pg = dy.data;
+  float* pd = dx.data();
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
+  for (int64_t i = 0; i < n; ++i) pd[i] = pg[i] * act_grad(a, px[i]);
+  return dx;
+}
+
+// ---- Embedding ----
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed) {
+  ATTN_CHECK(num_embeddings > 0 && embedding_dim > 0, "Expected num_embeddings and embedding_dim > 0, but got ",
+             num_embeddings, " and ", embedding_dim, " instead");
+  Rng rng(seed);
+  weight = Tensor({num_embeddings, embedding_dim});
+  weight_grad = Tensor({num_embeddings, embedding_dim});
+  init::normal(weight, 0.0, 1.0, rng);
+}
+
+void Embedding::parameters(std::vector<Param>& out, const std::string& prefix) {
+  out.push_back({prefix + "weight", &weight, &weight_grad});
+}
+
+Tensor Embedding::forward(const int64_t* ids, const Shape& shape) {
+  const int64_t V = weight.size(0), E = weight.size(1), n = numel(shape);
+  for (int64_t i = 0; i < n; ++i)
+    ATTN_CHECK(ids[i] >= 0 && ids[i] < V, "Expected indices in [0, ", V, ") for Embedding, but got ", ids[i],
+               " at position ", i, " instead");
+  Shape out_shape = shape;
+  out_shape.push_back(E);
+  Tensor y(out_shape);  // (shape..., E)
+  for (int64_t i = 0; i < n; ++i) std::memcpy(y.data() + i * E, weight.data() + ids[i] * E, sizeof(float) * size_t(E));
+  if (training_) ids_.assign(ids, ids + n);
+  else ids_.clear();
+  saved_shape_ = out_shape;
+  return y;
+}
+
+void Embedding::backward(View<const float> dout) {
+  check_saved(training_ && saved_shape_.size() > 0, "Embedding");
+  check_dout(dout, saved_shape_, "Embedding");
+  Tensor storage;
+  View<const float> dy = as_rows(dout, storage);  // (n, E)
+  const int64_t E = weight.size(1);
+  for (size_t i = 0; i < ids_.size(); ++i) {  // in order: repeated ids add up deterministically
+    float* g = weight_grad.data() + ids_[i] * E;
+    const float* d = dy.data + int64_t(i) * E;
+    for (int64_t e = 0; e < E; ++e) g[e] += d[e];
+  }
+}
+
+// ---- FeedForward ----
+
+FeedForward::FeedForward(int64_t d_model, int64_t dim_feedforward, Activation act_kind, double p, bool has_bias,
+                         uint64_t seed)
+    : linear1(d_model, dim_feedforward, has_bias, mix64(seed ^ 1)),
+      linear2(dim_feedforward, d_model, has_bias, mix64(seed ^ 2)),
+      activation(act_kind),
+      dropout(p, mix64(seed ^ 3)) {}
+
+void FeedForward::parameters(std::vector<Param>& out, const std::string& prefix) {
+  linear1.parameters(out, prefix + "linear1.");
+  linear2.parameters(out, prefix + "linear2.");
+}
+
+void FeedForward::train(bool on) {
+  training_ = on;
+  for (Layer* l : std::initializer_list<Layer*>{&linear1, &linear2, &activation, &dropout}) l->train(on);
+}
+
+Tensor FeedForward::forward(View<const float> x) {
+  Tensor h = linear1.forward(x);
+  h = activation.forward(h.view());
+  h = dropout.forward(h.view());
+  return linear2.forward(h.view());
+}
+
+Tensor FeedForward::backward(View<const float> dout) {
+  Tensor g = linear2.backward(dout);
+  g = dropout.backward(g.view());
+  g = activation.backward(g.view());
+  return linear1.backward(g.view());
+}
+
+}  // namespace attn
