@@ -1,0 +1,114 @@
+// AdamW, gradient clipping and the learning-rate schedule. The AdamW update copies the operation order
+// of torch.optim.AdamW's single-tensor CPU path (torch/optim/adam.py with decoupled weight decay) so the
+// trajectories agree to float32 rounding. Not a second copy of the parameters: it updates them in place.
+#include "attn/optim.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "attn/check.h"
+
+namespace attn {
+
+bool nanogpt_decays(const Param& p, bool decay_embeddings) {
+  if (p.value->shape().size() < 2) return false;
+  if (!decay_embeddings && (p.name.find("wte") != std::string::npos || p.name.find("wpe") != std::string::npos))
+    return false;
+  return true;
+}
+
+AdamW::AdamW(std::vector<Param> params, const AdamWOptions& o, const std::function<bool(const Param&)>& decays)
+    : params_(std::move(params)), options_(o) {
+  ATTN_CHECK(o.lr >= 0, "Expected lr >= 0, but got ", o.lr, " instead");
+  ATTN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Expected betas in [0, 1), but got (",
+             o.beta1, ", ", o.beta2, ") instead");
+  ATTN_CHECK(o.eps >= 0, "Expected eps >= 0, but got ", o.eps, " instead");
+  ATTN_CHECK(o.weight_decay >= 0, "Expected weight_decay >= 0, but got ", o.weight_decay, " instead");
+  for (const Param& p : params_) {
+    ATTN_CHECK(p.grad && p.grad->shape() == p.value->shape(), "Expected a gradient of shape ",
+               to_string(p.value->shape()), " for parameter '", p.name, "', but got ",
+               p.grad ? to_string(p.grad->shape()) : std::string("none"), " instead");
+    decay_.push_back(decays(p));
+    exp_avg_.emplace_back(p.value->shape());
+    exp_avg_sq_.emplace_back(p.value->shape());
+  }
+}
+
+void AdamW::step(double lr) {
+  ++step_;
+  const double beta1 = options_.beta1, beta2 = options_.beta2;
+  // Python floats (double) in torch, turned into float32 scalars where they meet a float tensor.
+  const double bias_correction1 = 1 - std::pow(beta1, double(step_));
+  const double bias_correction2 = 1 - std::pow(beta2, double(step_));
+  const float step_size = float(lr / bias_correction1);
+  const float bc2_sqrt = float(std::sqrt(bias_correction2));
+  const float w1 = float(1 - beta1), b2 = float(beta2), w2 = float(1 - beta2), eps = float(options_.eps);
+  const float shrink = float(1 - lr * options_.weight_decay);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    float* theta = params_[i].value->data();
+    const float* g = params_[i].grad->data();
+    float* m = exp_avg_[i].data();
+    float* v = exp_avg_sq_[i].data();
+    const bool decay = decay_[i] && options_.weight_decay != 0;
+    const int64_t n = params_[i].value->numel();
+    for (int64_t j = 0; j < n; ++j) {
+      float t = theta[j];
+      if (decay) t = t * shrink;                            // param.mul_(1 - lr·wd)
+      m[j] = m[j] + w1 * (g[j] - m[j]);                     // exp_avg.lerp_(grad, 1 - β1), weight < 0.5 branch
+      v[j] = v[j] * b2 + (w2 * g[j]) * g[j];                // exp_avg_sq.mul_(β2).addcmul_(g, g, value=1 - β2)
+      const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;  // (sqrt(v) / sqrt(bc2)).add_(eps)
+      theta[j] = t + -step_size * (m[j] / denom);           // param.addcdiv_(m, denom, value=-step_size)
+    }
+  }
+}
+
+void AdamW::save_state(StateDict& out, const std::string& prefix) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace(prefix + "exp_avg." + params_[i].name, Tensor::copy_of(exp_avg_[i].view()));
+    out.emplace(prefix + "exp_avg_sq." + params_[i].name, Tensor::copy_of(exp_avg_sq_[i].view()));
+  }
+}
+
+void AdamW::load_state(const StateDict& in, int64_t step, const std::string& prefix) {
+  ATTN_CHECK(step >= 0, "Expected an optimizer step count >= 0, but got ", step, " instead");
+  std::vector<const Tensor*> m, v;  // check everything first: nothing changes on error
+  for (const Param& p : params_) {
+    m.push_back(&expect_tensor(in, prefix + "exp_avg." + p.name, p.value->shape()));
+    v.push_back(&expect_tensor(in, prefix + "exp_avg_sq." + p.name, p.value->shape()));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    exp_avg_[i] = Tensor::copy_of(m[i]->view());
+    exp_avg_sq_[i] = Tensor::copy_of(v[i]->view());
+  }
+  step_ = step;
+}
+
+double clip_grad_norm(const std::vector<Param>& params, double max_norm) {
+  double sum = 0;  // in double: the order of a float sum would depend on the parameter layout
+  for (const Param& p : params) {
+    const float* g = p.grad->data();
+    for (int64_t j = 0; j < p.grad->numel(); ++j) sum += double(g[j]) * g[j];
+  }
+  const double norm = std::sqrt(sum);
+  if (max_norm > 0) {
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1) {
+      const float c = float(coef);
+      for (const Param& p : params) {
+        float* g = p.grad->data();
+        for (int64_t j = 0; j < p.grad->numel(); ++j) g[j] *= c;
+      }
+    }
+  }
+  return norm;
+}
+
+double LrSchedule::at(int64_t it) const {
+  if (it < warmup) return lr * double(it + 1) / double(warmup + 1);
+  if (it > decay_steps) return min_lr;
+  const double ratio = decay_steps > warmup ? double(it - warmup) / double(decay_steps - warmup) : 1.0;
+  const double coeff = 0.5 * (1.0 + std::cos(std::numbers::pi * ratio));  // 1 -> 0
+  return min_lr + coeff * (lr - min_lr);
+}
+
+}  // namespace attn
