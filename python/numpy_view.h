@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "attn/mask.h"
 #include "attn/tensor.h"
 
 namespace attn::py_util {
@@ -38,6 +39,23 @@ View<T> view_of(const py::array& a, const char* arg) {
     ATTN_CHECK(a.writeable(), "Expected ", arg, " to be writeable, but got a read-only array instead");
   }
   return View<T>(data, shape, strides);
+}
+
+// Hands a Tensor to numpy without a copy: the array's base capsule owns it.
+inline py::array to_numpy(Tensor&& t) {
+  auto* owned = new Tensor(std::move(t));
+  py::capsule base(owned, [](void* p) { delete static_cast<Tensor*>(p); });
+  const Shape& s = owned->shape();
+  return py::array_t<float>(std::vector<py::ssize_t>(s.begin(), s.end()), owned->data(), base);
+}
+
+// A torch.nn-style mask (nn.MultiheadAttention, Transformer layers): bool True = masked out
+// (Mask::drop), float32 = added to the scores; None = no mask. Read in place.
+inline Mask<float> nn_mask(const py::object& m, const char* arg) {
+  if (m.is_none()) return {};
+  py::array a = py::array::ensure(m);
+  if (a.dtype().kind() == 'b') return Mask<float>::drop(view_of<const uint8_t>(a, arg));
+  return Mask<float>::additive(view_of<const float>(a, arg));
 }
 
 // A new C-contiguous numpy array and a view of it.
