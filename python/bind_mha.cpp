@@ -63,9 +63,9 @@ void bind_mha(py::module_& m) {
           py::arg("need_weights") = true, py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
           py::arg("is_causal") = false, py::arg("trace") = false, "(output, weights or None, trace text or None)")
       .def("state_dict",
-           [](const MultiheadAttention& self) {
+           [](MultiheadAttention& self) {
              py::dict d;  // PyTorch's order
-             for (auto& [name, t] : self.named_parameters()) d[py::str(name)] = to_numpy(Tensor::copy_of(t->view()));
+             for (const Param& p : self.parameter_list()) d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.value->view()));
              return d;
            })
       .def(

@@ -137,9 +137,9 @@ struct Layout {
 };
 
 void randomize_biases(MultiheadAttention& m, Rng& rng) {
-  for (auto& [name, t] : m.named_parameters())
-    if (name.find("bias") != std::string::npos)
-      for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = float(0.5 * rng.normal());
+  for (const Param& p : m.parameter_list())
+    if (p.name.find("bias") != std::string::npos)
+      for (int64_t i = 0; i < p.value->numel(); ++i) p.value->data()[i] = float(0.5 * rng.normal());
 }
 
 // Runs one case through the module and the oracle and compares outputs and weights.
@@ -451,7 +451,7 @@ TEST(Mha, StateDictRoundTripAndErrors) {
   MultiheadAttention a(o), b({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .kdim = 6, .num_kv_heads = 1, .seed = 12});
   a.eval(), b.eval();
   std::vector<std::string> names;
-  for (auto& [name, t] : a.named_parameters()) names.push_back(name + to_string(t->shape()));
+  for (const Param& p : a.parameter_list()) names.push_back(p.name + to_string(p.value->shape()));
   EXPECT_EQ(names, (std::vector<std::string>{"q_proj_weight(8, 8)", "k_proj_weight(4, 6)", "v_proj_weight(4, 8)",
                                              "in_proj_bias(16,)", "bias_k(1, 1, 4)", "bias_v(1, 1, 4)",
                                              "out_proj.weight(8, 8)", "out_proj.bias(8,)"}));

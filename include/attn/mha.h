@@ -16,10 +16,10 @@
 #include <cstdint>
 #include <iosfwd>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "attn/mask.h"
+#include "attn/param.h"
 #include "attn/safetensors.h"
 #include "attn/tensor.h"
 
@@ -82,9 +82,9 @@ class MultiheadAttention {
   bool training() const { return training_; }
   const MhaOptions& options() const { return o_; }  // kdim, vdim, num_kv_heads resolved
   int64_t head_dim() const { return o_.embed_dim / o_.num_heads; }
-  // (state_dict name, parameter) in PyTorch's order; the pointers stay valid for the object's life.
-  std::vector<std::pair<std::string, Tensor*>> named_parameters();
-  std::vector<std::pair<std::string, const Tensor*>> named_parameters() const;
+  // The parameters under their state_dict names, in PyTorch's order; grad is null (no backward here).
+  // The value pointers stay valid for the object's life.
+  std::vector<Param> parameter_list();
 
  private:
   MhaOptions o_;

@@ -9,38 +9,12 @@
 #include <ostream>
 
 #include "attn/gemm.h"
+#include "attn/param.h"
 #include "attn/rng.h"
 #include "attn/sdpa.h"
 
 namespace attn {
 namespace {
-
-// ---- Initialisation, as torch.nn.init ----
-
-// torch.nn.init._calculate_fan_in_and_fan_out: dims 0 and 1 times the receptive field (dims 2...).
-std::pair<double, double> fans(const Shape& s) {
-  double receptive = 1;
-  for (size_t i = 2; i < s.size(); ++i) receptive *= double(s[i]);
-  return {double(s[1]) * receptive, double(s[0]) * receptive};
-}
-
-void fill_uniform(Tensor& t, double bound, Rng& rng) {
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(rng.uniform(-bound, bound));
-}
-
-void xavier_uniform(Tensor& t, Rng& rng) {
-  auto [in, out] = fans(t.shape());
-  fill_uniform(t, std::sqrt(6.0 / (in + out)), rng);
-}
-
-void xavier_normal(Tensor& t, Rng& rng) {
-  auto [in, out] = fans(t.shape());
-  const double std = std::sqrt(2.0 / (in + out));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(std * rng.normal());
-}
-
-// kaiming_uniform_(a=sqrt(5)), nn.Linear's default: gain sqrt(2 / (1 + a²)) · sqrt(3 / fan_in) = 1/sqrt(fan_in).
-void linear_default(Tensor& t, Rng& rng) { fill_uniform(t, 1.0 / std::sqrt(fans(t.shape()).first), rng); }
 
 // ---- Views ----
 
@@ -167,15 +141,15 @@ MultiheadAttention::MultiheadAttention(const MhaOptions& options) : o_(options) 
   Rng rng(o_.seed);
   if (packed) {
     in_proj_weight_ = Tensor({3 * E, E});
-    xavier_uniform(in_proj_weight_, rng);
+    init::xavier_uniform(in_proj_weight_, rng);  // one (3E, E) tensor: fan_out 3E, as PyTorch
   } else {
     q_proj_weight_ = Tensor({E, E});
     k_proj_weight_ = Tensor({KV, o_.kdim});
     v_proj_weight_ = Tensor({KV, o_.vdim});
-    for (Tensor* w : {&q_proj_weight_, &k_proj_weight_, &v_proj_weight_}) xavier_uniform(*w, rng);
+    for (Tensor* w : {&q_proj_weight_, &k_proj_weight_, &v_proj_weight_}) init::xavier_uniform(*w, rng);
   }
   out_proj_weight_ = Tensor({E, E});
-  linear_default(out_proj_weight_, rng);
+  init::linear_weight(out_proj_weight_, rng);  // NonDynamicallyQuantizableLinear's default
   if (o_.bias) {  // zero, as _reset_parameters leaves them
     in_proj_bias_ = Tensor({E + 2 * KV});
     out_proj_bias_ = Tensor({E});
@@ -183,16 +157,16 @@ MultiheadAttention::MultiheadAttention(const MhaOptions& options) : o_(options) 
   if (o_.add_bias_kv) {
     bias_k_ = Tensor({1, 1, KV});
     bias_v_ = Tensor({1, 1, KV});
-    xavier_normal(bias_k_, rng);
-    xavier_normal(bias_v_, rng);
+    init::xavier_normal(bias_k_, rng);
+    init::xavier_normal(bias_v_, rng);
   }
   dropout_seed_ = rng.next();
 }
 
-std::vector<std::pair<std::string, Tensor*>> MultiheadAttention::named_parameters() {
-  std::vector<std::pair<std::string, Tensor*>> p;
-  auto add = [&](const char* name, Tensor& t) {
-    if (t.data()) p.emplace_back(name, &t);  // absent parameters are empty tensors
+std::vector<Param> MultiheadAttention::parameter_list() {
+  std::vector<Param> p;
+  auto add = [&](const char* name, Tensor& t) {  // absent parameters are empty tensors
+    if (t.data()) p.push_back({name, &t, nullptr});
   };
   add("in_proj_weight", in_proj_weight_);
   add("q_proj_weight", q_proj_weight_);
@@ -206,34 +180,10 @@ std::vector<std::pair<std::string, Tensor*>> MultiheadAttention::named_parameter
   return p;
 }
 
-std::vector<std::pair<std::string, const Tensor*>> MultiheadAttention::named_parameters() const {
-  auto p = const_cast<MultiheadAttention*>(this)->named_parameters();
-  return {p.begin(), p.end()};
-}
-
 StateDict MultiheadAttention::state_dict() const {
-  StateDict sd;
-  for (auto& [name, t] : named_parameters()) sd.emplace(name, Tensor::copy_of(t->view()));
-  return sd;
+  return attn::state_dict(const_cast<MultiheadAttention*>(this)->parameter_list());  // only reads them
 }
-
-void MultiheadAttention::load_state_dict(const StateDict& sd) {
-  auto params = named_parameters();
-  for (auto& [name, t] : sd) {
-    bool known = false;
-    for (auto& p : params) known |= p.first == name;
-    std::string expected;
-    for (auto& p : params) expected += (expected.empty() ? "" : ", ") + p.first;
-    ATTN_CHECK(known, "Expected state_dict names in {", expected, "}, but got unknown name '", name, "' instead");
-  }
-  std::vector<const Tensor*> src;  // check all before changing anything
-  for (auto& [name, t] : params) src.push_back(&expect_tensor(sd, name, t->shape()));
-  for (size_t i = 0; i < params.size(); ++i) {
-    Tensor copy = Tensor::copy_of(src[i]->view());  // any layout in, ours contiguous
-    std::memcpy(params[i].second->data(), copy.data(), sizeof(float) * size_t(copy.numel()));
-  }
-}
-
+void MultiheadAttention::load_state_dict(const StateDict& sd) { attn::load_state_dict(parameter_list(), sd); }
 void MultiheadAttention::save(const std::string& path) const { save_safetensors(path, state_dict()); }
 void MultiheadAttention::load(const std::string& path) { load_state_dict(load_safetensors(path)); }
 
