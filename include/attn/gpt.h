@@ -1,0 +1,105 @@
+// A decoder-only Transformer (GPT, nanoGPT's shape): token + learned position embeddings, pre-norm
+// blocks (LayerNorm -> causal self-attention -> residual, LayerNorm -> 4x GELU MLP -> residual), a final
+// LayerNorm and an output head tied to the token embedding or not. Forward to logits, cross-entropy,
+// backward through everything, and incremental decoding with a KV cache. The blocks are nn.h's
+// TransformerEncoderLayer (norm_first, batch_first, causal); this file only composes them.
+// Not a trainer (train.h) and not a tokenizer (tokenizer.h).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attn/kv_cache.h"
+#include "attn/nn.h"
+#include "attn/param.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+struct GptConfig {
+  int64_t vocab_size = 0;   // V
+  int64_t block_size = 64;  // longest context (the position table's size)
+  int64_t n_layer = 2;
+  int64_t n_head = 4;       // H
+  int64_t n_kv_head = 0;    // Hkv (GQA when < H); 0 = H
+  int64_t n_embd = 64;      // E
+  double dropout = 0.0;     // embeddings, attention weights, residual branches and MLP
+  bool bias = true;         // in Linear and LayerNorm layers (nanoGPT's `bias`)
+  bool tie_weights = true;  // lm_head shares wte's matrix
+};
+
+// Configurations by name, vocab_size left 0: "tiny" (2 layers, 4 heads, E 64, block 64: seconds to
+// train), "nanogpt-cpu" (nanoGPT's shakespeare_char CPU run: 4 layers, 4 heads, E 128, block 64, no
+// biases), "gpt2-small" (12 layers, 12 heads, E 768, block 1024: for benchmarks). Error for other names.
+GptConfig gpt_config(const std::string& name);
+std::vector<std::string> gpt_config_names();
+
+// Mean cross-entropy of logits (N, V) against targets (N) in [0, V), where target -1 is ignored (not
+// counted in the mean; PyTorch's ignore_index). If dlogits (N, V) is given it receives dLoss/dlogits
+// (0 on ignored rows). Returns 0 when every target is ignored.
+float cross_entropy(View<const float> logits, const int64_t* targets, View<float> dlogits = {});
+
+class Gpt : public Layer {
+ public:
+  // Weights as nanoGPT initialises them: N(0, 0.02) for matrices and embeddings, N(0, 0.02/sqrt(2·n_layer))
+  // for the projections into the residual stream (attention out_proj, MLP linear2), biases 0, LayerNorm 1.
+  Gpt(const GptConfig& config, uint64_t seed);
+
+  // idx (B, T) token ids, T <= block_size -> logits (B, T, V). In training mode saves for backward().
+  Tensor forward(const int64_t* idx, int64_t B, int64_t T);
+  // Adds the gradients of the loss given dlogits (B, T, V) of the last forward.
+  void backward(View<const float> dlogits);
+  // forward, cross_entropy against targets (B, T) (-1 ignored), backward; returns the loss.
+  // Gradients are added (call zero_grad() first, as in PyTorch).
+  float forward_backward(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T);
+  // Eval mode only: the mean loss without saving anything.
+  float evaluate(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T);
+
+  // Incremental decoding (eval mode): idx (B, T) new tokens at positions cache.length(0)...; appends
+  // their keys/values to `cache` and returns logits (B, T, V). length + T must stay <= block_size.
+  Tensor forward_cached(const int64_t* idx, int64_t B, int64_t T, KVCache& cache);
+  KVCache new_cache(int64_t B) const;  // n_layer layers of block_size tokens, Hkv heads
+
+  // Eval mode: per layer, the causal self-attention weights (B, H, T, T) for idx (B, T).
+  std::vector<Tensor> attention_weights(const int64_t* idx, int64_t B, int64_t T);
+
+  // Dropout seeds for the next forward, derived from `seed` (the trainer passes f(run seed, step), so a
+  // resumed run draws the same masks as an uninterrupted one).
+  void reseed(uint64_t seed);
+
+  // transformer.wte.weight, transformer.wpe.weight, transformer.h.<i>.<TransformerEncoderLayer names>,
+  // transformer.ln_f.{weight,bias}, lm_head.weight (untied only).
+  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
+  void train(bool on = true) override;
+  const GptConfig& config() const { return c_; }
+  int64_t num_parameters();  // counting a tied matrix once
+
+  Embedding wte, wpe;
+  Dropout drop;
+  std::vector<TransformerEncoderLayer> h;
+  LayerNorm ln_f;
+  Linear lm_head;  // (V, E) without bias; a (1, 1) placeholder, not a parameter, when tied
+
+ private:
+  View<const float> head_weight() const { return c_.tie_weights ? wte.weight.view() : lm_head.weight.view(); }
+  Tensor embed(const int64_t* idx, int64_t B, int64_t T, int64_t pos0);  // (B, T, E)
+
+  GptConfig c_;
+  int64_t B_ = 0, T_ = 0;  // the last training forward's shape
+  Tensor y_;               // (B·T, E): ln_f's output, the head's input
+};
+
+// Sampling options for generate(): temperature 0 is greedy (argmax); top_k 0 keeps every token.
+struct SampleOptions {
+  int64_t max_new_tokens = 100;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 0;
+};
+
+// Continues `prompt` (at least one token) one token at a time through the KV cache. Once the context
+// fills block_size, the cache is refilled from the last block_size/2 tokens (the position table ends
+// there). Switches the model to eval mode. Returns only the new tokens.
+std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, const SampleOptions& options);
+
+}  // namespace attn

@@ -1,0 +1,153 @@
+// Training the GPT: data (a UTF-8 text split 90/10, or a synthetic task that needs no data), the
+// training step (forward, cross-entropy, backward, clipping, AdamW, the schedule), evaluation, and
+// checkpoints that resume exactly. Not the command line (tools/train.cpp) and not the model (gpt.h).
+//
+// Randomness is a pure function of (seed, step): the batch of step s, its dropout masks and the
+// evaluation batches are drawn from generators seeded by mix64(seed, stream, s). A checkpoint therefore
+// stores only the seed and the step, and a resumed run follows the uninterrupted one bit for bit.
+//
+// A checkpoint is a directory DIR holding model.safetensors (weights, AdamW moments; the step and a
+// checkpoint id in its metadata) and config.json (model config, vocabulary, training options, data
+// identity, RNG state, the same id, and the size and FNV-1a hash of model.safetensors). Both are written
+// into a fresh sibling directory which then atomically replaces DIR (renameat2 RENAME_EXCHANGE), so a
+// reader sees the old pair or the new pair, never a mix; loading checks the id and the hash.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attn/gpt.h"
+#include "attn/optim.h"
+#include "attn/rng.h"
+#include "attn/tokenizer.h"
+
+namespace attn {
+
+// ---- Data ----
+
+class Dataset {
+ public:
+  // A UTF-8 text file: the vocabulary of its characters, the first 90% of its tokens for training and
+  // the last 10% for validation (nanoGPT's shakespeare_char split).
+  static Dataset text_file(const std::string& path);
+  static Dataset text(const std::string& text, const std::string& name = "<text>");
+  // The built-in task: `length` random letters, '|', then the same letters reversed ("abc|cba"); only
+  // the reversed half is scored. Learnable in seconds, with a clear anti-diagonal attention pattern.
+  static Dataset reverse_task(int64_t length = 8);
+
+  // x, y (B, T): inputs and next-token targets (-1 = not scored) from split 0 (train) or 1 (val).
+  // Text: random windows as nanoGPT's get_batch; the task: one example per row, T = seq_len().
+  void batch(int split, int64_t B, int64_t T, Rng& rng, int64_t* x, int64_t* y) const;
+
+  const CharTokenizer& tokenizer() const { return tok_; }
+  bool synthetic() const { return task_length_ > 0; }
+  int64_t task_length() const { return task_length_; }
+  // The task's sequence length (2·length); for text 0 (any T up to the split's size - 1).
+  int64_t seq_len() const { return 2 * task_length_; }
+  int64_t split_tokens(int split) const { return int64_t(split == 0 ? train_.size() : val_.size()); }
+  const std::string& name() const { return name_; }  // the file's path, "<text>" or "reverse"
+  uint64_t bytes() const { return bytes_; }
+  uint64_t hash() const { return hash_; }              // FNV-1a 64 of the text's bytes (0 for the task)
+
+  static constexpr const char* kTaskAlphabet = "abcdefghijklmnopqrstuvwxyz";
+
+ private:
+  CharTokenizer tok_;
+  std::vector<int32_t> train_, val_;  // token ids
+  std::string name_;
+  uint64_t bytes_ = 0, hash_ = 0;
+  int64_t task_length_ = 0;
+};
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+
+// ---- Training ----
+
+struct TrainOptions {
+  std::string config = "tiny";  // gpt_config() name
+  int64_t block_size = 0;       // 0: the configuration's (the task's length for the synthetic data)
+  int64_t n_kv_head = 0;        // 0: n_head; fewer for GQA
+  bool tie_weights = true;
+  int64_t steps = 2000;
+  int64_t batch = 12;
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup = 100;
+  int64_t lr_decay_steps = 0;   // 0: steps
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.99, eps = 1e-8;
+  bool decay_embeddings = true; // nanoGPT decays wte/wpe (rank 2); biases and LayerNorm never decay
+  double grad_clip = 1.0;       // 0: off
+  double dropout = 0.0;
+  int64_t eval_every = 250;     // 0: only at the end
+  int64_t eval_iters = 20;      // batches per split per evaluation
+  uint64_t seed = 1337;
+  int threads = 2;
+};
+
+// Defaults for the synthetic task: a short, fast run whose loss falls within 20 steps.
+TrainOptions synthetic_defaults();
+
+struct StepStats {
+  float loss;
+  double lr, grad_norm;
+};
+struct EvalStats {
+  float train_loss, val_loss;
+};
+
+class Trainer {
+ public:
+  // A fresh run. Throws for bad options (named) before any work.
+  Trainer(const TrainOptions& options, Dataset data);
+  Trainer(const Trainer&) = delete;  // the optimizer holds pointers into the model
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Continues the run saved in `dir` (its options, with `steps` replaced if > 0). The data is reloaded
+  // from the saved path unless `data` is given; either way it must be the same text (hash checked).
+  static std::unique_ptr<Trainer> resume(const std::string& dir, std::unique_ptr<Dataset> data = nullptr,
+                                         int64_t steps = 0);
+
+  StepStats step();      // one optimizer step on the batch of step_count()
+  EvalStats evaluate();  // mean loss over eval_iters batches of each split (fixed per step, eval mode)
+  void save(const std::string& dir, const EvalStats* last_eval = nullptr);
+
+  int64_t step_count() const { return step_; }
+  const TrainOptions& options() const { return o_; }
+  Gpt& model() { return *model_; }
+  AdamW& optimizer() { return *opt_; }
+  const Dataset& data() const { return data_; }
+  int64_t seq_len() const { return T_; }
+  int64_t tokens_per_step() const { return o_.batch * T_; }
+  LrSchedule schedule() const;
+
+ private:
+  TrainOptions o_;
+  Dataset data_;
+  int64_t T_;
+  std::unique_ptr<Gpt> model_;
+  std::unique_ptr<AdamW> opt_;
+  int64_t step_ = 0;
+  std::vector<int64_t> x_, y_;  // (B, T)
+};
+
+// ---- Checkpoints without a trainer ----
+
+struct LoadedModel {
+  std::unique_ptr<Gpt> model;
+  CharTokenizer tokenizer;
+  int64_t step = 0;
+};
+// The model and vocabulary of a checkpoint (optimizer state is ignored). Errors name the file and the
+// problem: missing, truncated, corrupt (hash), half-replaced pair (id), bad JSON or config.
+LoadedModel load_model(const std::string& dir);
+// A checkpoint of the model alone (no optimizer state, not resumable).
+void save_model(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer);
+
+// ---- Demo ----
+
+// Trains the tiny model on the synthetic task for about `seconds`, printing the loss as it falls, then
+// shows a few reversals sampled greedily through the KV cache. For `attn demo`.
+void train_demo(std::ostream& out, double seconds = 5.0, int threads = 2);
+
+}  // namespace attn

@@ -1,0 +1,341 @@
+// The GPT model: embeddings, a stack of nn.h's pre-norm TransformerEncoderLayers, the final LayerNorm and
+// the (tied) head; cross-entropy; sampling through the KV cache. No layer math here beyond the head's
+// matmul and the loss: each block's forward/backward is nn's.
+#include "attn/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "attn/check.h"
+#include "attn/gemm.h"
+#include "attn/rng.h"
+
+namespace attn {
+namespace {
+
+TransformerOptions block_options(const GptConfig& c, uint64_t seed) {
+  TransformerOptions o;
+  o.d_model = c.n_embd;
+  o.nhead = c.n_head;
+  o.dim_feedforward = 4 * c.n_embd;
+  o.dropout = c.dropout;
+  o.activation = Activation::gelu;
+  o.layer_norm_eps = 1e-5;
+  o.batch_first = true;
+  o.norm_first = true;
+  o.bias = c.bias;
+  o.num_kv_heads = c.n_kv_head;
+  o.seed = seed;
+  return o;
+}
+
+GptConfig checked(GptConfig c) {
+  ATTN_CHECK(c.vocab_size > 0, "Expected vocab_size > 0, but got ", c.vocab_size, " instead");
+  ATTN_CHECK(c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
+             "Expected block_size, n_layer, n_head, n_embd > 0, but got ", c.block_size, ", ", c.n_layer, ", ",
+             c.n_head, ", ", c.n_embd, " instead");
+  ATTN_CHECK(c.n_embd % c.n_head == 0, "Expected n_embd divisible by n_head, but got n_embd ", c.n_embd,
+             " and n_head ", c.n_head, " instead");
+  if (c.n_kv_head == 0) c.n_kv_head = c.n_head;
+  ATTN_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, "Expected n_kv_head dividing n_head ", c.n_head,
+             ", but got ", c.n_kv_head, " instead");
+  ATTN_CHECK(c.dropout >= 0 && c.dropout < 1, "Expected dropout in [0, 1), but got ", c.dropout, " instead");
+  return c;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// (B, T, E) -> (T, E): sum over the batch, the position embedding's gradient.
+Tensor sum_batch(View<const float> x) {
+  const int64_t B = x.size(0), T = x.size(1), E = x.size(2);
+  Tensor s({T, E});
+  for (int64_t b = 0; b < B; ++b) {
+    const float* src = x.data + b * T * E;
+    for (int64_t i = 0; i < T * E; ++i) s.data()[i] += src[i];
+  }
+  return s;
+}
+
+}  // namespace
+
+GptConfig gpt_config(const std::string& name) {
+  GptConfig c;
+  if (name == "tiny") {
+    c.n_layer = 2, c.n_head = 4, c.n_embd = 64, c.block_size = 64;
+  } else if (name == "nanogpt-cpu") {
+    c.n_layer = 4, c.n_head = 4, c.n_embd = 128, c.block_size = 64, c.bias = false;
+  } else if (name == "gpt2-small") {
+    c.n_layer = 12, c.n_head = 12, c.n_embd = 768, c.block_size = 1024;
+  } else {
+    ATTN_CHECK(false, "Expected a model configuration tiny, nanogpt-cpu or gpt2-small, but got '", name, "' instead");
+  }
+  return c;
+}
+
+std::vector<std::string> gpt_config_names() { return {"tiny", "nanogpt-cpu", "gpt2-small"}; }
+
+float cross_entropy(View<const float> logits, const int64_t* targets, View<float> dlogits) {
+  ATTN_CHECK(logits.rank() == 2 && logits.stride(1) == 1, "Expected logits (N, V) with unit column stride, but got ",
+             to_string(logits.shape), " instead");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  ATTN_CHECK(dlogits.empty() || (dlogits.shape == logits.shape && dlogits.stride(1) == 1),
+             "Expected dlogits of shape ", to_string(logits.shape), ", but got ", to_string(dlogits.shape), " instead");
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    ATTN_CHECK(targets[n] >= -1 && targets[n] < V, "Expected targets in [0, ", V, ") or -1 (ignored), but got ",
+               targets[n], " at position ", n, " instead");
+    count += targets[n] >= 0;
+  }
+  if (count == 0) {
+    for (int64_t n = 0; n < N && !dlogits.empty(); ++n) std::fill_n(dlogits.data + n * dlogits.stride(0), V, 0.0f);
+    return 0;
+  }
+  const float inv = 1.0f / float(count);
+  std::vector<double> row_loss(size_t(N), 0.0);  // summed in order below: the same loss for any thread count
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = logits.data + n * logits.stride(0);
+    float* d = dlogits.empty() ? nullptr : dlogits.data + n * dlogits.stride(0);  // may alias x
+    if (targets[n] < 0) {
+      if (d) std::fill_n(d, V, 0.0f);
+      continue;
+    }
+    // loss = logsumexp(x) - x[t], with the max subtracted so exp never overflows
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(x[v] - m));
+    row_loss[size_t(n)] = double(m) + std::log(sum) - double(x[targets[n]]);
+    if (d) {  // d = (softmax(x) - onehot(t)) / count
+      const float scale = float(1.0 / sum) * inv;
+      for (int64_t v = 0; v < V; ++v) d[v] = std::exp(x[v] - m) * scale;
+      d[targets[n]] -= inv;
+    }
+  }
+  double total = 0;
+  for (double l : row_loss) total += l;
+  return float(total / double(count));
+}
+
+// ---- Gpt ----
+
+Gpt::Gpt(const GptConfig& config, uint64_t seed)
+    : wte(checked(config).vocab_size, config.n_embd, mix64(seed ^ 1)),
+      wpe(config.block_size, config.n_embd, mix64(seed ^ 2)),
+      drop(config.dropout, mix64(seed ^ 3)),
+      ln_f(config.n_embd, 1e-5, true, config.bias),
+      lm_head(config.tie_weights ? 1 : config.n_embd, config.tie_weights ? 1 : config.vocab_size, false,
+              mix64(seed ^ 4)),
+      c_(checked(config)) {
+  h.reserve(size_t(c_.n_layer));
+  for (int64_t i = 0; i < c_.n_layer; ++i) h.emplace_back(block_options(c_, mix64(seed ^ (100 + uint64_t(i)))));
+  // nanoGPT's _init_weights and its scaled init of c_proj (our out_proj and linear2).
+  Rng rng(mix64(seed ^ 5));
+  const double std_resid = 0.02 / std::sqrt(2.0 * double(c_.n_layer));
+  for (const Param& p : parameter_list()) {
+    if (p.value->shape().size() >= 2) {
+      const bool resid = ends_with(p.name, "out_proj.weight") || ends_with(p.name, "linear2.weight");
+      init::normal(*p.value, 0.0, resid ? std_resid : 0.02, rng);
+    } else if (!ends_with(p.name, "weight")) {  // biases (LayerNorm weights stay 1)
+      std::fill_n(p.value->data(), p.value->numel(), 0.0f);
+    }
+  }
+  reseed(mix64(seed ^ 6));
+}
+
+void Gpt::parameters(std::vector<Param>& out, const std::string& prefix) {
+  wte.parameters(out, prefix + "transformer.wte.");
+  wpe.parameters(out, prefix + "transformer.wpe.");
+  for (size_t i = 0; i < h.size(); ++i) h[i].parameters(out, cat(prefix, "transformer.h.", i, "."));
+  ln_f.parameters(out, prefix + "transformer.ln_f.");
+  if (!c_.tie_weights) lm_head.parameters(out, prefix + "lm_head.");
+}
+
+void Gpt::train(bool on) {
+  training_ = on;
+  for (Layer* l : std::initializer_list<Layer*>{&wte, &wpe, &drop, &ln_f, &lm_head}) l->train(on);
+  for (auto& b : h) b.train(on);
+  if (!on) y_ = Tensor();
+}
+
+int64_t Gpt::num_parameters() {
+  int64_t n = 0;
+  for (const Param& p : parameter_list()) n += p.value->numel();
+  return n;
+}
+
+void Gpt::reseed(uint64_t seed) {
+  // Dropout layers are rebuilt with fresh seeds (their seed advances by one per forward otherwise).
+  auto fresh = [&](Dropout& d, uint64_t k) {
+    d = Dropout(c_.dropout, mix64(seed ^ k));
+    d.train(training_);
+  };
+  fresh(drop, 1);
+  for (size_t i = 0; i < h.size(); ++i) {
+    fresh(h[i].dropout1, 16 * i + 2);
+    fresh(h[i].dropout2, 16 * i + 3);
+    fresh(h[i].ff.dropout, 16 * i + 4);
+  }
+}
+
+Tensor Gpt::embed(const int64_t* idx, int64_t B, int64_t T, int64_t pos0) {
+  ATTN_CHECK(B > 0 && T > 0, "Expected idx (B, T) with B, T > 0, but got (", B, ", ", T, ") instead");
+  ATTN_CHECK(pos0 + T <= c_.block_size, "Expected at most block_size = ", c_.block_size, " positions, but got ",
+             pos0 + T, " instead");
+  Tensor x = wte.forward(idx, {B, T});  // (B, T, E)
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), pos0);
+  Tensor p = wpe.forward(pos.data(), {T});  // (T, E)
+  for (int64_t b = 0; b < B; ++b) add_(x.view().select(0, b), p.view());
+  if (c_.dropout > 0) x = drop.forward(x.view());
+  return x;
+}
+
+Tensor Gpt::forward(const int64_t* idx, int64_t B, int64_t T) {
+  Tensor x = embed(idx, B, T, 0);
+  EncoderArgs args;
+  args.is_causal = true;
+  for (auto& block : h) x = block.forward(x.view(), args);
+  Tensor y = ln_f.forward(x.view());  // (B, T, E)
+  const int64_t V = c_.vocab_size, E = c_.n_embd;
+  Tensor logits({B, T, V});
+  linear<float>(y.view().reshape({B * T, E}), head_weight(), {}, logits.view().reshape({B * T, V}));
+  if (training_) {
+    y_ = std::move(y);
+    B_ = B, T_ = T;
+  }
+  return logits;
+}
+
+void Gpt::backward(View<const float> dlogits) {
+  ATTN_CHECK(training_ && y_.data(), "Expected a training-mode forward before Gpt::backward, but got none instead");
+  const int64_t B = B_, T = T_, V = c_.vocab_size, E = c_.n_embd;
+  ATTN_CHECK(dlogits.shape == Shape({B, T, V}), "Expected dlogits of shape ", to_string({B, T, V}), ", but got ",
+             to_string(dlogits.shape), " instead");
+  Tensor dlog = dlogits.is_contiguous() ? Tensor() : Tensor::copy_of(dlogits);
+  const float* dl = dlog.data() ? dlog.data() : dlogits.data;
+  // The head: logits = y · Wᵀ, so dy = dlogits · W and dW += dlogitsᵀ · y.
+  Tensor dy({B, T, E});
+  Tensor& dw = c_.tie_weights ? wte.weight_grad : lm_head.weight_grad;
+  linear_backward(y_.view().reshape({B * T, E}), head_weight(), View<const float>(dl, {B * T, V}),
+                  dy.view().reshape({B * T, E}), dw.view(), {});
+  Tensor dx = ln_f.backward(dy.view());
+  for (size_t i = h.size(); i-- > 0;) dx = h[i].backward(dx.view());
+  if (c_.dropout > 0) dx = drop.backward(dx.view());
+  wte.backward(dx.view());
+  wpe.backward(sum_batch(dx.view()).view());
+  y_ = Tensor();
+}
+
+float Gpt::forward_backward(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T) {
+  ATTN_CHECK(training_, "Expected training mode for forward_backward, but got eval mode instead");
+  Tensor logits = forward(idx, B, T);
+  const int64_t V = c_.vocab_size;
+  View<float> rows = logits.view().reshape({B * T, V});
+  const float loss = cross_entropy(rows, targets, rows);  // dlogits overwrite the logits in place
+  backward(logits.view());
+  return loss;
+}
+
+float Gpt::evaluate(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T) {
+  ATTN_CHECK(!training_, "Expected eval mode for evaluate, but got training mode instead");
+  Tensor logits = forward(idx, B, T);
+  return cross_entropy(logits.view().reshape({B * T, c_.vocab_size}), targets);
+}
+
+KVCache Gpt::new_cache(int64_t B) const {
+  return KVCache(c_.n_layer, B, c_.n_kv_head, c_.block_size, c_.n_embd / c_.n_head);
+}
+
+Tensor Gpt::forward_cached(const int64_t* idx, int64_t B, int64_t T, KVCache& cache) {
+  ATTN_CHECK(!training_, "Expected eval mode for forward_cached, but got training mode instead");
+  ATTN_CHECK(cache.layers() == c_.n_layer, "Expected a KV cache of ", c_.n_layer, " layers, but got ",
+             cache.layers(), " instead");
+  Tensor x = embed(idx, B, T, cache.length(0));
+  for (size_t i = 0; i < h.size(); ++i) x = h[i].forward_cached(x.view(), cache, int64_t(i));
+  Tensor y = ln_f.forward(x.view());
+  Tensor logits({B, T, c_.vocab_size});
+  linear<float>(y.view().reshape({B * T, c_.n_embd}), head_weight(), {},
+                logits.view().reshape({B * T, c_.vocab_size}));
+  return logits;
+}
+
+std::vector<Tensor> Gpt::attention_weights(const int64_t* idx, int64_t B, int64_t T) {
+  ATTN_CHECK(!training_, "Expected eval mode for attention_weights, but got training mode instead");
+  std::vector<Tensor> weights;
+  Tensor x = embed(idx, B, T, 0);
+  EncoderArgs args;
+  args.is_causal = true;
+  for (auto& block : h) {
+    Tensor n = block.norm1.forward(x.view());
+    MhaArgs a;
+    a.need_weights = true;
+    a.average_attn_weights = false;
+    a.is_causal = true;
+    weights.push_back(block.self_attn.forward(n.view(), n.view(), n.view(), a).weights);  // (B, H, T, T)
+    x = block.forward(x.view(), args);
+  }
+  return weights;
+}
+
+// ---- Sampling ----
+
+namespace {
+
+// A token drawn from logits (V): greedy at temperature 0, else softmax(logits / T) over the top k.
+int64_t sample(const float* logits, int64_t V, const SampleOptions& o, Rng& rng) {
+  if (o.temperature <= 0) return std::max_element(logits, logits + V) - logits;
+  std::vector<double> p(logits, logits + V);
+  for (double& x : p) x /= o.temperature;
+  if (o.top_k > 0 && o.top_k < V) {  // keep values >= the k-th largest (ties kept, as nanoGPT)
+    std::vector<double> sorted = p;
+    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<>());
+    const double kth = sorted[size_t(o.top_k - 1)];
+    for (double& x : p) if (x < kth) x = -std::numeric_limits<double>::infinity();
+  }
+  const double m = *std::max_element(p.begin(), p.end());
+  double sum = 0;
+  for (double& x : p) sum += (x = std::exp(x - m));
+  double u = rng.uniform() * sum;
+  for (int64_t v = 0; v < V; ++v) {
+    if (u < p[size_t(v)]) return v;
+    u -= p[size_t(v)];
+  }
+  for (int64_t v = V; v-- > 0;) if (p[size_t(v)] > 0) return v;  // rounding left u past the end
+  return 0;
+}
+
+}  // namespace
+
+std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, const SampleOptions& o) {
+  ATTN_CHECK(!prompt.empty(), "Expected a prompt of at least one token, but got none instead");
+  ATTN_CHECK(o.max_new_tokens >= 0, "Expected max_new_tokens >= 0, but got ", o.max_new_tokens, " instead");
+  ATTN_CHECK(o.top_k >= 0, "Expected top_k >= 0, but got ", o.top_k, " instead");
+  model.eval();
+  const int64_t block = model.config().block_size, V = model.config().vocab_size;
+  std::vector<int64_t> all = prompt, out;
+  KVCache cache = model.new_cache(1);
+  // Fills the cache from the last `keep` tokens; the logits of the last one.
+  auto refill = [&](int64_t keep) {
+    cache.clear();
+    Tensor lg = model.forward_cached(all.data() + all.size() - size_t(keep), 1, keep, cache);
+    return Tensor::copy_of({lg.data() + (keep - 1) * V, {V}});
+  };
+  Tensor logits = refill(std::min<int64_t>(int64_t(all.size()), block));
+  Rng rng(o.seed);
+  for (int64_t n = 0; n < o.max_new_tokens; ++n) {
+    const int64_t tok = sample(logits.data(), V, o, rng);
+    all.push_back(tok);
+    out.push_back(tok);
+    if (n + 1 == o.max_new_tokens) break;
+    if (cache.length(0) == block) logits = refill(std::max<int64_t>(1, block / 2));
+    else logits = model.forward_cached(&tok, 1, 1, cache);  // (1, 1, V)
+  }
+  return out;
+}
+
+}  // namespace attn

@@ -1,0 +1,39 @@
+// Checkpoint directories on disk (private to src/train): the atomic write of the model.safetensors +
+// config.json pair, the verified read, and the JSON forms of the configs. The format is described in
+// include/attn/train.h. Not a general serialisation layer.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "attn/gpt.h"
+#include "attn/safetensors.h"
+#include "attn/tokenizer.h"
+#include "attn/train.h"
+
+namespace attn::ckpt {
+
+using nlohmann::json;
+
+// Writes DIR/model.safetensors (tensors) and DIR/config.json (config, completed with the checkpoint id
+// and the model file's size and hash) into a new sibling directory, fsyncs, then swaps it in for DIR.
+// DIR may be missing, empty or a checkpoint; anything else in it is an Error (it would be lost).
+void write(const std::string& dir, const StateDict& tensors, json config);
+
+struct Contents {
+  json config;
+  StateDict tensors;
+};
+// Reads and verifies a checkpoint directory: format, id match, size and hash of model.safetensors.
+Contents read(const std::string& dir);
+
+json to_json(const GptConfig& c);
+GptConfig gpt_config_from(const json& j, const std::string& where);
+json to_json(const TrainOptions& o);
+TrainOptions train_options_from(const json& j, const std::string& where);
+json tokenizer_json(const CharTokenizer& t);
+CharTokenizer tokenizer_from(const json& j, const std::string& where);
+
+// Splits "optim."-prefixed tensors (optimizer state) from the model's.
+StateDict take_prefixed(StateDict& all, const std::string& prefix);
+
+}  // namespace attn::ckpt

@@ -1,0 +1,323 @@
+// Data, the training step, evaluation, resumable checkpoints and the demo. The loop with its progress
+// bar and Ctrl-C handling is the CLI's (tools/train.cpp); this file is what both it and Python call.
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <cmath>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+
+#include "attn/check.h"
+#include "attn/threads.h"
+#include "attn/train.h"
+#include "checkpoint.h"
+
+namespace attn {
+namespace {
+
+using ckpt::json;
+
+// Independent random streams, each a pure function of (seed, stream, step).
+enum Stream : uint64_t { kTrainBatch = 1, kDropout = 2, kEvalTrain = 3, kEvalVal = 4 };
+uint64_t stream_seed(uint64_t seed, Stream stream, int64_t step) {
+  return mix64(mix64(seed ^ (uint64_t(stream) * 0x9E3779B97F4A7C15ull)) ^ uint64_t(step));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  ATTN_CHECK(f, "Expected a readable data file '", path, "', but got '", std::strerror(errno), "' instead");
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+uint64_t below(Rng& rng, uint64_t n) { return rng.next() % n; }  // bias < n / 2^64: negligible
+
+void check_options(const TrainOptions& o) {
+  auto positive = [](int64_t v, const char* name) {
+    ATTN_CHECK(v > 0, "Expected ", name, " > 0, but got ", v, " instead");
+  };
+  auto non_negative = [](double v, const char* name) {
+    ATTN_CHECK(v >= 0, "Expected ", name, " >= 0, but got ", v, " instead");
+  };
+  ATTN_CHECK(o.steps >= 0, "Expected steps >= 0, but got ", o.steps, " instead");
+  positive(o.batch, "batch");
+  positive(o.eval_iters, "eval_iters");
+  positive(o.threads, "threads");
+  non_negative(o.lr, "lr");
+  non_negative(o.min_lr, "min_lr");
+  non_negative(double(o.warmup), "warmup");
+  non_negative(double(o.lr_decay_steps), "lr_decay_steps");
+  non_negative(o.weight_decay, "weight_decay");
+  non_negative(o.grad_clip, "grad_clip");
+  non_negative(double(o.eval_every), "eval_every");
+  non_negative(double(o.block_size), "block_size");
+  non_negative(double(o.n_kv_head), "n_kv_head");
+}
+
+GptConfig model_config(const TrainOptions& o, const Dataset& data) {
+  GptConfig c = gpt_config(o.config);
+  c.vocab_size = data.tokenizer().vocab_size();
+  if (o.block_size > 0) c.block_size = o.block_size;
+  c.n_kv_head = o.n_kv_head;
+  c.tie_weights = o.tie_weights;
+  c.dropout = o.dropout;
+  return c;
+}
+
+json data_json(const Dataset& d) {
+  json j = {{"kind", d.synthetic() ? "reverse" : "text"}, {"bytes", d.bytes()}};
+  if (d.synthetic()) {
+    j["task_length"] = d.task_length();
+  } else {
+    j["path"] = d.name();
+    j["fnv1a64"] = d.hash();
+  }
+  return j;
+}
+
+}  // namespace
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// ---- Dataset ----
+
+Dataset Dataset::text(const std::string& text, const std::string& name) {
+  Dataset d;
+  d.tok_ = CharTokenizer::from_text(text);
+  std::vector<int32_t> ids = d.tok_.encode(text);
+  const size_t n_train = size_t(double(ids.size()) * 0.9);
+  d.train_.assign(ids.begin(), ids.begin() + std::ptrdiff_t(n_train));
+  d.val_.assign(ids.begin() + std::ptrdiff_t(n_train), ids.end());
+  d.name_ = name;
+  d.bytes_ = text.size();
+  d.hash_ = fnv1a64(text.data(), text.size());
+  return d;
+}
+
+Dataset Dataset::text_file(const std::string& path) {
+  try {
+    return text(read_file(path), path);
+  } catch (const Error& e) {
+    throw Error(cat(e.what(), " (in '", path, "')"));
+  }
+}
+
+Dataset Dataset::reverse_task(int64_t length) {
+  ATTN_CHECK(length > 0, "Expected a task length > 0, but got ", length, " instead");
+  Dataset d;
+  d.tok_ = CharTokenizer::from_text(std::string(kTaskAlphabet) + "|");
+  d.name_ = "reverse";
+  d.task_length_ = length;
+  return d;
+}
+
+void Dataset::batch(int split, int64_t B, int64_t T, Rng& rng, int64_t* x, int64_t* y) const {
+  ATTN_CHECK(split == 0 || split == 1, "Expected split 0 (train) or 1 (val), but got ", split, " instead");
+  if (synthetic()) {
+    const int64_t k = task_length_, A = int64_t(std::char_traits<char>::length(kTaskAlphabet));
+    ATTN_CHECK(T == 2 * k, "Expected T = ", 2 * k, " for the reverse task of length ", k, ", but got ", T, " instead");
+    const int64_t bar = tok_.encode("|")[0];
+    std::vector<int64_t> e(size_t(2 * k + 1));  // letters, '|', letters reversed
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < k; ++i) e[size_t(i)] = e[size_t(2 * k - i)] = int64_t(below(rng, uint64_t(A)));
+      e[size_t(k)] = bar;
+      for (int64_t t = 0; t < T; ++t) {
+        x[b * T + t] = e[size_t(t)];
+        y[b * T + t] = t >= k ? e[size_t(t + 1)] : -1;  // only the reversed half can be predicted
+      }
+    }
+    return;
+  }
+  const std::vector<int32_t>& data = split == 0 ? train_ : val_;
+  ATTN_CHECK(int64_t(data.size()) > T, "Expected more than T + 1 = ", T + 1, " tokens in the ",
+             split == 0 ? "train" : "val", " split, but got ", data.size(), " instead");
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = size_t(below(rng, uint64_t(int64_t(data.size()) - T)));  // torch.randint(len - T)
+    for (int64_t t = 0; t < T; ++t) {
+      x[b * T + t] = data[i + size_t(t)];
+      y[b * T + t] = data[i + size_t(t) + 1];
+    }
+  }
+}
+
+// ---- Trainer ----
+
+TrainOptions synthetic_defaults() {
+  TrainOptions o;
+  o.steps = 300;
+  o.batch = 32;
+  o.lr = 3e-3;
+  o.min_lr = 3e-4;
+  o.warmup = 10;
+  o.weight_decay = 0.1;
+  o.eval_every = 100;
+  o.eval_iters = 10;
+  return o;
+}
+
+Trainer::Trainer(const TrainOptions& options, Dataset data) : o_(options), data_(std::move(data)) {
+  check_options(o_);
+  if (o_.lr_decay_steps == 0) o_.lr_decay_steps = o_.steps;
+  set_num_threads(o_.threads);
+  const GptConfig c = model_config(o_, data_);
+  T_ = data_.synthetic() ? data_.seq_len() : c.block_size;
+  ATTN_CHECK(T_ <= c.block_size, "Expected block_size >= ", T_, " (the task's sequence length), but got ",
+             c.block_size, " instead");
+  model_ = std::make_unique<Gpt>(c, o_.seed);
+  const bool decay_emb = o_.decay_embeddings;
+  opt_ = std::make_unique<AdamW>(model_->parameter_list(),
+                                 AdamWOptions{o_.lr, o_.beta1, o_.beta2, o_.eps, o_.weight_decay},
+                                 [decay_emb](const Param& p) { return nanogpt_decays(p, decay_emb); });
+  x_.resize(size_t(o_.batch * T_));
+  y_.resize(size_t(o_.batch * T_));
+}
+
+LrSchedule Trainer::schedule() const { return {o_.lr, o_.min_lr, o_.warmup, o_.lr_decay_steps}; }
+
+StepStats Trainer::step() {
+  Rng rng(stream_seed(o_.seed, kTrainBatch, step_));
+  data_.batch(0, o_.batch, T_, rng, x_.data(), y_.data());
+  model_->train();
+  model_->reseed(stream_seed(o_.seed, kDropout, step_));
+  opt_->zero_grad();
+  StepStats s;
+  s.loss = model_->forward_backward(x_.data(), y_.data(), o_.batch, T_);
+  s.grad_norm = clip_grad_norm(opt_->params(), o_.grad_clip);
+  s.lr = schedule().at(step_);
+  opt_->step(s.lr);
+  ++step_;
+  return s;
+}
+
+EvalStats Trainer::evaluate() {
+  model_->eval();
+  float loss[2];
+  for (int split = 0; split < 2; ++split) {
+    Rng rng(stream_seed(o_.seed, split == 0 ? kEvalTrain : kEvalVal, step_));
+    double sum = 0;
+    for (int64_t i = 0; i < o_.eval_iters; ++i) {
+      data_.batch(split, o_.batch, T_, rng, x_.data(), y_.data());
+      sum += model_->evaluate(x_.data(), y_.data(), o_.batch, T_);
+    }
+    loss[split] = float(sum / double(o_.eval_iters));
+  }
+  model_->train();
+  return {loss[0], loss[1]};
+}
+
+void Trainer::save(const std::string& dir, const EvalStats* last_eval) {
+  StateDict tensors = model_->state_dict();
+  opt_->save_state(tensors, "optim.");
+  json config = {{"step", step_},
+                 {"model", ckpt::to_json(model_->config())},
+                 {"tokenizer", ckpt::tokenizer_json(data_.tokenizer())},
+                 {"training", ckpt::to_json(o_)},
+                 {"data", data_json(data_)},
+                 {"rng", {{"seed", o_.seed}, {"step", step_},
+                          {"scheme", "batch, dropout and eval streams: mix64(mix64(seed ^ stream·φ) ^ step)"}}}};
+  if (last_eval) config["metrics"] = {{"train_loss", last_eval->train_loss}, {"val_loss", last_eval->val_loss}};
+  ckpt::write(dir, tensors, std::move(config));
+}
+
+std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr<Dataset> data, int64_t steps) {
+  ckpt::Contents c = ckpt::read(dir);
+  const std::string where = dir + "/config.json";
+  ATTN_CHECK(c.config.contains("training") && c.config.contains("data"), "Expected training options in '", where,
+             "' (a checkpoint from attn train), but got a model-only checkpoint instead");
+  TrainOptions o = ckpt::train_options_from(c.config["training"], where + " training");
+  if (steps > 0) o.steps = steps;
+  const json& dj = c.config["data"];
+  if (!data) {
+    if (dj.value("kind", "") == "reverse") {
+      data = std::make_unique<Dataset>(Dataset::reverse_task(dj.value("task_length", int64_t(0))));
+    } else {
+      data = std::make_unique<Dataset>(Dataset::text_file(dj.value("path", "")));
+    }
+  }
+  const json now = data_json(*data);
+  ATTN_CHECK(now.value("kind", "") == dj.value("kind", "") && now.value("bytes", uint64_t(0)) == dj.value("bytes", uint64_t(0)) &&
+                 now.value("fnv1a64", uint64_t(0)) == dj.value("fnv1a64", uint64_t(0)) &&
+                 now.value("task_length", int64_t(0)) == dj.value("task_length", int64_t(0)),
+             "Expected the data the checkpoint was trained on (", dj.dump(), "), but got ", now.dump(), " instead");
+  auto t = std::make_unique<Trainer>(o, std::move(*data));
+  ATTN_CHECK(ckpt::to_json(t->model().config()) == c.config["model"], "Expected the model config ",
+             ckpt::to_json(t->model().config()).dump(), " implied by the training options, but got ",
+             c.config["model"].dump(), " in '", where, "' instead");
+  const int64_t step = c.config.value("step", int64_t(-1));
+  StateDict optim = ckpt::take_prefixed(c.tensors, "optim.");
+  t->model().load_state_dict(c.tensors);
+  t->opt_->load_state(optim, step, "optim.");
+  t->step_ = step;
+  return t;
+}
+
+// ---- Model-only checkpoints ----
+
+LoadedModel load_model(const std::string& dir) {
+  ckpt::Contents c = ckpt::read(dir);
+  const std::string where = dir + "/config.json";
+  ATTN_CHECK(c.config.contains("model") && c.config.contains("tokenizer"), "Expected 'model' and 'tokenizer' in '",
+             where, "', but got none instead");
+  LoadedModel m;
+  m.tokenizer = ckpt::tokenizer_from(c.config["tokenizer"], where + " tokenizer");
+  const GptConfig config = ckpt::gpt_config_from(c.config["model"], where + " model");
+  ATTN_CHECK(config.vocab_size == m.tokenizer.vocab_size(), "Expected vocab_size ", m.tokenizer.vocab_size(),
+             " (the tokenizer's) in '", where, "', but got ", config.vocab_size, " instead");
+  m.model = std::make_unique<Gpt>(config, 0);
+  ckpt::take_prefixed(c.tensors, "optim.");
+  m.model->load_state_dict(c.tensors);
+  m.step = c.config.value("step", int64_t(0));
+  return m;
+}
+
+void save_model(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer) {
+  ATTN_CHECK(tokenizer.vocab_size() == model.config().vocab_size, "Expected a tokenizer of ",
+             model.config().vocab_size, " characters (the model's vocab_size), but got ", tokenizer.vocab_size(),
+             " instead");
+  json config = {{"step", 0}, {"model", ckpt::to_json(model.config())}, {"tokenizer", ckpt::tokenizer_json(tokenizer)}};
+  ckpt::write(dir, model.state_dict(), std::move(config));
+}
+
+// ---- Demo ----
+
+void train_demo(std::ostream& out, double seconds, int threads) {
+  using Clock = std::chrono::steady_clock;
+  TrainOptions o = synthetic_defaults();
+  o.threads = threads;
+  Trainer t(o, Dataset::reverse_task());
+  const int64_t k = t.data().task_length();
+  out << "Training the tiny GPT (" << t.model().num_parameters() << " parameters) to reverse " << k
+      << " letters, e.g. abcdefgh|hgfedcba, for about " << seconds << " s.\n"
+      << "Loss on the reversed half; guessing scores ln(26) = " << std::log(26.0) << ".\n";
+  const auto t0 = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  double shown = -1;
+  while (t.step_count() < o.steps && elapsed() < seconds) {
+    StepStats s = t.step();
+    if (t.step_count() <= 20 || elapsed() - shown >= 0.5) {
+      out << "  step " << t.step_count() << "  loss " << s.loss << "\n" << std::flush;
+      shown = elapsed();
+    }
+  }
+  out << "Reversals sampled greedily, one token at a time through the KV cache:\n";
+  Rng rng(7);
+  std::vector<int64_t> x(size_t(2 * k)), y(size_t(2 * k));
+  const CharTokenizer& tok = t.data().tokenizer();
+  for (int i = 0; i < 4; ++i) {
+    t.data().batch(1, 1, 2 * k, rng, x.data(), y.data());
+    std::vector<int64_t> prompt(x.begin(), x.begin() + k + 1);  // letters and '|'
+    std::vector<int64_t> got = generate(t.model(), prompt, {k, 0.0, 0, 0});
+    std::vector<int32_t> p32(prompt.begin(), prompt.end()), g32(got.begin(), got.end()), want;
+    for (int64_t j = k - 1; j >= 0; --j) want.push_back(int32_t(prompt[size_t(j)]));
+    out << "  " << tok.decode(p32) << tok.decode(g32) << (g32 == want ? "  correct" : "  (want " + tok.decode(want) + ")")
+        << "\n";
+  }
+}
+
+}  // namespace attn
