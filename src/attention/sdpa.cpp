@@ -151,9 +151,12 @@ void sdpa_backward(const SdpaArgs<T>& args, View<const T> out, View<const T> lse
   check_shape("dk", "(B, Hkv, S, D)", grads.dk, {p.B, p.Hkv, p.S, p.D});
   check_rank4("dv", "(B, Hkv, S, Dv)", grads.dv);
   check_shape("dv", "(B, Hkv, S, Dv)", grads.dv, {p.B, p.Hkv, p.S, p.Dv});
-  // No flash backward yet: the reference is the fastest backward built, so strict has nothing to refuse.
-  ATTN_CHECK(options.backend != Backend::flash, "Expected backend reference or automatic for sdpa_backward, ",
-             "but got flash instead (no flash backward is built)");
+  // The forward's choice (no weights here): flash for float32, the reference for fp64 or on request.
+  if constexpr (std::is_same_v<T, float>) {
+    if (choose(p, options).backend == Backend::flash) return flash_backward(p, dout, grads);
+  } else {
+    choose(p, options);  // throws where explicit flash or strict refuse fp64
+  }
   reference_backward(p, dout, grads);
 }
 
