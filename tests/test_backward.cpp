@@ -1,10 +1,13 @@
-// SDPA backward: the reference backward against central finite differences in fp64 on tiny shapes, over
-// every mask kind, both causal alignments, GQA ratios 1, 2, 4 and dropout; zero gradients of fully masked
-// rows; the argument checks of sdpa_backward. Not a benchmark.
+// SDPA backward: the reference backward against central finite differences in fp64 on tiny shapes, and
+// the flash backward (fp32) against the fp64 reference backward with the derived tolerance, over every
+// mask kind, both causal alignments, GQA ratios 1, 2, 4, dropout and odd sizes; zero gradients of fully
+// masked rows; flash bitwise the same for 1 and 2 threads; the argument checks of sdpa_backward.
+// Not a benchmark.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -188,6 +191,119 @@ TEST(ReferenceBackward, WritesStridedGradients) {
   for (int64_t i = 0; i < dk.numel(); ++i) EXPECT_EQ(dk.data()[i], want.dk.data()[i]);
 }
 
+// ---- flash backward ----
+
+// The forward's out (B, H, L, Dv) and lse (B, H, L) in fp32, as a caller of sdpa_backward has them.
+struct Forward {
+  Tensor out, lse;
+  Forward(const Config& c, const Inputs<float>& in) : out({c.B, c.H, c.L, c.Dv}), lse({c.B, c.H, c.L}) {
+    sdpa(in.args, SdpaOut<float>{out.view(), {}, lse.view()});
+  }
+};
+
+Grads<float> flash_grads(const Config& c, const Inputs<float>& in, Forward& f) {
+  Grads<float> g(c);
+  flash_backward(make_problem(in.args, SdpaOut<float>{f.out.view(), {}, f.lse.view()}), in.dout.view(), g.views());
+  return g;
+}
+
+double max_abs_diff(const float* a, const double* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
+// FlashAttention's rule: the fp32 kernel's error against the fp64 reference is at most twice the error of
+// the plain fp32 reference (same formula, fp32 arithmetic), plus a tiny atol: 1e-6 (~8 fp32 ulps) of the
+// largest gradient of the problem. The atol covers gradients that are exact cancellations, where the
+// reference can round to exactly 0 and flash, whose D = rowsum(dO∘O) comes from the forward's O instead
+// of rowsum(P∘dP), cannot (S = 1: dK = 0 exactly).
+void expect_flash_close(const Config& c, uint64_t seed) {
+  Inputs<float> in32(c, seed);
+  Inputs<double> in64(c, seed);
+  Forward f(c, in32);
+  Grads<float> flash = flash_grads(c, in32, f), ref32 = reference_grads(c, in32);
+  Grads<double> ref64 = reference_grads(c, in64);
+  double largest = 0;
+  for (const TensorD* t : {&ref64.dq, &ref64.dk, &ref64.dv})
+    for (int64_t i = 0; i < t->numel(); ++i) largest = std::max(largest, std::abs(t->data()[i]));
+  const double atol = 1e-6 * (1 + largest);
+  auto check = [&](const Tensor& got, const Tensor& plain, const TensorD& truth, const char* what) {
+    const double err = max_abs_diff(got.data(), truth.data(), truth.numel());
+    const double base = max_abs_diff(plain.data(), truth.data(), truth.numel());
+    EXPECT_LE(err, 2 * base + atol) << what << ": flash error " << err << ", fp32 reference error " << base;
+    EXPECT_TRUE(std::isfinite(err)) << what;
+  };
+  check(flash.dq, ref32.dq, ref64.dq, "dq");
+  check(flash.dk, ref32.dk, ref64.dk, "dk");
+  check(flash.dv, ref32.dv, ref64.dv, "dv");
+}
+
+using FlashParam = std::tuple<MaskCase, Causal, int /* H / Hkv */, double /* dropout */, bool /* L > S */>;
+class FlashBackward : public testing::TestWithParam<FlashParam> {};
+
+TEST_P(FlashBackward, MatchesFp64ReferenceWithinDerivedTolerance) {
+  auto [mask, causal, ratio, dropout, tall] = GetParam();
+  // 65 and 129: a full tile plus one row or key, so tails and several KV blocks (dQ chunks) are covered
+  expect_flash_close({2, 4, 4 / ratio, tall ? 129 : 65, tall ? 65 : 129, 24, 20, mask, causal, dropout}, 17);
+}
+
+std::string flash_name(const testing::TestParamInfo<FlashParam>& info) { return fd_name(info); }
+
+INSTANTIATE_TEST_SUITE_P(Sweep, FlashBackward,
+                         testing::Combine(testing::Values(MaskCase::none, MaskCase::keep, MaskCase::drop,
+                                                          MaskCase::additive, MaskCase::padding),
+                                          testing::Values(Causal::none, Causal::top_left, Causal::bottom_right),
+                                          testing::Values(1, 2, 4), testing::Values(0.0, 0.3), testing::Bool()),
+                         flash_name);
+
+// Odd sizes: L, S in 1, 7, 63, 64, 65, 129, 513 and D, Dv in 8, 63, 64, 80, 128.
+TEST(FlashBackward, OddSizes) {
+  const Config configs[] = {
+      {1, 2, 2, 1, 7, 8, 8},         {1, 2, 1, 7, 1, 8, 63},         {2, 4, 2, 63, 65, 64, 64},
+      {1, 2, 2, 64, 64, 128, 128},   {1, 8, 2, 65, 129, 63, 80},     {1, 2, 1, 129, 7, 80, 8},
+      {1, 1, 1, 513, 513, 64, 64, MaskCase::padding, Causal::top_left},
+      {1, 2, 2, 1, 513, 128, 64, MaskCase::none, Causal::bottom_right},
+  };
+  for (const Config& c : configs) {
+    SCOPED_TRACE(cat("B ", c.B, " H ", c.H, " Hkv ", c.Hkv, " L ", c.L, " S ", c.S, " D ", c.D, " Dv ", c.Dv));
+    expect_flash_close(c, 23);
+  }
+}
+
+TEST(FlashBackward, FullyMaskedRowsGiveZeroGradient) {
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    Config c{1, 2, 1, 70, 66, 16, 16, MaskCase::keep, causal, 0.3};  // L > S: bottom-right rows 0..3 see nothing
+    Inputs<float> in(c, 11);
+    Forward f(c, in);
+    Grads<float> g = flash_grads(c, in, f);
+    std::vector<int64_t> masked_rows = {c.L - 1};
+    if (causal == Causal::bottom_right)
+      for (int64_t l = 0; l < c.L - c.S; ++l) masked_rows.push_back(l);
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t l : masked_rows) {
+        for (int64_t d = 0; d < c.D; ++d) EXPECT_EQ(g.dq.view().at({0, h, l, d}), 0.f);
+        for (int64_t e = 0; e < c.Dv; ++e) in.dout.view().at({0, h, l, e}) = 1e3f;
+      }
+    Grads<float> g2 = flash_grads(c, in, f);
+    for (int64_t i = 0; i < g.dk.numel(); ++i) EXPECT_EQ(g.dk.data()[i], g2.dk.data()[i]);
+    for (int64_t i = 0; i < g.dv.numel(); ++i) EXPECT_EQ(g.dv.data()[i], g2.dv.data()[i]);
+  }
+}
+
+TEST(FlashBackward, SameBitsForOneAndTwoThreads) {
+  Config c{2, 4, 2, 300, 333, 40, 24, MaskCase::padding, Causal::bottom_right, 0.2};
+  Inputs<float> in(c, 29);
+  Forward f(c, in);
+  set_num_threads(1);
+  Grads<float> one = flash_grads(c, in, f);
+  set_num_threads(2);
+  Grads<float> two = flash_grads(c, in, f);
+  EXPECT_EQ(std::memcmp(one.dq.data(), two.dq.data(), one.dq.numel() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(one.dk.data(), two.dk.data(), one.dk.numel() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(one.dv.data(), two.dv.data(), one.dv.numel() * sizeof(float)), 0);
+}
+
 // sdpa_backward: every argument's shape is checked, and the error names the argument and both shapes.
 TEST(SdpaBackward, ShapeErrorsNameBothShapes) {
   Config c{1, 4, 2, 5, 6, 3, 4};
@@ -218,6 +334,27 @@ TEST(SdpaBackward, ShapeErrorsNameBothShapes) {
   expect_error([&] { sdpa_backward<float>(in.args, wrong_dout, lse, in.dout, g.views()); }, "out", "(1, 4, 5, 4)",
                "(1, 4, 5, 3)");
   expect_error([&] { sdpa_backward<float>(in.args, out, {}, in.dout, g.views()); }, "lse", "(B, H, L)", "nothing");
+}
+
+// sdpa_backward runs what sdpa would: flash for float32, the reference for fp64 or on request; strict
+// refuses the fp64 fallback and explicit flash refuses fp64.
+TEST(SdpaBackward, ChoosesTheBackendAsTheForward) {
+  Config c{1, 4, 2, 33, 40, 16, 8, MaskCase::drop, Causal::top_left, 0.1};
+  Inputs<float> in(c, 8);
+  Forward f(c, in);
+  Grads<float> flash = flash_grads(c, in, f), ref = reference_grads(c, in), autom(c), requested(c);
+  sdpa_backward<float>(in.args, f.out, f.lse, in.dout, autom.views());
+  sdpa_backward<float>(in.args, f.out, f.lse, in.dout, requested.views(), {Backend::reference});
+  EXPECT_EQ(std::memcmp(autom.dq.data(), flash.dq.data(), flash.dq.numel() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(requested.dk.data(), ref.dk.data(), ref.dk.numel() * sizeof(float)), 0);
+
+  Inputs<double> in64(c, 8);
+  TensorD out({c.B, c.H, c.L, c.Dv}), lse({c.B, c.H, c.L});
+  sdpa(in64.args, SdpaOut<double>{out.view(), {}, lse.view()});
+  Grads<double> g(c);
+  sdpa_backward<double>(in64.args, out, lse, in64.dout, g.views());  // automatic: the reference
+  EXPECT_THROW(sdpa_backward<double>(in64.args, out, lse, in64.dout, g.views(), {Backend::automatic, true}), Error);
+  EXPECT_THROW(sdpa_backward<double>(in64.args, out, lse, in64.dout, g.views(), {Backend::flash}), Error);
 }
 
 }  // namespace
