@@ -208,9 +208,43 @@ TEST(Safetensors, RejectsHeaderThatIsNotAnObject) {
   write_bytes(tmp / "x", make_file("[1, 2]  ", ""));
   expect_load_error(tmp / "x", {"JSON object", "[1,2]"});
   write_bytes(tmp / "y", make_file(R"({"w": [0, 4]})", "abcd"));
-  expect_load_error(tmp / "y", {"tensor 'w'", "[0,4]"});
+  expect_load_error(tmp / "y", {"'w' to be an object", "got an array"});
   write_bytes(tmp / "z", make_file(R"({"__metadata__": {"k": 1}})", ""));
   expect_load_error(tmp / "z", {"__metadata__", "\"k\"", "string"});
+}
+
+// Fields the format does not define are skipped, as the library skips them (any content, any keys).
+TEST(Safetensors, SkipsUnknownFields) {
+  TempDir tmp;
+  std::string junk = std::string(100, '[') + "{\"a\":1,\"a\":2}" + std::string(100, ']');
+  write_bytes(tmp / "x", make_file(R"({"w":{"x":[1,{"b":2}],"dtype":"F32","shape":[1],"data_offsets":[0,4],"j":)" +
+                                       junk + "}}",
+                                   raw<float>({1.5f})));
+  StateDict sd = load_safetensors(tmp / "x");
+  EXPECT_EQ(sd.at("w").data()[0], 1.5f);
+}
+
+// Structures that would make a DOM huge are rejected as they start, before they are stored.
+TEST(Safetensors, RejectsHostileStructure) {
+  TempDir tmp;
+  auto entry = [](const std::string& dtype, const std::string& shape, const std::string& offsets) {
+    return R"({"w":{"dtype":)" + dtype + R"(,"shape":)" + shape + R"(,"data_offsets":)" + offsets + "}}";
+  };
+  std::string deep = R"({"w":{"j":)" + std::string(200, '[') + std::string(200, ']') + "}}";
+  write_bytes(tmp / "a", make_file(deep, ""));
+  expect_load_error(tmp / "a", {"nested at most 128 levels"});
+  std::string dims = "[1";
+  for (int i = 0; i < 64; ++i) dims += ",1";
+  write_bytes(tmp / "b", make_file(entry("\"F32\"", dims + "]", "[0,4]"), "abcd"));
+  expect_load_error(tmp / "b", {"\"shape\" of tensor 'w'", "at most 64 numbers"});
+  write_bytes(tmp / "c", make_file(entry("\"F32\"", "[1]", "[0,4,8]"), "abcd"));
+  expect_load_error(tmp / "c", {"\"data_offsets\" of tensor 'w'", "at most 2 numbers"});
+  write_bytes(tmp / "d", make_file(entry("\"F32\"", "[[1]]", "[0,4]"), "abcd"));
+  expect_load_error(tmp / "d", {"\"shape\" of tensor 'w'", "nested array"});
+  write_bytes(tmp / "e", make_file(entry("[\"F32\"]", "[1]", "[0,4]"), "abcd"));
+  expect_load_error(tmp / "e", {"\"dtype\" of 'w'", "a string", "an array"});
+  write_bytes(tmp / "f", make_file(R"({"__metadata__":{"k":{"x":"y"}}})", ""));
+  expect_load_error(tmp / "f", {"\"k\" of '__metadata__'", "a string", "an object"});
 }
 
 TEST(Safetensors, RejectsMissingFields) {
@@ -292,6 +326,8 @@ TEST(Safetensors, RejectsDuplicateKeys) {
                   R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   write_bytes(tmp / "x", make_file(h, Bytes(4, 'x')));
   expect_load_error(tmp / "x", {"unique keys", "\"w\" twice"});
+  write_bytes(tmp / "y", make_file(R"({"w":{"dtype":"F32","shape":[1],"dtype":"F16","data_offsets":[0,4]}})", "abcd"));
+  expect_load_error(tmp / "y", {"unique keys", "\"dtype\" twice"});
 }
 
 TEST(Safetensors, RejectsMissingFileAndFolders) {

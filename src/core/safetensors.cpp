@@ -18,6 +18,7 @@
 #include <limits>
 #include <set>
 #include <system_error>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -136,16 +137,51 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return bytes;
 }
 
-// Parses the header, rejecting duplicate keys in any object (JSON allows them; a file where one name
-// means two tensors is ambiguous, and nlohmann would silently keep the last).
+// Parses the header into a DOM that holds only what the format defines, so memory stays near the
+// header's size whatever a hostile header holds (a plain DOM of a 100 MB header of "[[[[" took 7 GB):
+// - nesting deeper than 128 levels is rejected (serde_json's limit: the library can't read it either);
+// - fields of a tensor entry that the format does not define are skipped unstored, as the library
+//   skips them;
+// - a container where the format wants a string or a number is rejected as it starts, and shape and
+//   data_offsets hold at most 64 and 2 numbers;
+// - keys are unique in the header and in each entry (JSON allows duplicates; a name that means two
+//   tensors is ambiguous, and nlohmann would silently keep the last).
 json parse_header(const std::string& path, const char* first, const char* last) {
-  std::vector<std::set<std::string>> keys;  // one set per object being parsed
-  auto on_event = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) keys.emplace_back();
-    if (ev == json::parse_event_t::object_end) keys.pop_back();
-    if (ev == json::parse_event_t::key) {
+  using E = json::parse_event_t;
+  constexpr int kMaxDepth = 128;
+  constexpr size_t kMaxDims = 64;  // numpy's limit (NPY_MAXDIMS): no array has more
+  std::vector<std::set<std::string>> keys;  // of the header, and of the entry being read
+  std::string name, field;                  // the current key at depth 1 (a tensor or __metadata__), at depth 2
+  size_t items = 0;                         // numbers read so far of the current shape or data_offsets
+  auto on_event = [&](int depth, E ev, json& parsed) {
+    const bool meta = name == "__metadata__", start = ev == E::object_start || ev == E::array_start;
+    ST_CHECK(!start || depth < kMaxDepth, "Expected a header nested at most ", kMaxDepth,
+             " levels deep, but got deeper nesting instead");
+    const bool known = meta || field == "dtype" || field == "shape" || field == "data_offsets";
+    if (!known && (depth >= 3 || (depth == 2 && ev != E::key))) return true;  // in a skipped field
+    if (ev == E::key) {
       const auto& k = parsed.get_ref<const std::string&>();
       ST_CHECK(keys.back().insert(k).second, "Expected unique keys in the header, but got \"", k, "\" twice instead");
+      if (depth == 1) name = k, field.clear();
+      if (depth == 2) field = k, items = 0;
+      return depth == 1 || meta || k == "dtype" || k == "shape" || k == "data_offsets";  // false: skip it
+    }
+    if (ev == E::object_start && depth <= 1) keys.emplace_back();
+    if (ev == E::object_end && depth <= 1) keys.pop_back();
+    if (depth == 1)
+      ST_CHECK(ev != E::array_start, "Expected '", name, "' to be an object, but got an array instead");
+    if (depth == 2 && start) {
+      const bool want_array = !meta && field != "dtype";
+      ST_CHECK(ev == E::array_start && want_array, "Expected \"", field, "\" of '", name, "' to be ",
+               want_array ? "an array of numbers" : "a string", ", but got ", ev == E::array_start ? "an array" : "an object",
+               " instead");
+    }
+    if (depth == 3) {
+      ST_CHECK(!start, "Expected \"", field, "\" of tensor '", name, "' to hold numbers, but got a nested ",
+               ev == E::array_start ? "array" : "object", " instead");
+      const size_t most = field == "shape" ? kMaxDims : 2;
+      ST_CHECK(ev != E::value || ++items <= most, "Expected \"", field, "\" of tensor '", name, "' to hold at most ",
+               most, " numbers, but got more instead");
     }
     return true;
   };
