@@ -345,3 +345,23 @@ TEST(VizHtml, BadRecordsNameTheShapes) {
   EXPECT_THROW(render_html({tokens(3), tokens(5), {w}, {}}, {.top_k = -2}), Error);
   EXPECT_THROW(write_html("/nonexistent-dir/x.html", {tokens(3), tokens(5), {w}, {}}), Error);
 }
+
+TEST(VizNonFinite, NanAndInfFlowThroughWithoutCrashing) {
+  Tensor w = softmax_weights({1, 3, 3}, 11);
+  w.data()[1] = NAN;
+  w.data()[5] = INFINITY;
+  const std::string path = temp_path("nan.png");
+  HeatmapLayout lay = write_heatmap_png(path, w.view().select(0, 0), tokens(3));
+  Png png = read_png(path);
+  const size_t x = size_t(lay.panels[0].x + 1.5 * lay.cell), y = size_t(lay.panels[0].y + 0.5 * lay.cell);
+  uint32_t nan_px = png.px[y * png.width + x];  // cell (0, 1)
+  EXPECT_GT((nan_px >> 16) & 255, (nan_px & 255) + 40) << "NaN is drawn in red, off the blue scale";
+  std::filesystem::remove(path);
+  json data = json::parse(embedded_json(render_html({tokens(3), {}, {w}, {}}, {.top_k = 2})));
+  json dense = json::parse(embedded_json(render_html({tokens(3), {}, {w}, {}})));
+  EXPECT_TRUE(dense["layers"][0][0]["w"][0][1].is_null());
+  EXPECT_TRUE(dense["layers"][0][0]["w"][1][2].is_null());
+  // top-k ranks NaN last and +Inf first
+  EXPECT_EQ(data["layers"][0][0]["k"][0].get<std::vector<int>>(), (std::vector<int>{0, 2}));
+  EXPECT_TRUE(data["layers"][0][0]["w"][1][1].is_null());
+}

@@ -5,7 +5,8 @@
 // Stable hooks for tests and users:
 //   #layer-select (option value = layer)   .tab#tab-head/#tab-model/#tab-matrix, sections #view-*
 //   .head-swatch[data-head][aria-pressed]  #q-col .tok[data-side=q][data-i], #k-col .tok[data-side=k]
-//   #lines line[data-head][data-q][data-k][data-w] (display:none when filtered out)
+//   #lines g[data-head] > line[data-head][data-q][data-k][data-w]; a line is hidden when it or its
+//     head's <g> has computed display:none (focus filter on lines, head toggle on the <g>)
 //   #model-grid .thumb[data-layer][data-head]   #notice (top-k)
 //   #matrix[data-layer][data-head][data-x0][data-y0][data-cell][data-pool] (geometry in CSS pixels)
 //   body[data-ready="1"] once everything is drawn.
@@ -49,6 +50,7 @@ main { padding: 16px 24px 32px; }
 .tok.pinned { font-weight: 700; }
 #lines { display: block; }
 #lines line { stroke-width: 2; }
+#lines.focused line:not(.on) { display: none; }
 #model-grid { border-collapse: collapse; }
 #model-grid th { font-weight: 600; font-size: 12px; color: var(--muted); padding: 4px 8px; white-space: nowrap; }
 #model-grid td { padding: 4px; }
@@ -106,7 +108,9 @@ inline constexpr const char* kViewJs = R"attn(
   const L = D.L, S = D.S, ROW = 22, LINES_W = 300, FONT = getComputedStyle(document.body).fontFamily;
   const TABLEAU = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
                    "#9c755f", "#bab0ac"];
-  const st = { layer: 0, on: [], focus: null, pinned: false, head: 0, lines: [], geom: null, modelBuilt: false };
+  // on: per head of this layer; byQ/byK: line records {el, h, q, k, w} by token; marked: lines now .on
+  const st = { layer: 0, on: [], focus: null, pinned: false, head: 0, byQ: [], byK: [], marked: [], geom: null,
+               modelBuilt: false };
 
   const nHeads = (l) => D.layers[l].length;
   const headColour = (h, n) => (n <= TABLEAU.length ? TABLEAU[h] : `hsl(${(h * 137.508) % 360}, 62%, 46%)`);
@@ -170,18 +174,22 @@ inline constexpr const char* kViewJs = R"attn(
     applyFocus();
   }
 
-  // Show the lines of enabled heads that touch the focused token (all when none is focused), and
-  // shade the other column's tokens by the largest visible weight to or from the focused one.
+  // Show the lines of enabled heads (a hidden head's <g> is display:none) that touch the focused
+  // token (CSS hides every line not marked .on while the svg is .focused), and shade the other
+  // column's tokens by the largest visible weight to or from the focused one. Touches only the
+  // focused token's lines, so hovering stays fast with tens of thousands of lines.
   function applyFocus() {
-    const f = st.focus, shade = { q: new Float32Array(L), k: new Float32Array(S) };
-    for (const x of st.lines) {
-      const show = st.on[x.h] && (!f || (f.side === "q" ? x.q === f.i : x.k === f.i));
-      x.el.style.display = show ? "" : "none";
-      if (show && f) {
-        const [side, idx] = f.side === "q" ? ["k", x.k] : ["q", x.q];
-        shade[side][idx] = Math.max(shade[side][idx], x.w);
-      }
+    const f = st.focus, svg = $("lines"), shade = { q: new Float32Array(L), k: new Float32Array(S) };
+    for (const x of st.marked) x.el.classList.remove("on");
+    st.marked = f ? (f.side === "q" ? st.byQ : st.byK)[f.i] : [];
+    for (const x of st.marked) {
+      x.el.classList.add("on");
+      if (!st.on[x.h]) continue;
+      const [side, idx] = f.side === "q" ? ["k", x.k] : ["q", x.q];
+      shade[side][idx] = Math.max(shade[side][idx], x.w);
     }
+    svg.classList.toggle("focused", !!f);
+    for (const g of svg.children) g.style.display = st.on[+g.dataset.head] ? "" : "none";
     for (const side of ["q", "k"]) {
       for (const t of $(side + "-col").children) {
         const i = +t.dataset.i, me = !!f && f.side === side && f.i === i, a = f && f.side !== side ? shade[side][i] : 0;
@@ -215,7 +223,9 @@ inline constexpr const char* kViewJs = R"attn(
   function drawLines() {
     const svg = $("lines"), l = st.layer, n = nHeads(l);
     svg.replaceChildren();
-    st.lines = [];
+    st.marked = [];
+    st.byQ = Array.from({ length: L }, () => []);
+    st.byK = Array.from({ length: S }, () => []);
     for (let h = 0; h < n; ++h) {
       const g = document.createElementNS(SVG_NS, "g");
       g.setAttribute("stroke", headColour(h, n));
@@ -232,7 +242,9 @@ inline constexpr const char* kViewJs = R"attn(
           line.setAttribute("stroke-opacity", Math.min(1, w).toFixed(3));
           Object.assign(line.dataset, { head: h, q: i, k: j, w });
           g.append(line);
-          st.lines.push({ el: line, h, q: i, k: j, w });
+          const x = { el: line, h, q: i, k: j, w };
+          st.byQ[i].push(x);
+          st.byK[j].push(x);
         });
       }
       svg.append(g);

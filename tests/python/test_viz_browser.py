@@ -59,8 +59,9 @@ class Page:
 
     def visible_lines(self):
         """(head, query, key) of every line not hidden by the page's filters."""
+        # rendered = neither the line nor its head's <g> is display:none (checkVisibility() misses the <g>)
         return self.page.evaluate("""() => Array.from(document.querySelectorAll('#lines line'))
-            .filter((l) => getComputedStyle(l).display !== 'none')
+            .filter((l) => [l, l.parentElement].every((e) => getComputedStyle(e).display !== 'none'))
             .map((l) => [+l.dataset.head, +l.dataset.q, +l.dataset.k])""")
 
     def line_weights(self):
