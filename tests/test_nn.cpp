@@ -50,10 +50,10 @@ struct GradCase {
 };
 
 // Loss = Σ w·y with a fixed random w, in double. Its central difference (L(x+h) - L(x-h)) / 2h errs by
-// - rounding: each float output carries a relative error of a few eps (eps = 2^-24 · 2 for one rounding
-//   of a sum of <= 64 unit-scale terms and a handful of layers), so the difference of two losses errs by
-//   <= 2·c·eps·Σ|w·y| and the quotient by c·eps·Σ|w·y| / h; c = 32 covers depth and sums on these
-//   tiny shapes;
+// - rounding: each float output carries a relative error of c·eps (eps = 2^-24; c counts the roundings
+//   on the way: sums of <= 24 unit-scale terms through a few layers), so the difference of two losses
+//   errs by <= 2·c·eps·Σ|w·y| and the quotient by c·eps·Σ|w·y| / h; c = 8 (measured errors stay below
+//   half of that bound on every case here);
 // - truncation: h²/6 · |∂³L| <= h² · (1 + |g|) for unit-scale inputs of smooth layers.
 // A wrong gradient (a missed term, a transposed weight, a wrong mask) errs by O(|g|) ~ 0.1..1, far above.
 template <class L>
@@ -67,7 +67,7 @@ void check_gradients(GradCase<L>& c, const char* what, double h = 1e-2, int per_
   base->zero_grad();
   std::vector<Tensor> din = c.backward(*base, w.view());
   std::vector<Param> params = base->parameter_list();
-  const double tol_round = 32 * kEps * abs_dot(w, y) / h;
+  const double tol_round = 8 * kEps * abs_dot(w, y) / h;
 
   // One finite difference: a fresh layer, `perturb` moves one number by ±h.
   auto fd = [&](const std::function<float*(L&, std::vector<Tensor>&)>& at) {
@@ -81,7 +81,7 @@ void check_gradients(GradCase<L>& c, const char* what, double h = 1e-2, int per_
     }
     return (loss[0] - loss[1]) / (2 * h);
   };
-  // Checks up to per_tensor elements of one gradient, spread over the tensor.
+    // Checks up to per_tensor elements of one gradient, spread over the tensor.
   int checked = 0;
   double worst = 0;
   auto check = [&](const std::string& name, const float* grad, int64_t n,
@@ -107,6 +107,20 @@ void check_gradients(GradCase<L>& c, const char* what, double h = 1e-2, int per_
   EXPECT_GT(checked, 0);
   std::printf("  %s: %d gradients checked, worst error %.2f of the tolerance (rounding part %.1e)\n", what, checked,
               worst, tol_round);
+}
+
+// After two identical backward calls every gradient is twice the first one's. Not bitwise: the second
+// call adds its row sums into the first's (S + r1 + r2 ...) rather than doubling S. Each element errs by
+// a few roundings of the largest partial sum: 1e-5 of the tensor's largest gradient is ~100 ulps.
+template <class L>
+void expect_doubled(L& layer, const StateDict& once) {
+  for (Param& p : layer.parameter_list()) {
+    const Tensor& g1 = once.at(p.name);
+    double scale = 0;
+    for (int64_t i = 0; i < g1.numel(); ++i) scale = std::max(scale, std::abs(double(g1.data()[i])));
+    for (int64_t i = 0; i < g1.numel(); ++i)
+      ASSERT_NEAR(p.grad->data()[i], 2 * g1.data()[i], 1e-5 * scale) << p.name << "[" << i << "]";
+  }
 }
 
 // One-input layers: forward(x) and backward(dout) -> dx.
@@ -241,9 +255,7 @@ TEST(Gradients, AccumulateAndZero) {
   for (Param& p : ff.parameter_list()) once.emplace(p.name, Tensor::copy_of(p.grad->view()));
   ff.forward(x.view());
   ff.backward(d.view());
-  for (Param& p : ff.parameter_list())
-    for (int64_t i = 0; i < p.grad->numel(); ++i)
-      ASSERT_FLOAT_EQ(p.grad->data()[i], 2 * once.at(p.name).data()[i]) << p.name;
+  expect_doubled(ff, once);
   ff.zero_grad();
   for (Param& p : ff.parameter_list())
     for (int64_t i = 0; i < p.grad->numel(); ++i) ASSERT_EQ(p.grad->data()[i], 0.0f) << p.name;
@@ -269,4 +281,370 @@ TEST(Layers, NamesAndErrors) {
   StateDict sd = lin.state_dict();
   sd.erase("bias");
   EXPECT_THROW(lin.load_state_dict(sd), Error);
+}
+
+// ---- MultiheadAttention ----
+
+namespace {
+
+struct MhaCase {
+  const char* name;
+  MhaOptions o;
+  int64_t B = 2, L = 5, S = 5;
+  bool self = true;       // one input as query, key and value
+  bool unbatched = false;
+  bool causal = false;
+  int mask = 0;           // 0 none, 1 bool (L, S), 2 additive (N·H, L, S)
+  bool padding = false;   // key_padding_mask: the last key of batch 1 is padding
+  bool need_weights = false;
+};
+
+// Mask storage that outlives the GradCase's lambdas.
+struct MhaMasks {
+  TensorT<uint8_t> bools, padding;
+  Tensor additive;
+  MhaArgs args;
+};
+
+std::shared_ptr<MhaMasks> make_masks(const MhaCase& m, Rng& rng) {
+  auto k = std::make_shared<MhaMasks>();
+  k->args.need_weights = m.need_weights;
+  k->args.is_causal = m.causal;
+  if (m.mask == 1) {
+    k->bools = TensorT<uint8_t>({m.L, m.S});
+    for (int64_t i = 0; i < k->bools.numel(); ++i) k->bools.data()[i] = (i % m.S) != 0 && rng.uniform() < 0.3;  // key 0 stays
+    k->args.attn_mask = Mask<float>::drop(k->bools.view());
+  } else if (m.mask == 2) {
+    k->additive = random_tensor({m.B * m.o.num_heads, m.L, m.S}, rng);
+    k->args.attn_mask = Mask<float>::additive(k->additive.view());
+  }
+  if (m.padding) {
+    k->padding = TensorT<uint8_t>({m.B, m.S});
+    k->padding.data()[m.B * m.S - 1] = 1;
+    k->args.key_padding_mask = Mask<float>::drop(k->padding.view());
+  }
+  return k;
+}
+
+Shape layout(const MhaCase& m, int64_t T, int64_t C) {
+  if (m.unbatched) return {T, C};
+  return m.o.batch_first ? Shape{m.B, T, C} : Shape{T, m.B, C};
+}
+
+// Nonzero biases (PyTorch initialises them to 0), so their gradients and slices are tested.
+template <class L>
+void randomize_biases(L& layer) {
+  Rng r(77);
+  for (Param& p : layer.parameter_list())
+    if (p.name.find("bias") != std::string::npos) *p.value = random_tensor(p.value->shape(), r, 0.5);
+}
+
+GradCase<MultiheadAttention> mha_case(const MhaCase& m) {
+  Rng rng(std::hash<std::string>{}(m.name));
+  GradCase<MultiheadAttention> c;
+  MhaOptions o = m.o;
+  c.make = [o] {
+    auto l = std::make_unique<MultiheadAttention>(o);
+    randomize_biases(*l);
+    return l;
+  };
+  auto masks = make_masks(m, rng);
+  const int64_t kdim = m.o.kdim ? m.o.kdim : m.o.embed_dim, vdim = m.o.vdim ? m.o.vdim : m.o.embed_dim;
+  c.inputs.push_back(random_tensor(layout(m, m.L, m.o.embed_dim), rng));
+  if (!m.self) {
+    c.inputs.push_back(random_tensor(layout(m, m.S, kdim), rng));
+    c.inputs.push_back(random_tensor(layout(m, m.S, vdim), rng));
+  }
+  c.forward = [masks](MultiheadAttention& l, const std::vector<Tensor>& in) {
+    const Tensor& q = in[0];
+    const Tensor& k = in.size() > 1 ? in[1] : in[0];
+    const Tensor& v = in.size() > 1 ? in[2] : in[0];
+    return std::move(l.forward(q.view(), k.view(), v.view(), masks->args).output);
+  };
+  const bool self = m.self;
+  c.backward = [self](MultiheadAttention& l, View<const float> d) {
+    MhaGrads g = l.backward(d);
+    std::vector<Tensor> r;
+    if (self) {
+      add_(g.dquery.view(), g.dkey.view());
+      add_(g.dquery.view(), g.dvalue.view());
+      r.push_back(std::move(g.dquery));
+    } else {
+      r.push_back(std::move(g.dquery));
+      r.push_back(std::move(g.dkey));
+      r.push_back(std::move(g.dvalue));
+    }
+    return r;
+  };
+  return c;
+}
+
+MhaOptions mha_opts(int64_t E, int64_t H, int64_t Hkv = 0) {
+  MhaOptions o;
+  o.embed_dim = E, o.num_heads = H, o.num_kv_heads = Hkv, o.seed = 5;
+  return o;
+}
+
+}  // namespace
+
+TEST(MultiheadAttention, GradientsMatchFiniteDifferences) {
+  std::vector<MhaCase> cases;
+  cases.push_back({"self", mha_opts(8, 2)});
+  cases.push_back({"self causal batch_first", mha_opts(8, 2)});
+  cases.back().o.batch_first = true, cases.back().causal = true;
+  cases.push_back({"cross kdim/vdim, additive (N·H, L, S) mask, padding", mha_opts(8, 2), 2, 4, 6, false});
+  cases.back().o.kdim = 5, cases.back().o.vdim = 7, cases.back().mask = 2, cases.back().padding = true;
+  cases.push_back({"GQA 4:2 self, bool mask, causal", mha_opts(8, 4, 2)});
+  cases.back().mask = 1, cases.back().causal = true;
+  cases.push_back({"MQA 4:1 cross batch_first", mha_opts(8, 4, 1), 2, 3, 6, false});
+  cases.back().o.batch_first = true, cases.back().padding = true;
+  cases.push_back({"add_bias_kv add_zero_attn causal, padding", mha_opts(8, 2)});
+  cases.back().o.add_bias_kv = cases.back().o.add_zero_attn = true, cases.back().causal = true,
+      cases.back().padding = true;
+  cases.push_back({"add_bias_kv cross batch_first, bool mask", mha_opts(8, 2), 2, 4, 6, false});
+  cases.back().o.add_bias_kv = true, cases.back().o.batch_first = true, cases.back().mask = 1;
+  cases.push_back({"no bias, unbatched", mha_opts(8, 2)});
+  cases.back().o.bias = false, cases.back().unbatched = true;
+  cases.push_back({"dropout 0.2 on the weights", mha_opts(8, 2)});
+  cases.back().o.dropout = 0.2;
+  cases.push_back({"need_weights in training (reference forward, LSE)", mha_opts(8, 2)});
+  cases.back().need_weights = true, cases.back().mask = 2;
+  for (const MhaCase& m : cases) {
+    auto c = mha_case(m);
+    check_gradients(c, m.name);
+  }
+}
+
+TEST(MultiheadAttention, BackwardNeedsATrainingForward) {
+  MultiheadAttention m(mha_opts(8, 2));
+  Tensor x({3, 2, 8});
+  EXPECT_THROW(m.backward(x.view()), Error);
+  m.eval();
+  m.forward(x.view(), x.view(), x.view());
+  EXPECT_THROW(m.backward(x.view()), Error);
+  m.train();
+  m.forward(x.view(), x.view(), x.view());
+  Tensor wrong({2, 3, 8});
+  EXPECT_THROW(m.backward(wrong.view()), Error);
+  std::vector<std::string> names;
+  for (Param& p : m.parameter_list()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"}));
+}
+
+// ---- Transformer layers ----
+
+namespace {
+
+TransformerOptions tf_opts(bool norm_first, Activation act, double dropout = 0.0) {
+  TransformerOptions o;
+  o.d_model = 8, o.nhead = 2, o.dim_feedforward = 12, o.dropout = dropout, o.activation = act;
+  o.norm_first = norm_first, o.seed = 3;
+  return o;
+}
+
+}  // namespace
+
+TEST(TransformerEncoderLayer, GradientsMatchFiniteDifferences) {
+  struct Case {
+    const char* name;
+    TransformerOptions o;
+    bool causal, padding;
+  };
+  std::vector<Case> cases = {
+      {"post-LN gelu", tf_opts(false, Activation::gelu), false, false},
+      {"pre-LN gelu causal, padding", tf_opts(true, Activation::gelu), true, true},
+      {"pre-LN gelu_tanh, GQA 2:1, batch_first", tf_opts(true, Activation::gelu_tanh), false, false},
+      {"post-LN gelu, dropout 0.1", tf_opts(false, Activation::gelu, 0.1), true, false},
+  };
+  cases[2].o.num_kv_heads = 1, cases[2].o.batch_first = true;
+  for (const Case& k : cases) {
+    Rng rng(11);
+    TransformerOptions o = k.o;
+    auto pad = std::make_shared<TensorT<uint8_t>>(Shape{2, 5});
+    pad->data()[9] = 1;
+    EncoderArgs a;
+    a.is_causal = k.causal;
+    if (k.padding) a.src_key_padding_mask = Mask<float>::drop(pad->view());
+    GradCase<TransformerEncoderLayer> c;
+    c.make = [o] {
+      auto l = std::make_unique<TransformerEncoderLayer>(o);
+      randomize_biases(*l);
+      return l;
+    };
+    c.inputs.push_back(random_tensor(o.batch_first ? Shape{2, 5, 8} : Shape{5, 2, 8}, rng));
+    c.forward = [a, pad](TransformerEncoderLayer& l, const std::vector<Tensor>& in) { return l.forward(in[0].view(), a); };
+    c.backward = [](TransformerEncoderLayer& l, View<const float> d) {
+      std::vector<Tensor> r;
+      r.push_back(l.backward(d));
+      return r;
+    };
+    check_gradients(c, k.name);
+  }
+}
+
+TEST(TransformerDecoderLayer, GradientsMatchFiniteDifferences) {
+  struct Case {
+    const char* name;
+    TransformerOptions o;
+    bool causal, masks;
+  };
+  std::vector<Case> cases = {
+      {"post-LN gelu causal", tf_opts(false, Activation::gelu), true, false},
+      {"pre-LN gelu, memory mask and padding, batch_first", tf_opts(true, Activation::gelu), false, true},
+      {"pre-LN gelu_tanh causal, GQA 2:1, dropout 0.1", tf_opts(true, Activation::gelu_tanh, 0.1), true, true},
+  };
+  cases[1].o.batch_first = true;
+  cases[2].o.num_kv_heads = 1;
+  for (const Case& k : cases) {
+    Rng rng(12);
+    TransformerOptions o = k.o;
+    const int64_t L = 4, S = 6, B = 2, E = 8;
+    auto mm = std::make_shared<Tensor>(random_tensor({L, S}, rng));  // additive memory_mask
+    auto pad = std::make_shared<TensorT<uint8_t>>(Shape{B, S});
+    pad->data()[B * S - 1] = 1;
+    DecoderArgs a;
+    a.tgt_is_causal = k.causal;
+    if (k.masks) {
+      a.memory_mask = Mask<float>::additive(mm->view());
+      a.memory_key_padding_mask = Mask<float>::drop(pad->view());
+    }
+    GradCase<TransformerDecoderLayer> c;
+    c.make = [o] {
+      auto l = std::make_unique<TransformerDecoderLayer>(o);
+      randomize_biases(*l);
+      return l;
+    };
+    c.inputs.push_back(random_tensor(o.batch_first ? Shape{B, L, E} : Shape{L, B, E}, rng));
+    c.inputs.push_back(random_tensor(o.batch_first ? Shape{B, S, E} : Shape{S, B, E}, rng));
+    c.forward = [a, mm, pad](TransformerDecoderLayer& l, const std::vector<Tensor>& in) {
+      return l.forward(in[0].view(), in[1].view(), a);
+    };
+    c.backward = [](TransformerDecoderLayer& l, View<const float> d) {
+      DecoderGrads g = l.backward(d);
+      std::vector<Tensor> r;
+      r.push_back(std::move(g.dtgt));
+      r.push_back(std::move(g.dmemory));
+      return r;
+    };
+    check_gradients(c, k.name);
+  }
+}
+
+TEST(TransformerLayers, StateDictNamesAreTorchs) {
+  TransformerEncoderLayer enc(tf_opts(false, Activation::relu));
+  TransformerDecoderLayer dec(tf_opts(true, Activation::relu));
+  std::vector<std::string> e, d;
+  for (Param& p : enc.parameter_list()) e.push_back(p.name);
+  for (Param& p : dec.parameter_list()) d.push_back(p.name);
+  EXPECT_EQ(e, (std::vector<std::string>{"self_attn.in_proj_weight", "self_attn.in_proj_bias",
+                                         "self_attn.out_proj.weight", "self_attn.out_proj.bias", "linear1.weight",
+                                         "linear1.bias", "linear2.weight", "linear2.bias", "norm1.weight", "norm1.bias",
+                                         "norm2.weight", "norm2.bias"}));
+  EXPECT_EQ(d.size(), 4u + 4u + 4u + 6u);
+  EXPECT_EQ(d[4], "multihead_attn.in_proj_weight");
+  EXPECT_EQ(d.back(), "norm3.bias");
+}
+
+TEST(TransformerLayers, GradientsAccumulate) {
+  Rng rng(13);
+  TransformerEncoderLayer enc(tf_opts(true, Activation::gelu));
+  Tensor x = random_tensor({5, 2, 8}, rng), d = random_tensor({5, 2, 8}, rng);
+  enc.forward(x.view());
+  Tensor dx1 = enc.backward(d.view());
+  StateDict once;
+  for (Param& p : enc.parameter_list()) once.emplace(p.name, Tensor::copy_of(p.grad->view()));
+  enc.forward(x.view());
+  Tensor dx2 = enc.backward(d.view());
+  for (int64_t i = 0; i < dx1.numel(); ++i) ASSERT_EQ(dx1.data()[i], dx2.data()[i]);  // deterministic
+  expect_doubled(enc, once);
+  enc.zero_grad();
+  for (Param& p : enc.parameter_list())
+    for (int64_t i = 0; i < p.grad->numel(); ++i) ASSERT_EQ(p.grad->data()[i], 0.0f) << p.name;
+}
+
+// ---- KV cache ----
+
+namespace {
+
+// Runs T0 tokens then one at a time through step(), against one full causal forward.
+// Float tolerance: both sides are float32 attention over <= 12 keys of unit-scale projections; the
+// decode path and the full flash forward sum in other orders, ~1e-6 apart. 1e-5 is 10x that, and far
+// below a wrong alignment or a missed key (errors ~0.1).
+constexpr double kCacheTol = 1e-5;
+
+void expect_rows_equal(const Tensor& full, const Tensor& step, bool batch_first, int64_t B, int64_t t0, int64_t T,
+                       int64_t E) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t fi = batch_first ? (b * full.size(1) + t0 + t) * E + e : ((t0 + t) * B + b) * E + e;
+        const int64_t si = batch_first ? (b * T + t) * E + e : (t * B + b) * E + e;
+        ASSERT_NEAR(step.data()[si], full.data()[fi], kCacheTol) << "b " << b << " t " << t0 + t << " e " << e;
+      }
+}
+
+// Tokens [t0, t0 + T) of x in its layout, contiguous.
+Tensor slice_tokens(const Tensor& x, bool batch_first, int64_t t0, int64_t T) {
+  View<const float> v = x.view();
+  const int d = batch_first ? 1 : 0;
+  v.data += t0 * v.stride(d);
+  v.shape[d] = T;
+  return Tensor::copy_of(v);
+}
+
+}  // namespace
+
+TEST(KVCache, IncrementalAttentionEqualsFullCausalForward) {
+  for (int64_t Hkv : {4, 2, 1}) {
+    for (bool batch_first : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "Hkv " << Hkv << " batch_first " << batch_first);
+      MhaOptions o = mha_opts(16, 4, Hkv);
+      o.batch_first = batch_first;
+      MultiheadAttention m(o);
+      randomize_biases(m);
+      m.eval();
+      const int64_t B = 2, T = 11, T0 = 4, E = 16;
+      Rng rng(20);
+      Tensor x = random_tensor(batch_first ? Shape{B, T, E} : Shape{T, B, E}, rng);
+      MhaArgs a;
+      a.need_weights = false;
+      a.is_causal = true;
+      Tensor full = std::move(m.forward(x.view(), x.view(), x.view(), a).output);
+      KVCache cache(2, B, Hkv, 12, 4);
+      Tensor first = m.forward_cached(slice_tokens(x, batch_first, 0, T0).view(), cache, 1);  // prefill
+      expect_rows_equal(full, first, batch_first, B, 0, T0, E);
+      for (int64_t t = T0; t < T; ++t) {
+        Tensor y = m.forward_cached(slice_tokens(x, batch_first, t, 1).view(), cache, 1);
+        expect_rows_equal(full, y, batch_first, B, t, 1, E);
+      }
+      EXPECT_EQ(cache.length(1), T);
+      EXPECT_EQ(cache.length(0), 0);
+      Tensor more = slice_tokens(x, batch_first, 0, 2);
+      EXPECT_THROW(m.forward_cached(more.view(), cache, 1), Error);  // 11 + 2 > S_max = 12
+      KVCache wrong(1, B, 4 * Hkv, 12, 4);  // stores H·Hkv heads, not Hkv
+      EXPECT_THROW(m.forward_cached(more.view(), wrong, 0), Error);
+    }
+  }
+}
+
+TEST(KVCache, EncoderLayerIncrementalEqualsFullCausalForward) {
+  for (bool norm_first : {true, false}) {
+    TransformerOptions o = tf_opts(norm_first, Activation::gelu, 0.1);
+    o.num_kv_heads = 1, o.batch_first = true;
+    TransformerEncoderLayer enc(o);
+    randomize_biases(enc);
+    Rng rng(21);
+    const int64_t B = 2, T = 7, E = 8;
+    Tensor x = random_tensor({B, T, E}, rng);
+    KVCache cache(1, B, 1, T, 4);
+    EXPECT_THROW(enc.forward_cached(x.view(), cache, 0), Error);  // training mode
+    enc.eval();
+    EncoderArgs a;
+    a.is_causal = true;
+    Tensor full = enc.forward(x.view(), a);
+    Tensor first = enc.forward_cached(slice_tokens(x, true, 0, 3).view(), cache, 0);
+    expect_rows_equal(full, first, true, B, 0, 3, E);
+    for (int64_t t = 3; t < T; ++t)
+      expect_rows_equal(full, enc.forward_cached(slice_tokens(x, true, t, 1).view(), cache, 0), true, B, t, 1, E);
+  }
 }

@@ -1,6 +1,8 @@
 // MultiheadAttention with torch.nn.MultiheadAttention's semantics: the same parameters under the same
 // state_dict names, the same shapes, masks, add_bias_kv, add_zero_attn and dropout on the weights, plus
-// grouped-query attention (num_kv_heads). Forward only; not a training layer (no backward here).
+// grouped-query attention (num_kv_heads). A training layer with nn.h's contract: forward() in training
+// mode saves what backward() needs (the flash kernel's LSE among it), backward() adds into the parameter
+// gradients and returns the input gradients. forward_cached() decodes incrementally over a KVCache.
 //
 // Where we differ from PyTorch, on purpose:
 // - A fully masked row (a query that may attend to no key, in some head) gives weights 0 and context 0
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/kv_cache.h"
 #include "attn/mask.h"
 #include "attn/param.h"
 #include "attn/safetensors.h"
@@ -58,7 +61,13 @@ struct MhaOutput {
   Tensor weights;  // empty unless need_weights: (N, L, S') averaged or (N, H, L, S'); unbatched (L, S') / (H, L, S')
 };
 
-class MultiheadAttention {
+// Gradients of forward()'s inputs, each of its input's shape. For self-attention (one tensor given as
+// query, key and value) its gradient is the sum of the three.
+struct MhaGrads {
+  Tensor dquery, dkey, dvalue;
+};
+
+class MultiheadAttention : public Layer {
  public:
   // Throws attn::Error for embed_dim % num_heads != 0, num_heads % num_kv_heads != 0 and other bad options.
   explicit MultiheadAttention(const MhaOptions& options);
@@ -77,19 +86,42 @@ class MultiheadAttention {
   void save(const std::string& path) const;  // safetensors
   void load(const std::string& path);
 
-  void train(bool on = true) { training_ = on; }
-  void eval() { train(false); }
-  bool training() const { return training_; }
+  // dout (the output's shape) -> gradients of query, key and value; adds into the parameter gradients.
+  // Needs a training-mode forward; the attention runs sdpa_backward (flash for float32) from its LSE.
+  MhaGrads backward(View<const float> dout);
+
+  // Eval-mode incremental self-attention: x holds T new tokens ((T, N, E), (N, T, E) with batch_first, or
+  // (T, E)); their K and V are appended to cache layer `layer` (B, Hkv, S_max, D), and each new token
+  // attends to every cached token up to itself (bottom-right causal; one token takes the flash decode
+  // path). Returns x's shape. Not with add_bias_kv, add_zero_attn, or kdim / vdim != E.
+  Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer);
+
   const MhaOptions& options() const { return o_; }  // kdim, vdim, num_kv_heads resolved
   int64_t head_dim() const { return o_.embed_dim / o_.num_heads; }
-  // The parameters under their state_dict names, in PyTorch's order; grad is null (no backward here).
-  // The value pointers stay valid for the object's life.
-  std::vector<Param> parameter_list();
+  // The parameters and their gradients under their state_dict names, in PyTorch's order (nn.h).
+  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
 
  private:
+  // What a training forward keeps for backward(): the inputs and the forward's buffers.
+  struct Saved {
+    bool valid = false;
+    bool seq_first = false;                  // buffers stored (T, B, C), else (B, T, C)
+    Shape query_shape, key_shape, value_shape;
+    Tensor xq, xk, xv;                       // the inputs, contiguous; xk / xv empty when given query's view
+    Tensor q, k, v;                          // projections (B, L, E), (B, S', Hkv·D) ×2, in the input's layout
+    Tensor ctx;                              // context (B, L, E), in the input's layout
+    Tensor lse;                              // (B, H, L)
+    Mask<float> mask, padding;               // views of the copies below
+    Tensor mask_bias, padding_bias;          // additive (or padded) mask copies
+    TensorT<uint8_t> mask_bools, padding_bools;
+    Causal causal = Causal::none;
+    double dropout_p = 0;
+    uint64_t seed = 0;
+  };
+
   MhaOptions o_;
-  bool training_ = true;        // like a fresh torch module
   uint64_t dropout_seed_;       // advanced by every forward that applies dropout
+  Saved saved_;
   Tensor in_proj_weight_;       // (3E, E) packed, or empty
   Tensor q_proj_weight_;        // (E, E)          } when not packed
   Tensor k_proj_weight_;        // (Hkv·D, kdim)   }
@@ -98,6 +130,9 @@ class MultiheadAttention {
   Tensor out_proj_weight_;      // (E, E)
   Tensor out_proj_bias_;        // (E), if bias
   Tensor bias_k_, bias_v_;      // (1, 1, Hkv·D), if add_bias_kv
+  // The gradients, same shapes (empty where the parameter is).
+  Tensor in_proj_weight_grad_, q_proj_weight_grad_, k_proj_weight_grad_, v_proj_weight_grad_, in_proj_bias_grad_,
+      out_proj_weight_grad_, out_proj_bias_grad_, bias_k_grad_, bias_v_grad_;
 };
 
 }  // namespace attn

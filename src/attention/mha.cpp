@@ -1,6 +1,7 @@
 // MultiheadAttention: checks, PyTorch's initialisation, state_dict I/O, and a forward that is a
-// sequence of readable steps (project, split heads by strides, sdpa, concat by strides, project).
-// No attention math here: that is sdpa()'s job.
+// sequence of readable steps (project, split heads by strides, sdpa, concat by strides, project); the
+// backward is the same steps in reverse (sdpa_backward, linear_backward), and forward_cached the forward
+// over a KV cache. No attention math here: that is sdpa()'s job.
 #include "attn/mha.h"
 
 #include <cmath>
@@ -19,7 +20,8 @@ namespace {
 // ---- Views ----
 
 // PyTorch's layouts as (B, T, C) views of the same bytes: (T, B, C) transposed, unbatched (T, C) as B = 1.
-View<const float> as_btc(View<const float> x, bool seq_first) {
+template <typename T>
+View<T> as_btc(View<T> x, bool seq_first) {
   if (x.rank() == 2) return {x.data, {1, x.size(0), x.size(1)}, {x.size(0) * x.stride(0), x.stride(0), x.stride(1)}};
   return seq_first ? x.transpose(0, 1) : x;
 }
@@ -47,6 +49,12 @@ View<const float> rows(const Tensor& t, int64_t begin, int64_t n) {
   return {t.data() + begin * width, shape};
 }
 
+// The gradient slice of rows(t, begin, n), writable; empty when the parameter is absent.
+View<float> grad_rows(Tensor& t, int64_t begin, int64_t n) {
+  View<const float> r = rows(t, begin, n);
+  return {const_cast<float*>(r.data), r.shape, r.strides};
+}
+
 // y (B, T, out) = x (B, T, in) · Wᵀ + bias. One gemm over all B·T rows when both views step through
 // their rows with one stride, else one gemm per batch. Copies x once if BLAS can't read it in place.
 void project(View<const float> x, View<const float> w, View<const float> bias, View<float> y) {
@@ -69,6 +77,31 @@ void project(View<const float> x, View<const float> w, View<const float> bias, V
   for (int64_t b = 0; b < B; ++b) {
     View<const float> xb{x.data + b * x.stride(0), {T, in}, {T > 1 ? x.stride(1) : in, 1}};  // (T, in)
     linear<float>(xb, w, bias, y.select(0, b));
+  }
+}
+
+// Backward of project() over views with unit last stride: dx (B, T, in) = dy · W, dW += dyᵀ · x,
+// db += Σ dy. One linear_backward over all B·T rows when every view steps through its rows with one
+// stride, else one per batch.
+void project_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx, View<float> dw,
+                      View<float> db) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto collapses = [](const auto& v, int outer, int inner) { return v.stride(outer) == v.size(inner) * v.stride(inner); };
+  auto matrix = [](auto v, int64_t n, int64_t row_stride) {  // (n, C)
+    return decltype(v){v.data, {n, v.size(2)}, {row_stride, 1}};
+  };
+  for (auto [outer, inner] : {std::pair{0, 1}, std::pair{1, 0}}) {
+    if (collapses(x, outer, inner) && collapses(dy, outer, inner) && collapses(dx, outer, inner)) {
+      linear_backward(matrix(x, B * T, x.stride(inner)), w, matrix(dy, B * T, dy.stride(inner)),
+                      matrix(dx, B * T, dx.stride(inner)), dw, db);
+      return;
+    }
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    auto batch = [&](auto v) {  // (T, C) of batch b
+      return decltype(v){v.data + b * v.stride(0), {T, v.size(2)}, {T > 1 ? v.stride(1) : v.size(2), 1}};
+    };
+    linear_backward(batch(x), w, batch(dy), batch(dx), dw, db);
   }
 }
 
@@ -111,6 +144,28 @@ MaskArg pad_mask(const Mask<float>& m, const Shape& shape /* (..., L, S) */, int
         for (int64_t s = 0; s < S; ++s) dst[s] = causal && s > l ? -inf : src.at(i0, i1, l, s);
   a.mask = Mask<float>::additive(a.storage.view());
   return a;
+}
+
+// A mask that outlives the forward, for backward: the padded storage moved in, or a copy of the
+// caller's view (they may reuse their buffer).
+Mask<float> keep_mask(MaskArg&& a, Tensor& bias, TensorT<uint8_t>& bools) {
+  if (!a.mask.given()) return {};
+  if (a.storage.data()) {  // the mask already views this storage; moving keeps the bytes in place
+    bias = std::move(a.storage);
+    return a.mask;
+  }
+  if (a.mask.kind == Mask<float>::Kind::additive) {
+    bias = Tensor::copy_of(a.mask.bias);
+    return Mask<float>::additive(bias.view());
+  }
+  bools = TensorT<uint8_t>::copy_of(a.mask.bools);
+  Mask<float> m = a.mask;
+  m.bools = bools.view();
+  return m;
+}
+
+bool same_view(const View<const float>& a, const View<const float>& b) {
+  return a.data == b.data && a.shape == b.shape && a.strides == b.strides;
 }
 
 const char* layout_name(bool batched, bool batch_first) {
@@ -161,23 +216,22 @@ MultiheadAttention::MultiheadAttention(const MhaOptions& options) : o_(options) 
     init::xavier_normal(bias_v_, rng);
   }
   dropout_seed_ = rng.next();
+  for (Param& p : parameter_list()) *p.grad = Tensor(p.value->shape());
 }
 
-std::vector<Param> MultiheadAttention::parameter_list() {
-  std::vector<Param> p;
-  auto add = [&](const char* name, Tensor& t) {  // absent parameters are empty tensors
-    if (t.data()) p.push_back({name, &t, nullptr});
+void MultiheadAttention::parameters(std::vector<Param>& out, const std::string& prefix) {
+  auto add = [&](const char* name, Tensor& t, Tensor& g) {  // absent parameters are empty tensors
+    if (t.data()) out.push_back({prefix + name, &t, &g});
   };
-  add("in_proj_weight", in_proj_weight_);
-  add("q_proj_weight", q_proj_weight_);
-  add("k_proj_weight", k_proj_weight_);
-  add("v_proj_weight", v_proj_weight_);
-  add("in_proj_bias", in_proj_bias_);
-  add("bias_k", bias_k_);
-  add("bias_v", bias_v_);
-  add("out_proj.weight", out_proj_weight_);
-  add("out_proj.bias", out_proj_bias_);
-  return p;
+  add("in_proj_weight", in_proj_weight_, in_proj_weight_grad_);
+  add("q_proj_weight", q_proj_weight_, q_proj_weight_grad_);
+  add("k_proj_weight", k_proj_weight_, k_proj_weight_grad_);
+  add("v_proj_weight", v_proj_weight_, v_proj_weight_grad_);
+  add("in_proj_bias", in_proj_bias_, in_proj_bias_grad_);
+  add("bias_k", bias_k_, bias_k_grad_);
+  add("bias_v", bias_v_, bias_v_grad_);
+  add("out_proj.weight", out_proj_weight_, out_proj_weight_grad_);
+  add("out_proj.bias", out_proj_bias_, out_proj_bias_grad_);
 }
 
 StateDict MultiheadAttention::state_dict() const {
@@ -278,7 +332,9 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   Tensor ctx_buf = new_buffer(seq_first, B, L, E);
   View<float> ctx = btc(ctx_buf, seq_first);             // (B, L, E)
   Tensor weights = a.need_weights ? Tensor({B, H, L, S2}) : Tensor();  // (B, H, L, S')
-  SdpaOut<float> out{split_heads(ctx, H), a.need_weights ? weights.view() : View<float>{}, {}};
+  Tensor lse = training_ ? Tensor({B, H, L}) : Tensor();              // (B, H, L), for backward
+  SdpaOut<float> out{split_heads(ctx, H), a.need_weights ? weights.view() : View<float>{},
+                     training_ ? lse.view() : View<float>{}};
   if (a.trace) {
     std::ostream& t = *a.trace;
     t << "MultiheadAttention: E = " << E << ", H = " << H << ", Hkv = " << Hkv << ", D = " << D
@@ -326,7 +382,132 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
       *a.trace << "weights " << (a.average_attn_weights ? "(N, L, S)" : "(N, H, L, S)") << (batched ? "" : " without N")
                << ": " << to_string(weights.shape()) << "\n";
   }
+
+  // 7. Training: keep the inputs, buffers, LSE and masks for backward.
+  saved_ = Saved{};
+  if (training_) {
+    Saved& s = saved_;
+    s.seq_first = seq_first;
+    s.query_shape = query.shape, s.key_shape = key.shape, s.value_shape = value.shape;
+    s.xq = Tensor::copy_of(query);
+    if (!same_view(key, query)) s.xk = Tensor::copy_of(key);
+    if (!same_view(value, query)) s.xv = Tensor::copy_of(value);
+    s.q = std::move(q_buf), s.k = std::move(k_buf), s.v = std::move(v_buf);
+    s.ctx = std::move(ctx_buf), s.lse = std::move(lse);
+    s.mask = keep_mask(std::move(mask), s.mask_bias, s.mask_bools);
+    s.padding = keep_mask(std::move(padding), s.padding_bias, s.padding_bools);
+    s.causal = causal, s.dropout_p = args.dropout_p, s.seed = args.seed;
+    s.valid = true;
+  }
   return {std::move(output), std::move(weights)};
+}
+
+// ---- Training: backward ----
+
+MhaGrads MultiheadAttention::backward(View<const float> dout) {
+  Saved& s = saved_;
+  ATTN_CHECK(s.valid, "Expected a forward in training mode before MultiheadAttention.backward, but got none instead");
+  ATTN_CHECK(dout.shape == s.query_shape, "Expected dout of the output's shape ", to_string(s.query_shape),
+             " in MultiheadAttention.backward, but got ", to_string(dout.shape), " instead");
+  const bool sf = s.seq_first;
+  const View<const float> xq = as_btc(s.xq.view(), sf);                             // (B, L, E)
+  const View<const float> xk = s.xk.data() ? as_btc(s.xk.view(), sf) : xq;          // (B, S, kdim)
+  const View<const float> xv = s.xv.data() ? as_btc(s.xv.view(), sf) : xq;          // (B, S, vdim)
+  const int64_t B = xq.size(0), L = xq.size(1), S = xk.size(1), E = o_.embed_dim, H = o_.num_heads,
+                Hkv = o_.num_kv_heads, KV = Hkv * head_dim();
+  const int64_t S2 = S + int64_t(o_.add_bias_kv) + int64_t(o_.add_zero_attn);  // S'
+  Tensor dy_buf = Tensor::copy_of(dout);
+  const View<const float> dy = as_btc(dy_buf.view(), sf);  // (B, L, E)
+
+  // 1. Output projection: dctx = dy · W_out, dW_out += dyᵀ · ctx, db_out += Σ dy.
+  Tensor dctx_buf = new_buffer(sf, B, L, E);
+  View<float> dctx = btc(dctx_buf, sf);  // (B, L, E)
+  project_backward(btc(s.ctx, sf), out_proj_weight_.view(), dy, dctx, out_proj_weight_grad_.view(),
+                   grad_rows(out_proj_bias_grad_, 0, E));
+
+  // 2. Attention: the forward's arguments again; sdpa_backward recomputes the weights from the LSE.
+  SdpaArgs<float> args;
+  args.q = split_heads(btc(s.q, sf), H);
+  args.k = split_heads(btc(s.k, sf), Hkv);
+  args.v = split_heads(btc(s.v, sf), Hkv);
+  args.attn_mask = s.mask;
+  args.key_padding = s.padding;
+  args.causal = s.causal;
+  args.dropout_p = s.dropout_p;
+  args.seed = s.seed;
+  Tensor dq_buf = new_buffer(sf, B, L, E), dk_buf = new_buffer(sf, B, S2, KV), dv_buf = new_buffer(sf, B, S2, KV);
+  View<float> dq = btc(dq_buf, sf), dk = btc(dk_buf, sf), dv = btc(dv_buf, sf);  // (B, L, E), (B, S', Hkv·D) ×2
+  sdpa_backward<float>(args, split_heads(btc(s.ctx, sf), H), s.lse.view(), split_heads<const float>(dctx, H),
+                       {split_heads(dq, H), split_heads(dk, Hkv), split_heads(dv, Hkv)});
+
+  // 3. In-projections over the S projected rows of dK, dV; row S (bias_k / bias_v) sums over the batch,
+  // the add_zero_attn row has no parameter.
+  const bool packed = in_proj_weight_.data() != nullptr;
+  auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
+  auto weight_grad = [&](int i, Tensor& separate) { return packed ? grad_rows(in_proj_weight_grad_, i * E, E) : separate.view(); };
+  MhaGrads g{Tensor(s.query_shape), Tensor(s.key_shape), Tensor(s.value_shape)};
+  View<float> dk_rows = dk, dv_rows = dv;  // (B, S, Hkv·D)
+  dk_rows.shape[1] = dv_rows.shape[1] = S;
+  project_backward(xq, weight(0, q_proj_weight_), dq, as_btc(g.dquery.view(), sf), weight_grad(0, q_proj_weight_grad_),
+                   grad_rows(in_proj_bias_grad_, 0, E));
+  project_backward(xk, weight(1, k_proj_weight_), dk_rows, as_btc(g.dkey.view(), sf),
+                   weight_grad(1, k_proj_weight_grad_), grad_rows(in_proj_bias_grad_, E, KV));
+  project_backward(xv, weight(2, v_proj_weight_), dv_rows, as_btc(g.dvalue.view(), sf),
+                   weight_grad(2, v_proj_weight_grad_), grad_rows(in_proj_bias_grad_, E + KV, KV));
+  if (o_.add_bias_kv)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t e = 0; e < KV; ++e) {
+        bias_k_grad_.data()[e] += dk.at({b, S, e});
+        bias_v_grad_.data()[e] += dv.at({b, S, e});
+      }
+  return g;
+}
+
+// ---- Incremental decoding ----
+
+Tensor MultiheadAttention::forward_cached(View<const float> x, KVCache& cache, int64_t layer) {
+  ATTN_CHECK(!training_, "Expected eval mode for MultiheadAttention.forward_cached, but got training mode instead");
+  ATTN_CHECK(!o_.add_bias_kv && !o_.add_zero_attn && o_.kdim == o_.embed_dim && o_.vdim == o_.embed_dim,
+             "Expected self-attention without add_bias_kv / add_zero_attn for forward_cached, but got add_bias_kv = ",
+             o_.add_bias_kv, ", add_zero_attn = ", o_.add_zero_attn, ", kdim = ", o_.kdim, ", vdim = ", o_.vdim,
+             " instead");
+  const bool batched = x.rank() == 3;
+  ATTN_CHECK(x.rank() == 2 || batched, "Expected x of rank 3 ", layout_name(true, o_.batch_first),
+             " or rank 2 (L, E), but got shape ", to_string(x.shape), " instead");
+  const bool sf = batched && !o_.batch_first;
+  const View<const float> xq = as_btc(x, sf);  // (B, T, E)
+  const int64_t B = xq.size(0), T = xq.size(1), E = o_.embed_dim, H = o_.num_heads, Hkv = o_.num_kv_heads,
+                D = head_dim(), KV = Hkv * D;
+  ATTN_CHECK(xq.size(2) == E, "Expected x ", layout_name(batched, o_.batch_first), " with E = ", E, ", but got shape ",
+             to_string(x.shape), " instead");
+  const View<const float> cached = cache.keys(layer);
+  ATTN_CHECK(cached.size(0) == B && cached.size(1) == Hkv && cached.size(3) == D, "Expected a KVCache of (B, Hkv, S_max, D) = ",
+             to_string({B, Hkv, cache.capacity(), D}), ", but got ", to_string({cached.size(0), cached.size(1),
+             cache.capacity(), cached.size(3)}), " instead");
+  // 1. Project the new tokens; their K and V join the cache.
+  const bool packed = in_proj_weight_.data() != nullptr;
+  auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
+  Tensor q_buf = new_buffer(sf, B, T, E), k_buf = new_buffer(sf, B, T, KV), v_buf = new_buffer(sf, B, T, KV);
+  View<float> q = btc(q_buf, sf), k = btc(k_buf, sf), v = btc(v_buf, sf);  // (B, T, E), (B, T, Hkv·D) ×2
+  project(xq, weight(0, q_proj_weight_), rows(in_proj_bias_, 0, E), q);
+  project(xq, weight(1, k_proj_weight_), rows(in_proj_bias_, E, KV), k);
+  project(xq, weight(2, v_proj_weight_), rows(in_proj_bias_, E + KV, KV), v);
+  cache.append(layer, split_heads<const float>(k, Hkv), split_heads<const float>(v, Hkv));
+  // 2. The T queries against all S cached keys, bottom-right causal: query t sees keys s <= S - T + t.
+  SdpaArgs<float> args;
+  args.q = split_heads(q, H);
+  args.k = cache.keys(layer);    // (B, Hkv, S, D)
+  args.v = cache.values(layer);  // (B, Hkv, S, D)
+  args.causal = Causal::bottom_right;
+  Tensor ctx_buf = new_buffer(sf, B, T, E);
+  View<float> ctx = btc(ctx_buf, sf);  // (B, T, E)
+  sdpa(args, SdpaOut<float>{split_heads(ctx, H), {}, {}});
+  // 3. Output projection, in x's layout.
+  Tensor output = new_buffer(sf, B, T, E);
+  project(ctx, out_proj_weight_.view(), out_proj_bias_.data() ? out_proj_bias_.view() : View<const float>{},
+          btc(output, sf));
+  if (!batched) output.reshape({T, E});
+  return output;
 }
 
 }  // namespace attn

@@ -1,0 +1,191 @@
+// torch.nn.TransformerEncoderLayer and TransformerDecoderLayer: the order of sublayers, residuals and
+// norms (post-LN or pre-LN), forward and backward. Each sublayer saves its own activations, so these
+// layers only wire them together; the backward is the forward read bottom-up, a residual passing its
+// gradient to both sides. No attention or matrix math here.
+#include "attn/nn.h"
+
+namespace attn {
+namespace {
+
+MhaOptions attention_options(const TransformerOptions& o, uint64_t seed) {
+  MhaOptions m;
+  m.embed_dim = o.d_model;
+  m.num_heads = o.nhead;
+  m.dropout = o.dropout;
+  m.bias = o.bias;
+  m.batch_first = o.batch_first;
+  m.num_kv_heads = o.num_kv_heads;
+  m.seed = seed;
+  return m;
+}
+
+Tensor attend(MultiheadAttention& mha, View<const float> q, View<const float> kv, const Mask<float>& mask,
+              const Mask<float>& padding, bool causal) {
+  MhaArgs a;
+  a.key_padding_mask = padding;
+  a.need_weights = false;
+  a.attn_mask = mask;
+  a.is_causal = causal;
+  return std::move(mha.forward(q, kv, kv, a).output);
+}
+
+// x + y, the residual connection, into a new tensor.
+Tensor plus(View<const float> x, const Tensor& y) {
+  Tensor r = Tensor::copy_of(x);
+  add_(r.view(), y.view());
+  return r;
+}
+
+// Self-attention gets one input three times: its gradient is the sum of the three.
+Tensor sum3(MhaGrads g) {
+  add_(g.dquery.view(), g.dkey.view());
+  add_(g.dquery.view(), g.dvalue.view());
+  return std::move(g.dquery);
+}
+
+// The gradient of a residual x + f(x) is g + f'ᵀ(g): adds the branch's gradient into g.
+void accumulate(Tensor& g, const Tensor& branch) { add_(g.view(), branch.view()); }
+
+}  // namespace
+
+// ---- Encoder ----
+
+TransformerEncoderLayer::TransformerEncoderLayer(const TransformerOptions& o)
+    : options(o),
+      self_attn(attention_options(o, mix64(o.seed ^ 11))),
+      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.bias, mix64(o.seed ^ 12)),
+      norm1(o.d_model, o.layer_norm_eps, true, o.bias),
+      norm2(o.d_model, o.layer_norm_eps, true, o.bias),
+      dropout1(o.dropout, mix64(o.seed ^ 13)),
+      dropout2(o.dropout, mix64(o.seed ^ 14)) {}
+
+void TransformerEncoderLayer::parameters(std::vector<Param>& out, const std::string& prefix) {
+  self_attn.parameters(out, prefix + "self_attn.");
+  ff.parameters(out, prefix);
+  norm1.parameters(out, prefix + "norm1.");
+  norm2.parameters(out, prefix + "norm2.");
+}
+
+void TransformerEncoderLayer::train(bool on) {
+  training_ = on;
+  for (Layer* l : std::initializer_list<Layer*>{&self_attn, &ff, &norm1, &norm2, &dropout1, &dropout2}) l->train(on);
+}
+
+Tensor TransformerEncoderLayer::forward(View<const float> src, const EncoderArgs& a) {
+  auto sa = [&](View<const float> x) {  // dropout1(self_attn(x, x, x))
+    return dropout1.forward(attend(self_attn, x, x, a.src_mask, a.src_key_padding_mask, a.is_causal).view());
+  };
+  auto ffb = [&](View<const float> x) { return dropout2.forward(ff.forward(x).view()); };
+  if (options.norm_first) {  // x = x + sa(norm1(x)); x = x + ff(norm2(x))
+    Tensor x1 = plus(src, sa(norm1.forward(src).view()));
+    return plus(x1.view(), ffb(norm2.forward(x1.view()).view()));
+  }
+  // x = norm1(x + sa(x)); x = norm2(x + ff(x))
+  Tensor x1 = norm1.forward(plus(src, sa(src)).view());
+  return norm2.forward(plus(x1.view(), ffb(x1.view())).view());
+}
+
+Tensor TransformerEncoderLayer::backward(View<const float> dout) {
+  auto sa = [&](const Tensor& g) { return sum3(self_attn.backward(dropout1.backward(g.view()).view())); };
+  auto ffb = [&](const Tensor& g) { return ff.backward(dropout2.backward(g.view()).view()); };
+  if (options.norm_first) {
+    Tensor g1 = Tensor::copy_of(dout);                       // d x1
+    accumulate(g1, norm2.backward(ffb(g1).view()));
+    accumulate(g1, norm1.backward(sa(g1).view()));  // d src
+    return g1;
+  }
+  Tensor g = norm2.backward(dout);  // d (x1 + ff(x1))
+  accumulate(g, ffb(g));
+  g = norm1.backward(g.view());     // d (src + sa(src))
+  accumulate(g, sa(g));
+  return g;
+}
+
+Tensor TransformerEncoderLayer::forward_cached(View<const float> x, KVCache& cache, int64_t layer) {
+  ATTN_CHECK(!training_, "Expected eval mode for forward_cached (incremental decoding), but got training mode "
+             "instead");
+  if (options.norm_first) {
+    Tensor x1 = plus(x, self_attn.forward_cached(norm1.forward(x).view(), cache, layer));
+    return plus(x1.view(), ff.forward(norm2.forward(x1.view()).view()));
+  }
+  Tensor x1 = norm1.forward(plus(x, self_attn.forward_cached(x, cache, layer)).view());
+  return norm2.forward(plus(x1.view(), ff.forward(x1.view())).view());
+}
+
+// ---- Decoder ----
+
+TransformerDecoderLayer::TransformerDecoderLayer(const TransformerOptions& o)
+    : options(o),
+      self_attn(attention_options(o, mix64(o.seed ^ 21))),
+      multihead_attn(attention_options(o, mix64(o.seed ^ 22))),
+      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.bias, mix64(o.seed ^ 23)),
+      norm1(o.d_model, o.layer_norm_eps, true, o.bias),
+      norm2(o.d_model, o.layer_norm_eps, true, o.bias),
+      norm3(o.d_model, o.layer_norm_eps, true, o.bias),
+      dropout1(o.dropout, mix64(o.seed ^ 24)),
+      dropout2(o.dropout, mix64(o.seed ^ 25)),
+      dropout3(o.dropout, mix64(o.seed ^ 26)) {}
+
+void TransformerDecoderLayer::parameters(std::vector<Param>& out, const std::string& prefix) {
+  self_attn.parameters(out, prefix + "self_attn.");
+  multihead_attn.parameters(out, prefix + "multihead_attn.");
+  ff.parameters(out, prefix);
+  norm1.parameters(out, prefix + "norm1.");
+  norm2.parameters(out, prefix + "norm2.");
+  norm3.parameters(out, prefix + "norm3.");
+}
+
+void TransformerDecoderLayer::train(bool on) {
+  training_ = on;
+  for (Layer* l : std::initializer_list<Layer*>{&self_attn, &multihead_attn, &ff, &norm1, &norm2, &norm3, &dropout1,
+                                                &dropout2, &dropout3})
+    l->train(on);
+}
+
+Tensor TransformerDecoderLayer::forward(View<const float> tgt, View<const float> memory, const DecoderArgs& a) {
+  auto sa = [&](View<const float> x) {
+    return dropout1.forward(attend(self_attn, x, x, a.tgt_mask, a.tgt_key_padding_mask, a.tgt_is_causal).view());
+  };
+  auto mha = [&](View<const float> x) {
+    return dropout2.forward(
+        attend(multihead_attn, x, memory, a.memory_mask, a.memory_key_padding_mask, a.memory_is_causal).view());
+  };
+  auto ffb = [&](View<const float> x) { return dropout3.forward(ff.forward(x).view()); };
+  if (options.norm_first) {  // x += sa(norm1(x)); x += mha(norm2(x), memory); x += ff(norm3(x))
+    Tensor x1 = plus(tgt, sa(norm1.forward(tgt).view()));
+    Tensor x2 = plus(x1.view(), mha(norm2.forward(x1.view()).view()));
+    return plus(x2.view(), ffb(norm3.forward(x2.view()).view()));
+  }
+  // x = norm1(x + sa(x)); x = norm2(x + mha(x, memory)); x = norm3(x + ff(x))
+  Tensor x1 = norm1.forward(plus(tgt, sa(tgt)).view());
+  Tensor x2 = norm2.forward(plus(x1.view(), mha(x1.view())).view());
+  return norm3.forward(plus(x2.view(), ffb(x2.view())).view());
+}
+
+DecoderGrads TransformerDecoderLayer::backward(View<const float> dout) {
+  auto sa = [&](const Tensor& g) { return sum3(self_attn.backward(dropout1.backward(g.view()).view())); };
+  Tensor dmemory;
+  auto mha = [&](const Tensor& g) {  // d query; d key + d value go to memory
+    MhaGrads m = multihead_attn.backward(dropout2.backward(g.view()).view());
+    add_(m.dkey.view(), m.dvalue.view());
+    dmemory = std::move(m.dkey);
+    return std::move(m.dquery);
+  };
+  auto ffb = [&](const Tensor& g) { return ff.backward(dropout3.backward(g.view()).view()); };
+  if (options.norm_first) {
+    Tensor g = Tensor::copy_of(dout);  // d x2
+    accumulate(g, norm3.backward(ffb(g).view()));
+    accumulate(g, norm2.backward(mha(g).view()));  // d x1
+    accumulate(g, norm1.backward(sa(g).view()));   // d tgt
+    return {std::move(g), std::move(dmemory)};
+  }
+  Tensor g = norm3.backward(dout);  // d (x2 + ff(x2))
+  accumulate(g, ffb(g));
+  g = norm2.backward(g.view());     // d (x1 + mha(x1))
+  accumulate(g, mha(g));
+  g = norm1.backward(g.view());     // d (tgt + sa(tgt))
+  accumulate(g, sa(g));
+  return {std::move(g), std::move(dmemory)};
+}
+
+}  // namespace attn
