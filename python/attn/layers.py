@@ -1,0 +1,186 @@
+"""The nn layers with PyTorch's constructor arguments and state_dict names, on numpy float32 arrays.
+
+Not torch.nn.Modules and no autograd: backprop is explicit. In training mode (the default) forward()
+keeps what backward() needs; backward(grad_output) returns the input gradient(s) and ADDS the parameter
+gradients into grads() (zero_grad() clears them), as PyTorch's .grad accumulates.
+
+    layer = attn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True)
+    layer.load_state_dict({k: v.numpy() for k, v in torch_layer.state_dict().items()})
+    y = layer(x)                      # x (N, L, E) float32
+    dx = layer.backward(np.ones_like(y))
+    layer.grads()["self_attn.in_proj_weight"]
+"""
+import secrets
+
+import numpy as np
+
+import _attn
+
+__all__ = ["Linear", "LayerNorm", "Dropout", "ReLU", "GELU", "Embedding", "FeedForward",
+           "TransformerEncoderLayer", "TransformerDecoderLayer"]
+
+
+def _array(x):
+    return np.asarray(x, dtype=np.float32)  # no copy for float32 input; strides are kept
+
+
+def _mask(m, name):
+    """torch.nn's masks: bool True = masked out, float = added to the scores."""
+    if m is None:
+        return None
+    m = np.asarray(m)
+    if m.dtype == np.bool_:
+        return m
+    if m.dtype.kind != "f":
+        raise _attn.AttnError(f"Expected {name} of dtype bool or float, but got {m.dtype} instead")
+    return m.astype(np.float32, copy=False)
+
+
+def _seed(seed):
+    return secrets.randbits(64) if seed is None else int(seed)
+
+
+class _Layer:
+    """Parameters, gradients and the training flag, shared by every layer."""
+
+    _native = None
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, input):
+        return self._native.forward(_array(input))
+
+    def backward(self, grad_output):
+        return self._native.backward(_array(grad_output))
+
+    def state_dict(self):
+        """{name: float32 array} under PyTorch's names, in PyTorch's order (copies)."""
+        return self._native.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Takes {name: array}, e.g. {k: v.detach().numpy() for k, v in module.state_dict().items()}."""
+        self._native.load_state_dict({k: _array(v) for k, v in state_dict.items()})
+
+    def grads(self):
+        """{name: float32 array}: the accumulated gradients, same names as state_dict() (copies)."""
+        return self._native.grads()
+
+    def zero_grad(self):
+        self._native.zero_grad()
+
+    def train(self, mode=True):
+        self._native.train(bool(mode))
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    @property
+    def training(self):
+        return self._native.training
+
+
+class Linear(_Layer):
+    """y = x W^T + b on the last dim, as torch.nn.Linear."""
+
+    def __init__(self, in_features, out_features, bias=True, seed=None):
+        self._native = _attn.Linear(int(in_features), int(out_features), bool(bias), _seed(seed))
+
+
+class LayerNorm(_Layer):
+    """torch.nn.LayerNorm over the last dim (normalized_shape is an int or a 1-tuple)."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
+        if isinstance(normalized_shape, (tuple, list)):
+            if len(normalized_shape) != 1:
+                raise _attn.AttnError(f"Expected normalized_shape of one dim, but got {tuple(normalized_shape)} instead")
+            normalized_shape = normalized_shape[0]
+        self._native = _attn.LayerNorm(int(normalized_shape), float(eps), bool(elementwise_affine), bool(bias))
+
+
+class Dropout(_Layer):
+    """torch.nn.Dropout with attn's hash-seeded masks (PyTorch's distribution, other numbers)."""
+
+    def __init__(self, p=0.5, seed=None):
+        self._native = _attn.Dropout(float(p), _seed(seed))
+
+
+class ReLU(_Layer):
+    def __init__(self):
+        self._native = _attn.Activation("relu")
+
+
+class GELU(_Layer):
+    """approximate='none' (the exact erf form, PyTorch's default) or 'tanh'."""
+
+    def __init__(self, approximate="none"):
+        if approximate not in ("none", "tanh"):
+            raise _attn.AttnError(f"Expected approximate 'none' or 'tanh', but got {approximate!r} instead")
+        self._native = _attn.Activation("gelu" if approximate == "none" else "gelu_tanh")
+
+
+class Embedding(_Layer):
+    """torch.nn.Embedding: int indices (any shape) -> (..., embedding_dim). backward returns None."""
+
+    def __init__(self, num_embeddings, embedding_dim, seed=None):
+        self._native = _attn.Embedding(int(num_embeddings), int(embedding_dim), _seed(seed))
+
+    def forward(self, input):
+        return self._native.forward(np.asarray(input, dtype=np.int64))
+
+
+class FeedForward(_Layer):
+    """The Transformer's feed-forward block: linear1 -> activation -> dropout -> linear2."""
+
+    def __init__(self, d_model, dim_feedforward, activation="relu", dropout=0.1, bias=True, seed=None):
+        self._native = _attn.FeedForward(int(d_model), int(dim_feedforward), str(activation), float(dropout),
+                                         bool(bias), _seed(seed))
+
+
+def _transformer_args(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                      norm_first, bias, num_kv_heads, seed):
+    if not isinstance(activation, str):
+        raise _attn.AttnError(f"Expected activation 'relu' or 'gelu', but got {activation!r} instead")
+    return (int(d_model), int(nhead), int(dim_feedforward), float(dropout), activation, float(layer_norm_eps),
+            bool(batch_first), bool(norm_first), bool(bias), int(num_kv_heads or 0), _seed(seed))
+
+
+class TransformerEncoderLayer(_Layer):
+    """torch.nn.TransformerEncoderLayer (self-attention, then the feed-forward block), plus num_kv_heads.
+
+    src (L, N, E), (N, L, E) with batch_first, or unbatched (L, E); src_mask (L, L) or (N*nhead, L, L),
+    src_key_padding_mask (N, L): bool True = masked out, float = added. is_causal works with or without
+    src_mask. backward(grad_output) -> grad src.
+    """
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True, num_kv_heads=None, seed=None):
+        self._native = _attn.TransformerEncoderLayer(*_transformer_args(
+            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
+            num_kv_heads, seed))
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        return self._native.forward(_array(src), _mask(src_mask, "src_mask"),
+                                    _mask(src_key_padding_mask, "src_key_padding_mask"), bool(is_causal))
+
+
+class TransformerDecoderLayer(_Layer):
+    """torch.nn.TransformerDecoderLayer (masked self-attention, cross-attention over memory, feed-forward).
+
+    backward(grad_output) -> (grad tgt, grad memory).
+    """
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True, num_kv_heads=None, seed=None):
+        self._native = _attn.TransformerDecoderLayer(*_transformer_args(
+            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
+            num_kv_heads, seed))
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
+        return self._native.forward(_array(tgt), _array(memory), _mask(tgt_mask, "tgt_mask"),
+                                    _mask(memory_mask, "memory_mask"),
+                                    _mask(tgt_key_padding_mask, "tgt_key_padding_mask"),
+                                    _mask(memory_key_padding_mask, "memory_key_padding_mask"),
+                                    bool(tgt_is_causal), bool(memory_is_causal))

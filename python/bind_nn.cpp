@@ -1,0 +1,185 @@
+// Python binding of the nn layers: numpy float32 in and out, forward, backward, parameters and gradients
+// by PyTorch's names. python/attn/layers.py wraps them with PyTorch's signatures; this file only converts.
+#include <pybind11/stl.h>
+
+#include "attn/nn.h"
+#include "numpy_view.h"
+
+namespace py = pybind11;
+using namespace attn;
+using py_util::nn_mask;
+using py_util::to_numpy;
+using py_util::view_of;
+
+namespace {
+
+View<const float> in(const py::array& a, const char* arg) { return view_of<const float>(a, arg); }
+
+// Runs f() without the GIL and hands its Tensor to numpy.
+template <class F>
+py::array run(F f) {
+  Tensor t;
+  {
+    py::gil_scoped_release nogil;
+    t = f();
+  }
+  return to_numpy(std::move(t));
+}
+
+// What every layer has: parameters, gradients, state_dict I/O, the training flag.
+template <class L, class... Extra>
+py::class_<L, Extra...> layer(py::module_& m, const char* name) {
+  py::class_<L, Extra...> c(m, name);
+  c.def("state_dict",
+        [](L& self) {
+          py::dict d;  // PyTorch's order
+          for (Param& p : self.parameter_list()) d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.value->view()));
+          return d;
+        })
+      .def("grads",
+           [](L& self) {
+             py::dict d;
+             for (Param& p : self.parameter_list()) d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.grad->view()));
+             return d;
+           })
+      .def(
+          "load_state_dict",
+          [](L& self, const py::dict& d) {
+            StateDict sd;
+            for (auto [k, v] : d) {
+              std::string name = py::str(k);
+              sd.emplace(name, Tensor::copy_of(view_of<const float>(py::array::ensure(v), name.c_str())));
+            }
+            self.load_state_dict(sd);
+          },
+          py::arg("state_dict"))
+      .def("zero_grad", &L::zero_grad)
+      .def("train", [](L& self, bool on) { self.train(on); }, py::arg("mode") = true)
+      .def("eval", [](L& self) { self.eval(); })
+      .def_property_readonly("training", &L::training);
+  return c;
+}
+
+// forward(x) -> y and backward(dout) -> dx for one-input layers.
+template <class L>
+void unary(py::class_<L>& c) {
+  c.def("forward", [](L& self, const py::array& x) {
+     View<const float> v = in(x, "input");
+     return run([&] { return self.forward(v); });
+   }, py::arg("input"))
+      .def("backward", [](L& self, const py::array& d) {
+        View<const float> v = in(d, "grad_output");
+        return run([&] { return self.backward(v); });
+      }, py::arg("grad_output"));
+}
+
+TransformerOptions transformer_options(int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
+                                       const std::string& activation, double layer_norm_eps, bool batch_first,
+                                       bool norm_first, bool bias, int64_t num_kv_heads, uint64_t seed) {
+  return {d_model, nhead, dim_feedforward, dropout, parse_activation(activation), layer_norm_eps, batch_first,
+          norm_first, bias, num_kv_heads, seed};
+}
+
+#define TRANSFORMER_ARGS                                                                                     \
+  py::arg("d_model"), py::arg("nhead"), py::arg("dim_feedforward") = 2048, py::arg("dropout") = 0.1,         \
+      py::arg("activation") = "relu", py::arg("layer_norm_eps") = 1e-5, py::arg("batch_first") = false,     \
+      py::arg("norm_first") = false, py::arg("bias") = true, py::arg("num_kv_heads") = 0, py::arg("seed") = 0
+
+}  // namespace
+
+void bind_nn(py::module_& m) {
+  auto lin = layer<Linear>(m, "Linear");
+  lin.def(py::init<int64_t, int64_t, bool, uint64_t>(), py::arg("in_features"), py::arg("out_features"),
+          py::arg("bias") = true, py::arg("seed") = 0);
+  unary(lin);
+
+  auto ln = layer<LayerNorm>(m, "LayerNorm");
+  ln.def(py::init<int64_t, double, bool, bool>(), py::arg("normalized_shape"), py::arg("eps") = 1e-5,
+         py::arg("elementwise_affine") = true, py::arg("bias") = true);
+  unary(ln);
+
+  auto drop = layer<Dropout>(m, "Dropout");
+  drop.def(py::init<double, uint64_t>(), py::arg("p") = 0.5, py::arg("seed") = 0);
+  unary(drop);
+
+  auto act = layer<ActivationLayer>(m, "Activation");
+  act.def(py::init([](const std::string& kind) { return ActivationLayer(parse_activation(kind)); }), py::arg("kind"));
+  unary(act);
+
+  auto emb = layer<Embedding>(m, "Embedding");
+  emb.def(py::init<int64_t, int64_t, uint64_t>(), py::arg("num_embeddings"), py::arg("embedding_dim"),
+          py::arg("seed") = 0)
+      .def("forward",
+           [](Embedding& self, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& ids) {
+             return to_numpy(self.forward(ids.data(), Shape(ids.shape(), ids.shape() + ids.ndim())));
+           }, py::arg("input"))
+      .def("backward", [](Embedding& self, const py::array& d) { self.backward(in(d, "grad_output")); },
+           py::arg("grad_output"));
+
+  auto ff = layer<FeedForward>(m, "FeedForward");
+  ff.def(py::init([](int64_t d_model, int64_t dim_feedforward, const std::string& activation, double dropout,
+                     bool bias, uint64_t seed) {
+           return FeedForward(d_model, dim_feedforward, parse_activation(activation), dropout, bias, seed);
+         }),
+         py::arg("d_model"), py::arg("dim_feedforward"), py::arg("activation") = "relu", py::arg("dropout") = 0.1,
+         py::arg("bias") = true, py::arg("seed") = 0);
+  unary(ff);
+
+  layer<TransformerEncoderLayer>(m, "TransformerEncoderLayer")
+      .def(py::init([](int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
+                       const std::string& activation, double eps, bool batch_first, bool norm_first, bool bias,
+                       int64_t num_kv_heads, uint64_t seed) {
+             return std::make_unique<TransformerEncoderLayer>(transformer_options(
+                 d_model, nhead, dim_feedforward, dropout, activation, eps, batch_first, norm_first, bias,
+                 num_kv_heads, seed));
+           }),
+           TRANSFORMER_ARGS)
+      .def(
+          "forward",
+          [](TransformerEncoderLayer& self, const py::array& src, const py::object& src_mask,
+             const py::object& src_key_padding_mask, bool is_causal) {
+            EncoderArgs a{nn_mask(src_mask, "src_mask"), nn_mask(src_key_padding_mask, "src_key_padding_mask"),
+                          is_causal};
+            View<const float> x = in(src, "src");
+            return run([&] { return self.forward(x, a); });
+          },
+          py::arg("src"), py::arg("src_mask") = py::none(), py::arg("src_key_padding_mask") = py::none(),
+          py::arg("is_causal") = false)
+      .def("backward", [](TransformerEncoderLayer& self, const py::array& d) {
+        View<const float> v = in(d, "grad_output");
+        return run([&] { return self.backward(v); });
+      }, py::arg("grad_output"));
+
+  layer<TransformerDecoderLayer>(m, "TransformerDecoderLayer")
+      .def(py::init([](int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
+                       const std::string& activation, double eps, bool batch_first, bool norm_first, bool bias,
+                       int64_t num_kv_heads, uint64_t seed) {
+             return std::make_unique<TransformerDecoderLayer>(transformer_options(
+                 d_model, nhead, dim_feedforward, dropout, activation, eps, batch_first, norm_first, bias,
+                 num_kv_heads, seed));
+           }),
+           TRANSFORMER_ARGS)
+      .def(
+          "forward",
+          [](TransformerDecoderLayer& self, const py::array& tgt, const py::array& memory, const py::object& tgt_mask,
+             const py::object& memory_mask, const py::object& tgt_key_padding_mask,
+             const py::object& memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
+            DecoderArgs a{nn_mask(tgt_mask, "tgt_mask"), nn_mask(memory_mask, "memory_mask"),
+                          nn_mask(tgt_key_padding_mask, "tgt_key_padding_mask"),
+                          nn_mask(memory_key_padding_mask, "memory_key_padding_mask"), tgt_is_causal, memory_is_causal};
+            View<const float> t = in(tgt, "tgt"), mem = in(memory, "memory");
+            return run([&] { return self.forward(t, mem, a); });
+          },
+          py::arg("tgt"), py::arg("memory"), py::arg("tgt_mask") = py::none(), py::arg("memory_mask") = py::none(),
+          py::arg("tgt_key_padding_mask") = py::none(), py::arg("memory_key_padding_mask") = py::none(),
+          py::arg("tgt_is_causal") = false, py::arg("memory_is_causal") = false)
+      .def("backward", [](TransformerDecoderLayer& self, const py::array& d) {
+        View<const float> v = in(d, "grad_output");
+        DecoderGrads g;
+        {
+          py::gil_scoped_release nogil;
+          g = self.backward(v);
+        }
+        return py::make_tuple(to_numpy(std::move(g.dtgt)), to_numpy(std::move(g.dmemory)));
+      }, py::arg("grad_output"), "(grad tgt, grad memory)");
+}
