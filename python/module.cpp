@@ -11,6 +11,7 @@ void bind_sdpa_backward(py::module_& m);
 void bind_io(py::module_& m);
 void bind_mha(py::module_& m);
 void bind_viz(py::module_& m);
+void bind_nn(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
@@ -22,4 +23,5 @@ PYBIND11_MODULE(_attn, m) {
   bind_io(m);
   bind_mha(m);
   bind_viz(m);
+  bind_nn(m);
 }
