@@ -9,3 +9,5 @@ from .functional import scaled_dot_product_attention, scaled_dot_product_attenti
 from .io import load_safetensors, save_safetensors  # noqa: F401
 from . import viz  # noqa: F401
 from .nn import MultiheadAttention  # noqa: F401
+from .layers import (  # noqa: F401
+    GELU, Dropout, Embedding, FeedForward, LayerNorm, Linear, ReLU, TransformerDecoderLayer, TransformerEncoderLayer)
