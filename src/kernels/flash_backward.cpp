@@ -61,6 +61,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
   const float scale = float(p.scale), c2 = float(p.scale) * kLog2e;
   const float inf = std::numeric_limits<float>::infinity();
   const uint32_t threshold = dropout_threshold(a.dropout_p);
+  const uint64_t seed = a.seed;  // a local: lets the compiler hoist mix64(seed) out of the dropout loop
   const float keep_scale = a.dropout_p < 1 ? float(1 / (1 - a.dropout_p)) : 0.f;
   const bool causal = a.causal != Causal::none;
   const int64_t off = a.causal == Causal::bottom_right ? S - L : 0;  // causal: key s is seen by queries l >= s − off
@@ -167,7 +168,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
                   for (int64_t s = 0; s < bc; ++s)
                     for (int64_t l = 0; l < w; ++l) {
                       const uint64_t index = ((b * p.H + h) * L + l0 + l) * S + s0 + s;
-                      const bool keep = l0 + l < L && dropout_keep(a.seed, index, threshold);
+                      const bool keep = dropout_keep(seed, index, threshold) && l0 + l < L;
                       const float pr = st[s * kBr + l], ks = keep ? keep_scale : 0.f;
                       dpt[s * kBr + l] = pr * (dpt[s * kBr + l] * ks - r.dsum[l0 + l]);
                       st[s * kBr + l] = pr * ks;
