@@ -257,13 +257,14 @@ INSTANTIATE_TEST_SUITE_P(Sweep, FlashBackward,
                                           testing::Values(1, 2, 4), testing::Values(0.0, 0.3), testing::Bool()),
                          flash_name);
 
-// Odd sizes: L, S in 1, 7, 63, 64, 65, 129, 513 and D, Dv in 8, 63, 64, 80, 128.
+// Odd sizes: L, S in 0, 1, 7, 63, 64, 65, 129, 513 and D, Dv in 8, 63, 64, 80, 128.
 TEST(FlashBackward, OddSizes) {
   const Config configs[] = {
       {1, 2, 2, 1, 7, 8, 8},         {1, 2, 1, 7, 1, 8, 63},         {2, 4, 2, 63, 65, 64, 64},
       {1, 2, 2, 64, 64, 128, 128},   {1, 8, 2, 65, 129, 63, 80},     {1, 2, 1, 129, 7, 80, 8},
       {1, 1, 1, 513, 513, 64, 64, MaskCase::padding, Causal::top_left},
       {1, 2, 2, 1, 513, 128, 64, MaskCase::none, Causal::bottom_right},
+      {1, 2, 1, 5, 0, 8, 8},  // no keys: every row fully masked, dq = 0
   };
   for (const Config& c : configs) {
     SCOPED_TRACE(cat("B ", c.B, " H ", c.H, " Hkv ", c.Hkv, " L ", c.L, " S ", c.S, " D ", c.D, " Dv ", c.Dv));

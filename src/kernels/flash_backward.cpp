@@ -57,7 +57,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
   const int64_t Lp = round_up(L, kBr), Dp = round_up(D, N), Dvp = round_up(Dv, N);
   const int64_t nq = Lp / kBr, nkv = (S + kBc - 1) / kBc;
   // chunks per KV head: a function of the sizes only, never of the thread count
-  const int64_t C = std::clamp((kMinTasks + p.B * p.Hkv - 1) / (p.B * p.Hkv), int64_t(1), nkv);
+  const int64_t C = std::max(int64_t(1), std::min((kMinTasks + p.B * p.Hkv - 1) / (p.B * p.Hkv), nkv));
   const float scale = float(p.scale), c2 = float(p.scale) * kLog2e;
   const float inf = std::numeric_limits<float>::infinity();
   const uint32_t threshold = dropout_threshold(a.dropout_p);
