@@ -1,0 +1,69 @@
+"""SDPA forward+backward: attn's flash kernels against PyTorch's CPU SDPA (autograd), fp32, same threads.
+
+    PYTHONPATH=python:build/python .venv/bin/python bench/backward_vs_torch.py [--L 4096] [--reps 7]
+
+Prints medians of interleaved runs: attn forward (with LSE), attn backward, and torch forward+backward.
+A benchmark, not a test: the numbers go to the report / BENCHMARKS.md, nothing is asserted.
+"""
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import attn
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--B", type=int, default=1)
+ap.add_argument("--H", type=int, default=8)
+ap.add_argument("--L", type=int, default=4096)
+ap.add_argument("--D", type=int, default=64)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--reps", type=int, default=7)
+ap.add_argument("--causal", action="store_true")
+args = ap.parse_args()
+torch.set_num_threads(args.threads)
+attn.set_num_threads(args.threads)
+
+rng = np.random.default_rng(0)
+q, k, v, dout = (rng.standard_normal((args.B, args.H, args.L, args.D), dtype=np.float32) for _ in range(4))
+tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+tdout = torch.tensor(dout)
+
+
+def attn_fwd():
+    return attn.scaled_dot_product_attention(q, k, v, is_causal=args.causal, return_lse=True, strict=True)
+
+
+def attn_bwd(out, lse):
+    attn.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, is_causal=args.causal, strict=True)
+
+
+def torch_fwd_bwd():
+    for t in (tq, tk, tv):
+        t.grad = None
+    F.scaled_dot_product_attention(tq, tk, tv, is_causal=args.causal).backward(tdout)
+
+
+def timed(f, *a):
+    t = time.perf_counter()
+    r = f(*a)
+    return time.perf_counter() - t, r
+
+
+out, lse = attn_fwd()  # warm-up
+attn_bwd(out, lse)
+torch_fwd_bwd()
+fwd, bwd, ref = [], [], []
+for _ in range(args.reps):  # interleaved: both sides see the same load
+    t, (out, lse) = timed(attn_fwd)
+    fwd.append(t)
+    bwd.append(timed(attn_bwd, out, lse)[0])
+    ref.append(timed(torch_fwd_bwd)[0])
+f, b, r = (float(np.median(x)) for x in (fwd, bwd, ref))
+print(f"B={args.B} H={args.H} L={args.L} D={args.D} causal={args.causal} threads={args.threads}, "
+      f"medians of {args.reps}")
+print(f"attn forward {f * 1e3:.1f} ms, backward {b * 1e3:.1f} ms, forward+backward {(f + b) * 1e3:.1f} ms "
+      f"= {(f + b) / f:.2f}x the forward")
+print(f"torch forward+backward {r * 1e3:.1f} ms: attn is {r / (f + b):.2f}x faster")
