@@ -68,6 +68,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
+// The #pragma GCC unroll on the block loops keeps the accumulators in registers (GCC 12 leaves the
+// array on the stack without it).
 // Register blocking: an (kMR rows) x (kNV vectors) accumulator block, plus kNV loads in flight.
 // AVX-512 has 32 vector registers: 6x4 = 24 accumulators. The 16-register targets: 6x2 = 12.
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
@@ -82,12 +84,16 @@ inline constexpr int kMR = 6;
 // x = q + f with q = round(x) and |f| <= 1/2; 2^f = e^(f·ln2) by Highway's polynomial for e^r on
 // |r| <= ln2/2 (the one its Exp uses); 2^q goes into the exponent bits. f is exact, so only the
 // polynomial and one rounding of f·ln2 contribute error (a few ulp).
+// round(x) without a float->int conversion: t = x + 1.5·2^23 rounds x to an integer (nearest even)
+// in t's low mantissa bits, so t - 1.5·2^23 = q exactly and t's bits << 23 = q << 23 (|q| < 2^22).
 HWY_INLINE VF Exp2(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
-  const VF q = hn::Round(x);
+  const VF magic = hn::Set(d, 12582912.f);  // 1.5·2^23
+  const VF t = hn::Add(x, magic);
+  const VF q = hn::Sub(t, magic);
   const VF r = hn::Mul(hn::Sub(x, q), hn::Set(d, kLn2));
   const VF y = hn::Add(hn::impl::ExpImpl<float>().ExpPoly(d, r), hn::Set(d, 1.f));
-  const VF scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, q), hn::Set(di, 127))));
+  const VF scale = hn::BitCast(d, hn::Add(hn::ShiftLeft<23>(hn::BitCast(di, t)), hn::Set(di, 127 << 23)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.f)), hn::Mul(y, scale));
 }
 
@@ -122,17 +128,24 @@ HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float*
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) acc[r][j] = hn::Zero(d);
   for (int64_t k = 0; k < D; ++k) {
     VF b[NV];
+#pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) b[j] = hn::LoadU(d, kt + j * ldp + k * N);
+#pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const VF a = hn::Set(d, q[r * ldq + k]);
+#pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) {
       float* dst = s + r * lds + j * N;
       hn::StoreU(add ? hn::Add(acc[r][j], hn::LoadU(d, dst)) : acc[r][j], d, dst);
@@ -147,20 +160,27 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const float*
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) {
       acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
       if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
     }
   for (int64_t s = 0; s < n; ++s) {
     VF b[NV];
+#pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) b[j] = hn::LoadU(d, v + s * ldv + j * N);
+#pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const VF a = hn::Set(d, p[r * ldp + s]);
+#pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) hn::StoreU(acc[r][j], d, o + r * ldo + j * N);
 }
 

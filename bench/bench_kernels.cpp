@@ -1,0 +1,146 @@
+// Google Benchmark of the attention kernels: the flash forward (and the reference where it is quick) in
+// GFLOP/s and as a percentage of OpenBLAS sgemm at 2048³, measured first in the same program as the
+// practical peak. A measurement program, not a test; numbers go to BENCHMARKS.md.
+//
+//   build-x/bench_kernels [--threads N] [--memory] [google-benchmark flags, e.g. --benchmark_repetitions=5]
+//
+// --memory adds the L = S = 65536, H = 8, D = 64 run (about a minute) that reports the kernel's peak
+// memory above its inputs and output. FLOPs = 4·B·H·L·S·D, half when causal.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "attn/gemm.h"
+#include "attn/rng.h"
+#include "attn/sdpa.h"
+#include "attn/threads.h"
+
+using namespace attn;
+
+namespace {
+
+double g_sgemm_gflops = 0;  // set by BM_Sgemm2048, which runs first
+
+Tensor random_tensor(Shape shape, uint64_t seed) {
+  Tensor t(std::move(shape));
+  Rng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<float>(rng.normal());
+  return t;
+}
+
+// Runs f once per benchmark iteration, timing it with a steady clock; sets GFLOP/s and %sgemm.
+template <typename F>
+void time_flops(benchmark::State& state, double flops, F&& f) {
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double gflops = flops * double(state.iterations()) / seconds * 1e-9;
+  state.counters["GFLOP/s"] = gflops;
+  if (g_sgemm_gflops > 0) state.counters["%sgemm"] = 100 * gflops / g_sgemm_gflops;
+}
+
+void BM_Sgemm2048(benchmark::State& state) {
+  const int64_t n = 2048;
+  Tensor a = random_tensor({n, n}, 1), b = random_tensor({n, n}, 2), c({n, n});
+  time_flops(state, 2.0 * n * n * n,
+             [&] { gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
+  g_sgemm_gflops = state.counters["GFLOP/s"];
+}
+
+// One attention problem, B = 1, D = Dv, contiguous (B, H, L, D) inputs.
+struct Attn {
+  Tensor q, k, v, out;
+  SdpaArgs<float> args;
+  Attn(int64_t H, int64_t Hkv, int64_t L, int64_t S, int64_t D, Causal causal)
+      : q(random_tensor({1, H, L, D}, 3)), k(random_tensor({1, Hkv, S, D}, 4)), v(random_tensor({1, Hkv, S, D}, 5)),
+        out({1, H, L, D}) {
+    args.q = q, args.k = k, args.v = v;
+    args.causal = causal;
+  }
+  double flops() const {
+    const auto& s = q.shape();
+    return 4.0 * double(s[1]) * double(s[2]) * double(k.size(2)) * double(s[3]) * (args.causal == Causal::none ? 1 : 0.5);
+  }
+  SdpaProblem<float> problem() { return make_problem(args, SdpaOut<float>{out, {}, {}}); }
+};
+
+// args: L (= S), causal. H = 8, D = 64.
+void BM_Flash(benchmark::State& state) {
+  Attn a(8, 8, state.range(0), state.range(0), 64, state.range(1) ? Causal::top_left : Causal::none);
+  const SdpaProblem<float> p = a.problem();
+  time_flops(state, a.flops(), [&] { flash_forward(p); });
+}
+
+void BM_Reference(benchmark::State& state) {
+  Attn a(8, 8, state.range(0), state.range(0), 64, state.range(1) ? Causal::top_left : Causal::none);
+  const SdpaProblem<float> p = a.problem();
+  time_flops(state, a.flops(), [&] { reference_forward(p); });
+}
+
+// GQA prefill: H = 32 query heads over Hkv = 8, D = 128, L = S = arg.
+void BM_FlashGqa(benchmark::State& state) {
+  Attn a(32, 8, state.range(0), state.range(0), 128, Causal::none);
+  const SdpaProblem<float> p = a.problem();
+  time_flops(state, a.flops(), [&] { flash_forward(p); });
+}
+
+// Decoding one token: L = 1, S = arg, H = 32 over Hkv = 8, D = 128. Bound by reading K and V once:
+// also reports that rate in GB/s.
+void BM_FlashDecode(benchmark::State& state) {
+  Attn a(32, 8, 1, state.range(0), 128, Causal::none);
+  const SdpaProblem<float> p = a.problem();
+  time_flops(state, a.flops(), [&] { flash_forward(p); });
+  const double bytes = 2.0 * double(a.k.numel()) * sizeof(float);
+  state.counters["KV_GB/s"] = bytes * state.counters["GFLOP/s"] / a.flops();
+}
+
+long status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::strlen(key)));
+  return 0;
+}
+
+// Peak memory of one flash run above its inputs and output (VmHWM growth after clear_refs resets it).
+void BM_FlashMemory(benchmark::State& state) {
+  Attn a(8, 8, state.range(0), state.range(0), 64, Causal::top_left);
+  const SdpaProblem<float> p = a.problem();
+  const long base_kb = status_kb("VmRSS:");
+  std::ofstream("/proc/self/clear_refs") << "5";
+  time_flops(state, a.flops(), [&] { flash_forward(p); });
+  state.counters["extra_MB"] = double(status_kb("VmHWM:") - base_kb) / 1024.0;
+}
+
+}  // namespace
+
+BENCHMARK(BM_Sgemm2048)->Unit(benchmark::kMillisecond)->MinTime(1.0);
+BENCHMARK(BM_Flash)->ArgsProduct({{1024, 4096}, {0, 1}})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Reference)->Args({1024, 0})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK(BM_FlashGqa)->Arg(2048)->ArgName("L")->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashDecode)->Arg(4096)->Arg(32768)->ArgName("S")->Unit(benchmark::kMicrosecond);
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
+    else if (std::strcmp(argv[i], "--memory") == 0)
+      benchmark::RegisterBenchmark("BM_FlashMemory", BM_FlashMemory)->Arg(65536)->ArgName("L")->Iterations(1)->Unit(benchmark::kSecond);
+    else rest.push_back(argv[i]);
+  }
+  set_num_threads(threads);
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  benchmark::AddCustomContext("threads", std::to_string(threads));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
