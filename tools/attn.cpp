@@ -17,10 +17,17 @@ int main(int argc, char** argv) {
   bench->add_option("--lengths", bench_opt.lengths, "sequence lengths L = S")->delimiter(',');
   bench->add_option("--reference-max", bench_opt.reference_max, "largest L for the reference backend");
 
+  attn::TrainCli train_opt;
+  auto* train = attn::add_train_command(app, train_opt);
+  attn::GenerateCli generate_opt;
+  auto* generate = attn::add_generate_command(app, generate_opt);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*demo) return attn::run_demo();
     if (*bench) return attn::run_bench(bench_opt);
+    if (*train) return attn::run_train(train_opt);
+    if (*generate) return attn::run_generate(generate_opt);
   } catch (const attn::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

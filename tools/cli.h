@@ -1,7 +1,15 @@
 // Options of the CLI subcommands, shared by tools/attn.cpp (parsing) and each subcommand's file.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
+
+#include "attn/train.h"
+
+namespace CLI {
+class App;
+}
 
 namespace attn {
 
@@ -14,5 +22,29 @@ struct BenchOptions {
   int64_t reference_max = 2048;  // the reference is O(L·S) time per head: skip it past this L
 };
 int run_bench(const BenchOptions& opt);
+
+// `attn train` (tools/train.cpp). CLI11 writes the given options into `values`; `apply` copies each one
+// that was given into the defaults (the synthetic task's without --data) and returns its flag.
+struct TrainCli {
+  std::string data, out = "out";
+  bool resume = false, untied = false, no_decay_embeddings = false;
+  int64_t log_every = 10;
+  TrainOptions values;
+  std::vector<std::function<std::string(TrainOptions&)>> apply;
+};
+CLI::App* add_train_command(CLI::App& app, TrainCli& cli);
+int run_train(TrainCli& cli);
+
+// `attn generate` (tools/generate.cpp).
+struct GenerateCli {
+  std::string ckpt = "out", prompt;
+  int64_t n = 200;
+  double temperature = 0.8;
+  int64_t top_k = 200;
+  uint64_t seed = 1337;
+  int threads = 2;
+};
+CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli);
+int run_generate(const GenerateCli& cli);
 
 }  // namespace attn
