@@ -4,6 +4,7 @@
     out = attn.scaled_dot_product_attention(q, k, v, is_causal=True)
 """
 from _attn import AttnError, get_num_threads, set_num_threads  # noqa: F401
+from _attn import GPT, AdamW, CharTokenizer, Trainer, TrainOptions, gpt_config  # noqa: F401
 
 from .functional import scaled_dot_product_attention, scaled_dot_product_attention_backward  # noqa: F401
 from .io import load_safetensors, save_safetensors  # noqa: F401
