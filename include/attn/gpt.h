@@ -6,6 +6,7 @@
 // Not a trainer (train.h) and not a tokenizer (tokenizer.h).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,7 @@ struct SampleOptions {
   double temperature = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 0;
+  std::function<void(int64_t token)> on_token;  // if set, called with each new token as it is drawn
 };
 
 // Continues `prompt` (at least one token) one token at a time through the KV cache. Once the context

@@ -179,6 +179,17 @@ void Gpt::reseed(uint64_t seed) {
     fresh(h[i].dropout1, 16 * i + 2);
     fresh(h[i].dropout2, 16 * i + 3);
     fresh(h[i].ff.dropout, 16 * i + 4);
+    if (c_.dropout > 0) {
+      // MultiheadAttention has no seed setter (yet): rebuild it with a new seed and put the weights back.
+      // Its parameter tensors stay at the same addresses, so the optimizer's Param pointers stay valid.
+      MultiheadAttention& a = h[i].self_attn;
+      StateDict weights = a.state_dict();
+      MhaOptions o = a.options();
+      o.seed = mix64(seed ^ (16 * i + 5));
+      a = MultiheadAttention(o);
+      a.load_state_dict(weights);
+      a.train(training_);
+    }
   }
 }
 
@@ -331,6 +342,7 @@ std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, co
     const int64_t tok = sample(logits.data(), V, o, rng);
     all.push_back(tok);
     out.push_back(tok);
+    if (o.on_token) o.on_token(tok);
     if (n + 1 == o.max_new_tokens) break;
     if (cache.length(0) == block) logits = refill(std::max<int64_t>(1, block / 2));
     else logits = model.forward_cached(&tok, 1, 1, cache);  // (1, 1, V)

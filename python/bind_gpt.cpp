@@ -1,0 +1,277 @@
+// Python binding of the GPT layer: the model (forward, loss + backward, gradients, generation, save and
+// load), AdamW, the trainer (a training step, evaluation, checkpoints, resume) and the character
+// tokenizer. numpy in, numpy out; token ids are int64 arrays or lists. Only argument conversion here.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "attn/gpt.h"
+#include "attn/optim.h"
+#include "attn/train.h"
+#include "numpy_view.h"
+
+namespace py = pybind11;
+using namespace attn;
+using py_util::to_numpy;
+
+namespace {
+
+// Token ids (B, T) as a contiguous int64 array (copied only if needed).
+py::array_t<int64_t, py::array::c_style | py::array::forcecast> ids_of(const py::object& x, const char* arg) {
+  auto a = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(x);
+  ATTN_CHECK(a && a.ndim() == 2, "Expected ", arg, " of shape (B, T) holding token ids, but got ",
+             a ? std::to_string(a.ndim()) + " dims" : std::string("an object that is not an integer array"),
+             " instead");
+  return a;
+}
+
+py::dict to_dict(const StateDict& sd) {
+  py::dict d;
+  for (auto& [name, t] : sd) d[py::str(name)] = to_numpy(Tensor::copy_of(t.view()));
+  return d;
+}
+
+StateDict from_dict(const py::dict& d) {
+  StateDict sd;
+  for (auto [k, v] : d) {
+    const std::string name = py::str(k);
+    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(v);
+    ATTN_CHECK(a, "Expected a float array for '", name, "', but got ", std::string(py::str(py::type::of(v))), " instead");
+    Tensor t(Shape(a.shape(), a.shape() + a.ndim()));
+    if (t.numel()) std::memcpy(t.data(), a.data(), size_t(t.numel()) * sizeof(float));
+    sd.emplace(name, std::move(t));
+  }
+  return sd;
+}
+
+py::dict config_dict(const GptConfig& c) {
+  py::dict d;
+  d["vocab_size"] = c.vocab_size, d["block_size"] = c.block_size, d["n_layer"] = c.n_layer;
+  d["n_head"] = c.n_head, d["n_kv_head"] = c.n_kv_head, d["n_embd"] = c.n_embd;
+  d["dropout"] = c.dropout, d["bias"] = c.bias, d["tie_weights"] = c.tie_weights;
+  return d;
+}
+
+// AdamW over parameters it owns (a dict of arrays) or over a GPT's (its gradients).
+struct PyAdamW {
+  std::vector<std::string> names;
+  std::vector<Tensor> values, grads;  // owned when built from a dict
+  std::unique_ptr<AdamW> opt;
+};
+
+py::dict stats(const StepStats& s) {
+  py::dict d;
+  d["loss"] = s.loss, d["lr"] = s.lr, d["grad_norm"] = s.grad_norm;
+  return d;
+}
+
+}  // namespace
+
+void bind_gpt(py::module_& m) {
+  py::class_<CharTokenizer>(m, "CharTokenizer", "One token per Unicode code point; the vocabulary sorted.")
+      .def(py::init([](const std::string& text) { return CharTokenizer::from_text(text); }), py::arg("text"),
+           "The vocabulary of `text`'s characters.")
+      .def("encode", &CharTokenizer::encode, py::arg("text"))
+      .def("decode", py::overload_cast<const std::vector<int32_t>&>(&CharTokenizer::decode, py::const_), py::arg("ids"))
+      .def_property_readonly("vocab", [](const CharTokenizer& t) { return utf8_encode(t.vocab()); })
+      .def_property_readonly("vocab_size", &CharTokenizer::vocab_size);
+
+  m.def("gpt_config", [](const std::string& name) { return config_dict(gpt_config(name)); }, py::arg("name"),
+        "The named configuration (tiny, nanogpt-cpu, gpt2-small) as a dict of GPT's arguments, vocab_size 0.");
+
+  py::class_<Gpt>(m, "GPT", "Decoder-only Transformer (nanoGPT's shape) with explicit backward.")
+      .def(py::init([](int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head, int64_t n_kv_head,
+                       int64_t n_embd, double dropout, bool bias, bool tie_weights, uint64_t seed) {
+             return std::make_unique<Gpt>(
+                 GptConfig{vocab_size, block_size, n_layer, n_head, n_kv_head, n_embd, dropout, bias, tie_weights}, seed);
+           }),
+           py::arg("vocab_size"), py::arg("block_size") = 64, py::arg("n_layer") = 2, py::arg("n_head") = 4,
+           py::arg("n_kv_head") = 0, py::arg("n_embd") = 64, py::arg("dropout") = 0.0, py::arg("bias") = true,
+           py::arg("tie_weights") = true, py::arg("seed") = 0)
+      .def_static(
+          "load",
+          [](const std::string& dir) {
+            LoadedModel lm = load_model(dir);
+            return py::make_tuple(py::cast(std::move(lm.model)), py::cast(std::move(lm.tokenizer)));
+          },
+          py::arg("dir"), "(GPT, CharTokenizer) from a checkpoint directory (attn train --out, or save()).")
+      .def("save", [](Gpt& g, const std::string& dir, const CharTokenizer& t) { save_model(dir, g, t); },
+           py::arg("dir"), py::arg("tokenizer"), "A model-only checkpoint: DIR/model.safetensors + DIR/config.json.")
+      .def(
+          "forward",
+          [](Gpt& g, const py::object& idx) {
+            auto a = ids_of(idx, "idx");
+            Tensor logits;
+            {
+              py::gil_scoped_release nogil;
+              logits = g.forward(a.data(), a.shape(0), a.shape(1));
+            }
+            return to_numpy(std::move(logits));
+          },
+          py::arg("idx"), "logits (B, T, V) for token ids (B, T); saves activations in training mode")
+      .def(
+          "forward_backward",
+          [](Gpt& g, const py::object& idx, const py::object& targets) {
+            auto a = ids_of(idx, "idx"), t = ids_of(targets, "targets");
+            ATTN_CHECK(a.shape(0) == t.shape(0) && a.shape(1) == t.shape(1), "Expected targets of idx's shape (",
+                       a.shape(0), ", ", a.shape(1), "), but got (", t.shape(0), ", ", t.shape(1), ") instead");
+            py::gil_scoped_release nogil;
+            return g.forward_backward(a.data(), t.data(), a.shape(0), a.shape(1));
+          },
+          py::arg("idx"), py::arg("targets"),
+          "Mean cross-entropy (targets -1 ignored); adds the gradients (call zero_grad first). Training mode.")
+      .def(
+          "evaluate",
+          [](Gpt& g, const py::object& idx, const py::object& targets) {
+            auto a = ids_of(idx, "idx"), t = ids_of(targets, "targets");
+            ATTN_CHECK(a.shape(0) == t.shape(0) && a.shape(1) == t.shape(1), "Expected targets of idx's shape");
+            py::gil_scoped_release nogil;
+            return g.evaluate(a.data(), t.data(), a.shape(0), a.shape(1));
+          },
+          py::arg("idx"), py::arg("targets"), "Mean cross-entropy in eval mode, nothing saved.")
+      .def("zero_grad", [](Gpt& g) { g.zero_grad(); })
+      .def("state_dict", [](Gpt& g) { return to_dict(g.state_dict()); })
+      .def("load_state_dict", [](Gpt& g, const py::dict& d) { g.load_state_dict(from_dict(d)); }, py::arg("state_dict"))
+      .def("grads",
+           [](Gpt& g) {
+             py::dict d;
+             for (const Param& p : g.parameter_list()) d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.grad->view()));
+             return d;
+           },
+           "Gradients by parameter name (copies).")
+      .def("train", [](Gpt& g, bool on) { g.train(on); }, py::arg("mode") = true)
+      .def("eval", [](Gpt& g) { g.eval(); })
+      .def_property_readonly("training", &Gpt::training)
+      .def_property_readonly("config", [](const Gpt& g) { return config_dict(g.config()); })
+      .def_property_readonly("num_parameters", &Gpt::num_parameters)
+      .def(
+          "generate",
+          [](Gpt& g, const std::vector<int64_t>& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
+             uint64_t seed) {
+            py::gil_scoped_release nogil;
+            return generate(g, prompt, {max_new_tokens, temperature, top_k, seed, {}});
+          },
+          py::arg("prompt"), py::arg("max_new_tokens") = 100, py::arg("temperature") = 1.0, py::arg("top_k") = 0,
+          py::arg("seed") = 0, "New token ids after `prompt`, one at a time through the KV cache (eval mode).")
+      .def(
+          "attention_weights",
+          [](Gpt& g, const py::object& idx) {
+            auto a = ids_of(idx, "idx");
+            std::vector<Tensor> w = g.attention_weights(a.data(), a.shape(0), a.shape(1));
+            py::list out;
+            for (Tensor& t : w) out.append(to_numpy(std::move(t)));
+            return out;
+          },
+          py::arg("idx"), "Per layer, the attention weights (B, H, T, T); eval mode.");
+
+  py::class_<PyAdamW>(m, "AdamW", "torch.optim.AdamW's update on float32 arrays or on a GPT's parameters.")
+      .def(py::init([](const py::dict& params, double lr, std::pair<double, double> betas, double eps,
+                       double weight_decay, const std::vector<std::string>& no_decay) {
+             auto o = std::make_unique<PyAdamW>();
+             StateDict sd = from_dict(params);
+             std::vector<Param> ps;
+             o->values.reserve(sd.size());
+             o->grads.reserve(sd.size());
+             for (auto& [name, t] : sd) {
+               o->names.push_back(name);
+               o->grads.emplace_back(t.shape());
+               o->values.push_back(std::move(t));
+             }
+             for (size_t i = 0; i < o->names.size(); ++i) ps.push_back({o->names[i], &o->values[i], &o->grads[i]});
+             o->opt = std::make_unique<AdamW>(ps, AdamWOptions{lr, betas.first, betas.second, eps, weight_decay},
+                                              [no_decay](const Param& p) {
+                                                return std::find(no_decay.begin(), no_decay.end(), p.name) == no_decay.end();
+                                              });
+             return o;
+           }),
+           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::pair{0.9, 0.999}, py::arg("eps") = 1e-8,
+           py::arg("weight_decay") = 1e-2, py::arg("no_decay") = std::vector<std::string>{},
+           "Owns float32 copies of `params`; every name decays except those in no_decay.")
+      .def(py::init([](Gpt& g, double lr, std::pair<double, double> betas, double eps, double weight_decay) {
+             auto o = std::make_unique<PyAdamW>();
+             o->opt = std::make_unique<AdamW>(g.parameter_list(),
+                                              AdamWOptions{lr, betas.first, betas.second, eps, weight_decay});
+             return o;
+           }),
+           py::arg("model"), py::arg("lr") = 1e-3, py::arg("betas") = std::pair{0.9, 0.999}, py::arg("eps") = 1e-8,
+           py::arg("weight_decay") = 1e-2, py::keep_alive<1, 2>(),
+           "Over a GPT's parameters and gradients; nanoGPT's groups (matrices and embeddings decay).")
+      .def(
+          "step",
+          [](PyAdamW& o, const std::optional<py::dict>& grads, std::optional<double> lr) {
+            if (grads) {
+              StateDict g = from_dict(*grads);
+              for (const Param& p : o.opt->params()) {
+                const Tensor& t = expect_tensor(g, p.name, p.value->shape());
+                std::memcpy(p.grad->data(), t.data(), size_t(t.numel()) * sizeof(float));
+              }
+            }
+            o.opt->step(lr.value_or(o.opt->options().lr));
+          },
+          py::arg("grads") = py::none(), py::arg("lr") = py::none(),
+          "One update; grads by name (every parameter) unless the optimizer is over a GPT.")
+      .def("zero_grad", [](PyAdamW& o) { o.opt->zero_grad(); })
+      .def_property_readonly("params",
+                             [](PyAdamW& o) {
+                               py::dict d;
+                               for (const Param& p : o.opt->params())
+                                 d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.value->view()));
+                               return d;
+                             })
+      .def("state", [](PyAdamW& o) {
+        StateDict s;
+        o.opt->save_state(s, "");
+        return to_dict(s);
+      }, "exp_avg.<name> and exp_avg_sq.<name>")
+      .def_property_readonly("steps", [](PyAdamW& o) { return o.opt->steps(); });
+
+  py::class_<TrainOptions> opts(m, "TrainOptions", "attn train's options (see include/attn/train.h).");
+  opts.def(py::init<>()).def_static("synthetic", &synthetic_defaults);
+#define FIELD(f) opts.def_readwrite(#f, &TrainOptions::f);
+  FIELD(config) FIELD(block_size) FIELD(n_kv_head) FIELD(tie_weights) FIELD(steps) FIELD(batch) FIELD(lr)
+  FIELD(min_lr) FIELD(warmup) FIELD(lr_decay_steps) FIELD(weight_decay) FIELD(beta1) FIELD(beta2) FIELD(eps)
+  FIELD(decay_embeddings) FIELD(grad_clip) FIELD(dropout) FIELD(eval_every) FIELD(eval_iters) FIELD(seed) FIELD(threads)
+#undef FIELD
+
+  py::class_<Trainer>(m, "Trainer", "The training loop's parts: step(), evaluate(), save(), resume().")
+      .def(py::init([](const std::optional<std::string>& data, const std::optional<std::string>& text,
+                       const py::kwargs& kw) {
+             ATTN_CHECK(!(data && text), "Expected data (a path) or text, not both, but got both instead");
+             py::object o = py::cast(data || text ? TrainOptions{} : synthetic_defaults());
+             for (auto [k, v] : kw) {
+               const std::string name = py::str(k);
+               ATTN_CHECK(py::hasattr(o, name.c_str()), "Expected a TrainOptions field, but got '", name, "' instead");
+               py::setattr(o, name.c_str(), v);
+             }
+             Dataset d = data ? Dataset::text_file(*data) : text ? Dataset::text(*text) : Dataset::reverse_task();
+             return std::make_unique<Trainer>(o.cast<TrainOptions>(), std::move(d));
+           }),
+           py::arg("data") = py::none(), py::arg("text") = py::none(),
+           "Trainer(data=path | text=str | neither: the reversal task, **TrainOptions fields)")
+      .def_static("resume", [](const std::string& dir, int64_t steps) { return Trainer::resume(dir, nullptr, steps); },
+                  py::arg("dir"), py::arg("steps") = 0)
+      .def("step", [](Trainer& t) {
+        StepStats s;
+        {
+          py::gil_scoped_release nogil;
+          s = t.step();
+        }
+        return stats(s);
+      })
+      .def("evaluate", [](Trainer& t) {
+        EvalStats e;
+        {
+          py::gil_scoped_release nogil;
+          e = t.evaluate();
+        }
+        return py::make_tuple(e.train_loss, e.val_loss);
+      }, "(train loss, val loss)")
+      .def("save", [](Trainer& t, const std::string& dir) { t.save(dir); }, py::arg("dir"))
+      .def_property_readonly("model", &Trainer::model, py::return_value_policy::reference_internal)
+      .def_property_readonly("tokenizer", [](const Trainer& t) { return t.data().tokenizer(); })
+      .def_property_readonly("options", &Trainer::options)
+      .def_property_readonly("step_count", &Trainer::step_count)
+      .def_property_readonly("seq_len", &Trainer::seq_len)
+      .def_property_readonly("tokens_per_step", &Trainer::tokens_per_step);
+}

@@ -1,0 +1,218 @@
+// Tests of the GPT model: cross-entropy against a plain fp64 formula and finite differences, gradients
+// of the whole model against finite differences, incremental decoding through the KV cache against the
+// full forward (MHA and GQA), sampling, attention weights, configurations and errors. The comparison
+// with a PyTorch re-implementation is tests/python/test_gpt.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "attn/check.h"
+#include "attn/gpt.h"
+#include "attn/rng.h"
+
+namespace attn {
+namespace {
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+GptConfig small_config(int64_t n_kv_head = 0) {
+  GptConfig c;
+  c.vocab_size = 11;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = n_kv_head;
+  c.n_embd = 16;
+  return c;
+}
+
+std::vector<int64_t> random_ids(int64_t n, int64_t V, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = int64_t(rng.next() % uint64_t(V));
+  return ids;
+}
+
+TEST(CrossEntropy, MatchesTheFormulaAndFiniteDifferences) {
+  const int64_t N = 5, V = 7;
+  Tensor logits({N, V}), d({N, V});
+  Rng rng(1);
+  for (int64_t i = 0; i < N * V; ++i) logits.data()[i] = float(3 * rng.normal());
+  const int64_t targets[N] = {0, 6, -1, 3, 3};
+  const float loss = cross_entropy(logits.view(), targets, d.view());
+  auto loss64 = [&](const Tensor& x) {  // mean over the 4 scored rows of logsumexp - x[t], in fp64
+    double sum = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      if (targets[n] < 0) continue;
+      double z = 0;
+      for (int64_t v = 0; v < V; ++v) z += std::exp(double(x.data()[n * V + v]));
+      sum += std::log(z) - x.data()[n * V + targets[n]];
+    }
+    return sum / 4;
+  };
+  // float32 logits of size ~3: the loss is exact to a few float ulps of its magnitude.
+  EXPECT_NEAR(loss, loss64(logits), 1e-5);
+  for (int64_t i = 0; i < N * V; ++i) {
+    const float keep = logits.data()[i];
+    const double h = 1e-2;
+    logits.data()[i] = float(keep + h);
+    const double up = loss64(logits);
+    logits.data()[i] = float(keep - h);
+    const double down = loss64(logits);
+    logits.data()[i] = keep;
+    // Central difference error ~h²·f'''/6 with |f'''| < 1 here, far below this bound.
+    EXPECT_NEAR(d.data()[i], (up - down) / (2 * h), 1e-4) << i;
+  }
+  for (int64_t v = 0; v < V; ++v) EXPECT_EQ(d.data()[2 * V + v], 0.0f);  // the ignored row
+  const int64_t none[N] = {-1, -1, -1, -1, -1};
+  EXPECT_EQ(cross_entropy(logits.view(), none), 0.0f);
+  const int64_t bad[N] = {0, 7, 0, 0, 0};
+  EXPECT_NE(error_of([&] { cross_entropy(logits.view(), bad); }).find("position 1"), std::string::npos);
+}
+
+// The loss as a function of one parameter entry, for finite differences.
+double loss_at(Gpt& m, const std::vector<int64_t>& x, const std::vector<int64_t>& y, int64_t B, int64_t T) {
+  m.eval();
+  const double l = m.evaluate(x.data(), y.data(), B, T);
+  m.train();
+  return l;
+}
+
+TEST(Gpt, GradientsMatchFiniteDifferences) {
+  for (bool tie : {true, false}) {
+    GptConfig c = small_config(2);
+    c.tie_weights = tie;
+    c.n_layer = 1;
+    Gpt m(c, 3);
+    const int64_t B = 2, T = 6;
+    std::vector<int64_t> x = random_ids(B * T, c.vocab_size, 4), y = random_ids(B * T, c.vocab_size, 5);
+    y[1] = -1;
+    m.zero_grad();
+    m.forward_backward(x.data(), y.data(), B, T);
+    Rng pick(9);
+    for (const Param& p : m.parameter_list()) {
+      for (int k = 0; k < 3; ++k) {  // three random entries of every parameter
+        const int64_t i = int64_t(pick.next() % uint64_t(p.value->numel()));
+        float& w = p.value->data()[i];
+        const float keep = w;
+        const float h = 1e-2f;
+        w = keep + h;
+        const double up = loss_at(m, x, y, B, T);
+        w = keep - h;
+        const double down = loss_at(m, x, y, B, T);
+        w = keep;
+        const double fd = (up - down) / (2 * double(h));
+        // fp32 forward: loss rounding ~1e-7·|loss| ≈ 3e-7 per evaluation, divided by 2h = 0.02 gives
+        // ~3e-5 of noise; plus the O(h²) truncation. 2e-3 absolute + 2% relative covers both.
+        EXPECT_NEAR(p.grad->data()[i], fd, 2e-3 + 0.02 * std::abs(fd)) << p.name << "[" << i << "] tie " << tie;
+      }
+    }
+  }
+}
+
+TEST(Gpt, KvCacheDecodingMatchesTheFullForward) {
+  for (int64_t kv : {4, 2, 1}) {  // MHA, GQA, MQA
+    GptConfig c = small_config(kv);
+    Gpt m(c, 11);
+    m.eval();
+    const int64_t T = 13;
+    std::vector<int64_t> ids = random_ids(T, c.vocab_size, 12);
+    Tensor full = m.forward(ids.data(), 1, T);  // (1, T, V)
+    KVCache cache = m.new_cache(1);
+    Tensor first = m.forward_cached(ids.data(), 1, 5, cache);  // a prefill of 5, then one token at a time
+    std::vector<float> got(first.data(), first.data() + first.numel());
+    for (int64_t t = 5; t < T; ++t) {
+      Tensor step = m.forward_cached(ids.data() + t, 1, 1, cache);
+      got.insert(got.end(), step.data(), step.data() + step.numel());
+    }
+    ASSERT_EQ(int64_t(got.size()), full.numel());
+    // Same math in another order (flash decode split vs full causal tiles): float rounding only. Logits
+    // are O(1); 1e-4 is ~100 ulps of headroom over the accumulated fp32 error of two layers.
+    for (int64_t i = 0; i < full.numel(); ++i) EXPECT_NEAR(got[size_t(i)], full.data()[i], 1e-4) << "kv " << kv << " i " << i;
+    EXPECT_EQ(cache.length(0), T);
+  }
+}
+
+TEST(Gpt, GreedyGenerationFollowsTheFullForwardPastTheBlock) {
+  GptConfig c = small_config(2);
+  c.block_size = 8;
+  Gpt m(c, 21);
+  std::vector<int64_t> prompt = {1, 2, 3};
+  std::vector<int64_t> got = generate(m, prompt, {12, 0.0, 0, 0});
+  ASSERT_EQ(got.size(), 12u);
+  // Re-derive each token with full forwards over the context generate() uses: everything within the
+  // block, then the last block/2 tokens after each refill.
+  std::vector<int64_t> all = prompt;
+  int64_t start = 0;
+  for (size_t n = 0; n < got.size(); ++n) {
+    if (int64_t(all.size()) - start > c.block_size) start = int64_t(all.size()) - c.block_size / 2;
+    const int64_t T = int64_t(all.size()) - start;
+    Tensor lg = m.forward(all.data() + start, 1, T);
+    const float* last = lg.data() + (T - 1) * c.vocab_size;
+    const int64_t want = std::max_element(last, last + c.vocab_size) - last;
+    EXPECT_EQ(got[n], want) << "token " << n;
+    all.push_back(got[n]);
+  }
+  // Sampling is a function of the seed.
+  EXPECT_EQ(generate(m, prompt, {20, 1.0, 5, 7}), generate(m, prompt, {20, 1.0, 5, 7}));
+  EXPECT_NE(generate(m, prompt, {20, 1.0, 0, 7}), generate(m, prompt, {20, 1.0, 0, 8}));
+}
+
+TEST(Gpt, AttentionWeightsAreCausalDistributions) {
+  GptConfig c = small_config();
+  Gpt m(c, 5);
+  m.eval();
+  std::vector<int64_t> ids = random_ids(2 * 6, c.vocab_size, 6);
+  std::vector<Tensor> w = m.attention_weights(ids.data(), 2, 6);
+  ASSERT_EQ(w.size(), 2u);
+  for (const Tensor& t : w) {
+    ASSERT_EQ(t.shape(), Shape({2, 4, 6, 6}));
+    for (int64_t r = 0; r < 2 * 4 * 6; ++r) {
+      const int64_t l = r % 6;
+      double sum = 0;
+      for (int64_t s = 0; s < 6; ++s) {
+        const float v = t.data()[r * 6 + s];
+        if (s > l) EXPECT_EQ(v, 0.0f);
+        sum += v;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+  }
+}
+
+TEST(Gpt, ConfigurationsParametersAndErrors) {
+  GptConfig nano = gpt_config("nanogpt-cpu");
+  EXPECT_EQ(nano.n_layer, 4);
+  EXPECT_EQ(nano.n_embd, 128);
+  EXPECT_EQ(nano.block_size, 64);
+  EXPECT_EQ(gpt_config("gpt2-small").n_embd, 768);
+  EXPECT_NE(error_of([] { gpt_config("huge"); }).find("'huge'"), std::string::npos);
+
+  GptConfig c = small_config();
+  Gpt tied(c, 1);
+  c.tie_weights = false;
+  Gpt untied(c, 1);
+  EXPECT_EQ(untied.num_parameters() - tied.num_parameters(), c.vocab_size * c.n_embd);
+  std::vector<Param> p = tied.parameter_list();
+  EXPECT_EQ(p.front().name, "transformer.wte.weight");
+  EXPECT_EQ(untied.parameter_list().back().name, "lm_head.weight");
+
+  std::vector<int64_t> ids(17, 0);
+  EXPECT_NE(error_of([&] { tied.forward(ids.data(), 1, 17); }).find("block_size = 16"), std::string::npos);
+  ids[0] = 11;
+  EXPECT_FALSE(error_of([&] { tied.forward(ids.data(), 1, 2); }).empty());  // id out of the vocabulary
+  c.n_kv_head = 3;
+  EXPECT_NE(error_of([&] { Gpt bad(c, 1); }).find("n_kv_head"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace attn

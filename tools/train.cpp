@@ -1,0 +1,207 @@
+// `attn train`: the training loop of the command line. Options, a one-line progress bar on a terminal
+// (plain lines otherwise), periodic evaluation and checkpoints, --resume, and a checkpoint on Ctrl-C.
+// The training itself (step, evaluation, checkpoint format) is include/attn/train.h's.
+#include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "attn/threads.h"
+#include "attn/train.h"
+#include "cli.h"
+
+namespace attn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_sigint(int) { g_interrupted = 1; }  // SA_RESETHAND: a second Ctrl-C ends the process at once
+
+// Adds --flag bound to field `f` of cli.values; after parsing, cli.apply copies it into a TrainOptions
+// if it was given.
+template <typename T>
+CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, T TrainOptions::*f, const std::string& help) {
+  CLI::Option* opt = cmd->add_option(flag, cli.values.*f, help);
+  cli.apply.push_back([opt, f, &cli](TrainOptions& o) {
+    if (opt->count() == 0) return std::string();
+    o.*f = cli.values.*f;
+    return opt->get_name();
+  });
+  return opt;
+}
+
+std::string duration(double s) {
+  const long t = long(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+std::string rate(double tokens_per_s) {
+  char buf[32];
+  if (tokens_per_s >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", tokens_per_s / 1e6);
+  else if (tokens_per_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", tokens_per_s / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", tokens_per_s);
+  return buf;
+}
+
+bool holds_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(dir) / "config.json", ec);
+}
+
+}  // namespace
+
+CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
+  auto* cmd = app.add_subcommand("train", "train the character-level GPT (no --data: a built-in reversal task)");
+  cmd->add_option("--data", cli.data, "UTF-8 text file (90% train, 10% val); none: the synthetic task");
+  cmd->add_option("--out", cli.out, "checkpoint directory (model.safetensors + config.json)");
+  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; --steps may extend it)");
+  cmd->add_option("--log-every", cli.log_every, "steps between progress lines when not on a terminal")
+      ->check(CLI::PositiveNumber);
+  bind_option(cmd, cli, "--config", &TrainOptions::config, "model: tiny, nanogpt-cpu or gpt2-small")
+      ->check(CLI::IsMember(gpt_config_names()));
+  bind_option(cmd, cli, "--block", &TrainOptions::block_size, "context length (default: the configuration's)");
+  bind_option(cmd, cli, "--kv-heads", &TrainOptions::n_kv_head, "key/value heads for grouped-query attention");
+  bind_option(cmd, cli, "--steps", &TrainOptions::steps, "optimizer steps in all");
+  bind_option(cmd, cli, "--batch", &TrainOptions::batch, "sequences per step");
+  bind_option(cmd, cli, "--lr", &TrainOptions::lr, "peak learning rate");
+  bind_option(cmd, cli, "--min-lr", &TrainOptions::min_lr, "learning rate at the end of the cosine decay");
+  bind_option(cmd, cli, "--warmup", &TrainOptions::warmup, "linear warmup steps");
+  bind_option(cmd, cli, "--lr-decay-steps", &TrainOptions::lr_decay_steps, "cosine decay length (default: --steps)");
+  bind_option(cmd, cli, "--weight-decay", &TrainOptions::weight_decay, "AdamW decoupled weight decay (matrices, embeddings)");
+  bind_option(cmd, cli, "--beta1", &TrainOptions::beta1, "AdamW beta1");
+  bind_option(cmd, cli, "--beta2", &TrainOptions::beta2, "AdamW beta2");
+  bind_option(cmd, cli, "--grad-clip", &TrainOptions::grad_clip, "clip the global gradient norm (0: off)");
+  bind_option(cmd, cli, "--dropout", &TrainOptions::dropout, "dropout probability");
+  bind_option(cmd, cli, "--eval-every", &TrainOptions::eval_every, "steps between evaluations and checkpoints (0: end only)");
+  bind_option(cmd, cli, "--eval-iters", &TrainOptions::eval_iters, "batches per split per evaluation");
+  bind_option(cmd, cli, "--seed", &TrainOptions::seed, "initialisation, data sampling and dropout");
+  bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
+  cmd->add_flag("--untied", cli.untied, "an output head of its own (not tied to wte)");
+  cmd->add_flag("--no-decay-embeddings", cli.no_decay_embeddings, "no weight decay on wte/wpe (nanoGPT decays them)");
+  return cmd;
+}
+
+int run_train(TrainCli& cli) {
+  TrainOptions o = cli.data.empty() ? synthetic_defaults() : TrainOptions{};
+  std::vector<std::string> given;
+  for (auto& f : cli.apply)
+    if (std::string name = f(o); !name.empty()) given.push_back(name);
+  if (cli.untied) o.tie_weights = false, given.push_back("--untied");
+  if (cli.no_decay_embeddings) o.decay_embeddings = false, given.push_back("--no-decay-embeddings");
+
+  std::unique_ptr<Trainer> t;
+  if (cli.resume) {
+    for (const std::string& g : given)
+      ATTN_CHECK(g == "--steps" || g == "--threads", "Expected only --steps and --threads with --resume (the run's ",
+                 "own options are used), but got ", g, " instead");
+    auto data = cli.data.empty() ? nullptr : std::make_unique<Dataset>(Dataset::text_file(cli.data));
+    const bool steps_given = std::find(given.begin(), given.end(), "--steps") != given.end();
+    t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0);
+    if (std::find(given.begin(), given.end(), "--threads") != given.end()) set_num_threads(o.threads);
+  } else {
+    ATTN_CHECK(!holds_checkpoint(cli.out), "Expected a new or empty --out directory (or --resume to continue), but ",
+               "got '", cli.out, "' holding a checkpoint instead");
+    Dataset d = cli.data.empty() ? Dataset::reverse_task() : Dataset::text_file(cli.data);
+    t = std::make_unique<Trainer>(o, std::move(d));
+  }
+  const TrainOptions& opt = t->options();
+  const GptConfig& c = t->model().config();
+  const Dataset& d = t->data();
+  std::printf("model %s: %lld layers, %lld heads (%lld kv), embedding %lld, block %lld, vocab %lld, %lld parameters\n",
+              opt.config.c_str(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_kv_head,
+              (long long)c.n_embd, (long long)c.block_size, (long long)c.vocab_size,
+              (long long)t->model().num_parameters());
+  if (d.synthetic())
+    std::printf("data: the reversal task (%lld letters, '|', the letters reversed; loss on the reversed half)\n",
+                (long long)d.task_length());
+  else
+    std::printf("data: %s, %llu bytes, %lld train / %lld val tokens\n", d.name().c_str(),
+                (unsigned long long)d.bytes(), (long long)d.split_tokens(0), (long long)d.split_tokens(1));
+  std::printf("training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld), "
+              "weight decay %g, grad clip %g, dropout %g, seed %llu, threads %d\n",
+              (long long)opt.steps, (long long)t->step_count(), (long long)opt.batch, (long long)t->seq_len(), opt.lr,
+              opt.min_lr, (long long)opt.warmup, opt.weight_decay, opt.grad_clip, opt.dropout,
+              (unsigned long long)opt.seed, num_threads());
+  std::fflush(stdout);
+
+  struct sigaction sa = {};
+  sa.sa_handler = on_sigint;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction previous;
+  sigaction(SIGINT, &sa, &previous);
+  g_interrupted = 0;
+
+  const bool tty = ::isatty(STDOUT_FILENO);
+  const int64_t first = t->step_count();
+  const auto t0 = Clock::now();
+  double train_s = 0, last_bar = -1;
+  auto since = [](Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); };
+  auto clear_bar = [&] {
+    if (tty && last_bar >= 0) std::printf("\r\033[K");
+  };
+  auto save = [&](const EvalStats* ev) { t->save(cli.out, ev); };
+  EvalStats ev{};
+  bool have_eval = false;
+  while (t->step_count() < opt.steps) {
+    const auto s0 = Clock::now();
+    StepStats s = t->step();
+    train_s += since(s0);
+    const int64_t done = t->step_count() - first, step = t->step_count();
+    const double tok_s = double(done * t->tokens_per_step()) / train_s;
+    const double eta = train_s / double(done) * double(opt.steps - step);
+    char line[256];
+    std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  lr %.2e  %s tok/s  ETA %s", (long long)step,
+                  (long long)opt.steps, s.loss, s.lr, rate(tok_s).c_str(), duration(eta).c_str());
+    if (tty) {
+      const double now = since(t0);
+      if (now - last_bar >= 0.1 || step == opt.steps) {
+        std::printf("\r\033[K%s", line);
+        std::fflush(stdout);
+        last_bar = now;
+      }
+    } else if (step % cli.log_every == 0 || step == opt.steps) {
+      std::printf("%s\n", line);
+      std::fflush(stdout);
+    }
+    if (g_interrupted) {
+      clear_bar();
+      save(have_eval ? &ev : nullptr);
+      std::printf("interrupted at step %lld: checkpoint saved in %s (continue with --resume)\n", (long long)step,
+                  cli.out.c_str());
+      sigaction(SIGINT, &previous, nullptr);
+      return 130;
+    }
+    if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < opt.steps) {
+      ev = t->evaluate();
+      have_eval = true;
+      save(&ev);
+      clear_bar();
+      std::printf("step %lld: train loss %.4f, val loss %.4f (checkpoint saved)\n", (long long)step, ev.train_loss,
+                  ev.val_loss);
+      std::fflush(stdout);
+      last_bar = -1;
+    }
+  }
+  ev = t->evaluate();
+  save(&ev);
+  clear_bar();
+  sigaction(SIGINT, &previous, nullptr);
+  const int64_t done = t->step_count() - first;
+  std::printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)t->step_count(), ev.train_loss, ev.val_loss);
+  std::printf("done: %lld steps in %.1f s (%.1f s training, %s tok/s); checkpoint in %s\n", (long long)done,
+              since(t0), train_s, rate(done > 0 ? double(done * t->tokens_per_step()) / train_s : 0).c_str(),
+              cli.out.c_str());
+  return 0;
+}
+
+}  // namespace attn
