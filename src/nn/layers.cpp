@@ -2,11 +2,13 @@
 // block, forward and backward. Row-wise loops are plain and split over rows with OpenMP; reductions
 // into parameter gradients run in a fixed order, so results do not depend on the thread count.
 // Not the Transformer layers (transformer.cpp) and no attention (attention/).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "attn/gemm.h"
 #include "attn/nn.h"
+#include "gelu.h"
 
 namespace attn {
 namespace {
@@ -268,34 +270,8 @@ GELU::GELU(const std::string& approximate)
 }
 
 namespace {
-constexpr double kSqrt1_2 = 0.70710678118654752440;     // 1/sqrt(2)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2π)
-constexpr double kSqrt2OverPi = 0.79788456080286535588; // sqrt(2/π)
-constexpr double kTanhCoef = 0.044715;
-
-// f(x) and f'(x); float in, float math (erff/tanhf are accurate to a few ulp).
-inline float act(Activation a, float x) {
-  switch (a) {
-    case Activation::relu: return x > 0 ? x : 0.0f;
-    case Activation::gelu: return 0.5f * x * (1.0f + std::erf(x * float(kSqrt1_2)));  // x·Φ(x)
-    case Activation::gelu_tanh:  // 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))
-      return 0.5f * x * (1.0f + std::tanh(float(kSqrt2OverPi) * (x + float(kTanhCoef) * x * x * x)));
-  }
-  return x;
-}
-
-inline float act_grad(Activation a, float x) {
-  switch (a) {
-    case Activation::relu: return x > 0 ? 1.0f : 0.0f;  // 0 at x = 0, as PyTorch
-    case Activation::gelu:  // Φ(x) + x·φ(x)
-      return 0.5f * (1.0f + std::erf(x * float(kSqrt1_2))) + x * float(kInvSqrt2Pi) * std::exp(-0.5f * x * x);
-    case Activation::gelu_tanh: {  // 0.5·(1 + t) + 0.5·x·(1 - t²)·sqrt(2/π)·(1 + 3·0.044715·x²)
-      const float t = std::tanh(float(kSqrt2OverPi) * (x + float(kTanhCoef) * x * x * x));
-      return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * float(kSqrt2OverPi) * (1.0f + 3.0f * float(kTanhCoef) * x * x);
-    }
-  }
-  return 1.0f;
-}
+// Elements per task: GELU arrays are split into chunks of this size over the threads.
+constexpr int64_t kChunk = 1 << 14;
 }  // namespace
 
 Tensor ActivationLayer::forward(View<const float> x) {
@@ -303,11 +279,16 @@ Tensor ActivationLayer::forward(View<const float> x) {
   View<const float> rows = as_rows(x, storage);
   Tensor y(x.shape);
   const int64_t n = y.numel();
-  const Activation a = kind;
   const float* px = rows.data;
   float* py = y.data();
-#pragma omp parallel for schedule(static) if (n > (1 << 14))
-  for (int64_t i = 0; i < n; ++i) py[i] = act(a, px[i]);
+  if (kind == Activation::relu) {
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) py[i] = px[i] > 0 ? px[i] : 0.0f;
+  } else {
+    const bool approx = kind == Activation::gelu_tanh;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < n; c += kChunk) gelu_forward(px + c, py + c, std::min(kChunk, n - c), approx);
+  }
   x_ = training_ ? (storage.data() ? std::move(storage) : Tensor::copy_of(x)) : Tensor();
   return y;
 }
@@ -319,12 +300,17 @@ Tensor ActivationLayer::backward(View<const float> dout) {
   View<const float> dy = as_rows(dout, storage);
   Tensor dx(x_.shape());
   const int64_t n = dx.numel();
-  const Activation a = kind;
   const float* px = x_.data();
   const float* pg = dy.data;
   float* pd = dx.data();
-#pragma omp parallel for schedule(static) if (n > (1 << 14))
-  for (int64_t i = 0; i < n; ++i) pd[i] = pg[i] * act_grad(a, px[i]);
+  if (kind == Activation::relu) {  // gradient 0 at x = 0, as PyTorch
+#pragma omp parallel for schedule(static) if (n > kChunk)
+    for (int64_t i = 0; i < n; ++i) pd[i] = px[i] > 0 ? pg[i] : 0.0f;
+  } else {
+    const bool approx = kind == Activation::gelu_tanh;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < n; c += kChunk) gelu_backward(px + c, pg + c, pd + c, std::min(kChunk, n - c), approx);
+  }
   return dx;
 }
 
