@@ -305,6 +305,33 @@ TEST(FlashBackward, SameBitsForOneAndTwoThreads) {
   EXPECT_EQ(std::memcmp(one.dv.data(), two.dv.data(), one.dv.numel() * sizeof(float)), 0);
 }
 
+// Q and dO as (B, L, H, D) buffers viewed as (B, H, L, D), as MultiheadAttention passes them: read in
+// place (D = 64) or packed (D = 24), the gradients are bitwise those of contiguous inputs.
+TEST(FlashBackward, StridedInputsGiveTheSameBits) {
+  for (int64_t D : {64, 24}) {
+    Config c{2, 4, 2, 70, 90, D, D, MaskCase::none, Causal::top_left};
+    Inputs<float> in(c, 31);
+    Forward f(c, in);
+    Grads<float> want = flash_grads(c, in, f);
+    Tensor q_blhd({c.B, c.L, c.H, c.D}), dout_blhd({c.B, c.L, c.H, c.Dv});
+    View<float> q = q_blhd.view().transpose(1, 2), dout = dout_blhd.view().transpose(1, 2);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t l = 0; l < c.L; ++l)
+          for (int64_t d = 0; d < c.D; ++d) {
+            q.at({b, h, l, d}) = in.q.view().at({b, h, l, d});
+            dout.at({b, h, l, d}) = in.dout.view().at({b, h, l, d});
+          }
+    SdpaArgs<float> args = in.args;
+    args.q = q;
+    Grads<float> got(c);
+    flash_backward(make_problem(args, SdpaOut<float>{f.out.view(), {}, f.lse.view()}), dout, got.views());
+    EXPECT_EQ(std::memcmp(got.dq.data(), want.dq.data(), want.dq.numel() * sizeof(float)), 0) << "D " << D;
+    EXPECT_EQ(std::memcmp(got.dk.data(), want.dk.data(), want.dk.numel() * sizeof(float)), 0) << "D " << D;
+    EXPECT_EQ(std::memcmp(got.dv.data(), want.dv.data(), want.dv.numel() * sizeof(float)), 0) << "D " << D;
+  }
+}
+
 // sdpa_backward: every argument's shape is checked, and the error names the argument and both shapes.
 TEST(SdpaBackward, ShapeErrorsNameBothShapes) {
   Config c{1, 4, 2, 5, 6, 3, 4};

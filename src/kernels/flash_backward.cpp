@@ -25,6 +25,7 @@
 #define HWY_DISABLED_TARGETS HWY_SSSE3  // as flash_forward.cpp: SSE4 is the portable SIMD target
 #endif
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
 #include "attn/rng.h"
@@ -41,12 +42,13 @@ constexpr int64_t kMinTasks = 16;  // split each KV head's blocks into chunks un
 
 // What the backward needs of query head (b, h), packed once: (Lp = L rounded up to kBr)
 struct QHead {
-  float* qt;    // (Lp/N, D, N) Qᵀ panels · scale·log2e
-  float* q;     // (L, Dp) Q rows, unscaled
-  float* dot;   // (Lp/N, Dv, N) dOᵀ panels
-  float* dout;  // (L, Dvp) dO rows
-  float* lse2;  // (Lp) LSE·log2e; +inf on a fully masked row and past L, so P = exp2(x − lse2) = 0 there
-  float* dsum;  // (Lp) D = rowsum(dO∘O); 0 past L
+  float* qt;          // (Lp/N, D, N) Qᵀ panels · scale·log2e
+  float* dot;         // (Lp/N, Dv, N) dOᵀ panels
+  float* lse2;        // (Lp) LSE·log2e; +inf on a fully masked row and past L, so P = exp2(x − lse2) = 0 there
+  float* dsum;        // (Lp) D = rowsum(dO∘O); 0 past L
+  const float* q;     // (L, Dp) Q rows, unscaled, row stride ldq: the caller's when they fit, else packed
+  const float* dout;  // (L, Dvp) dO rows, row stride lddo: likewise
+  int64_t ldq, lddo;
 };
 
 void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g) {
@@ -67,17 +69,22 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
   const int64_t off = a.causal == Causal::bottom_right ? S - L : 0;  // causal: key s is seen by queries l >= s − off
 
   // ---- pack every query head ----
-  const int64_t per_head = Lp * D + L * Dp + Lp * Dv + L * Dvp + 2 * Lp;
-  std::vector<float> packed(p.B * p.H * per_head);  // zero-filled: the padding of panels and rows
+  // Q and dO rows are read in place when they have unit column stride and no padding is needed.
+  const bool q_in_place = a.q.strides[3] == 1 && D == Dp, dout_in_place = dout.strides[3] == 1 && Dv == Dvp;
+  const int64_t per_head = Lp * (D + Dv + 2) + (q_in_place ? 0 : L * Dp) + (dout_in_place ? 0 : L * Dvp);
+  auto packed = hwy::AllocateAligned<float>(std::max<int64_t>(1, p.B * p.H * per_head));  // (B, H, per_head)
   auto head = [&](int64_t b, int64_t h) {
-    float* x = packed.data() + (b * p.H + h) * per_head;
+    float* x = packed.get() + (b * p.H + h) * per_head;
     QHead r;
     r.qt = x, x += Lp * D;
-    r.q = x, x += L * Dp;
     r.dot = x, x += Lp * Dv;
-    r.dout = x, x += L * Dvp;
     r.lse2 = x, x += Lp;
-    r.dsum = x;
+    r.dsum = x, x += Lp;
+    r.q = q_in_place ? a.q.data + b * a.q.strides[0] + h * a.q.strides[1] : x;
+    r.ldq = q_in_place ? a.q.strides[2] : Dp;
+    x += q_in_place ? 0 : L * Dp;
+    r.dout = dout_in_place ? dout.data + b * dout.strides[0] + h * dout.strides[1] : x;
+    r.lddo = dout_in_place ? dout.strides[2] : Dvp;
     return r;
   };
 #pragma omp parallel for collapse(2) schedule(static)
@@ -88,29 +95,32 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
       const float* dO = dout.data + b * dout.strides[0] + h * dout.strides[1];
       const auto& O = p.out.out;
       const auto& lse = p.out.lse;
+      const int64_t filled = round_up(L, N);  // pack_panels writes the panels of [0, L), padding included
       pack_panels(q, a.q.strides[2], a.q.strides[3], L, D, N, r.qt);
-      for (int64_t i = 0; i < Lp * D; ++i) r.qt[i] *= c2;  // padding stays 0
-      pack_rows(q, a.q.strides[2], a.q.strides[3], L, D, Dp, r.q);
+      std::fill(r.qt + filled * D, r.qt + Lp * D, 0.f);
+      for (int64_t i = 0; i < filled * D; ++i) r.qt[i] *= c2;
       pack_panels(dO, dout.strides[2], dout.strides[3], L, Dv, N, r.dot);
-      pack_rows(dO, dout.strides[2], dout.strides[3], L, Dv, Dvp, r.dout);
+      std::fill(r.dot + filled * Dv, r.dot + Lp * Dv, 0.f);
+      if (!q_in_place) pack_rows(q, a.q.strides[2], a.q.strides[3], L, D, Dp, const_cast<float*>(r.q));
+      if (!dout_in_place) pack_rows(dO, dout.strides[2], dout.strides[3], L, Dv, Dvp, const_cast<float*>(r.dout));
       for (int64_t l = 0; l < Lp; ++l) {
         if (l >= L) {
-          r.lse2[l] = inf;
+          r.lse2[l] = inf, r.dsum[l] = 0.f;
           continue;
         }
         const float m = lse.data[b * lse.strides[0] + h * lse.strides[1] + l * lse.strides[2]];
         r.lse2[l] = m == -inf ? inf : m * kLog2e;
         const float* o = O.data + b * O.strides[0] + h * O.strides[1] + l * O.strides[2];
         float s = 0;
-        for (int64_t e = 0; e < Dv; ++e) s += r.dout[l * Dvp + e] * o[e * O.strides[3]];
+        for (int64_t e = 0; e < Dv; ++e) s += r.dout[l * r.lddo + e] * o[e * O.strides[3]];
         r.dsum[l] = s;
       }
     }
 
-  // ---- dQ partials: (C, B, H, nq, D, kBr), the blocked dQᵀ of each chunk ----
-  std::vector<float> dqt(C * p.B * p.H * nq * D * kBr);
+  // ---- dQ partials: (C, B, H, nq, D, kBr), the blocked dQᵀ of each chunk, zeroed by the task that owns it ----
+  auto dqt = hwy::AllocateAligned<float>(std::max<int64_t>(1, C * p.B * p.H * nq * D * kBr));
   auto dqt_block = [&](int64_t c, int64_t b, int64_t h, int64_t i) {
-    return dqt.data() + (((c * p.B + b) * p.H + h) * nq + i) * D * kBr;
+    return dqt.get() + (((c * p.B + b) * p.H + h) * nq + i) * D * kBr;
   };
 
   // ---- KV blocks outer, Q blocks inner ----
@@ -127,7 +137,9 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
-        for (int64_t c = 0; c < C; ++c)
+        for (int64_t c = 0; c < C; ++c) {
+          for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
+            std::fill(dqt_block(c, b, h, 0), dqt_block(c, b, h, nq), 0.f);
           for (int64_t j = c; j < nkv; j += C) {
             const int64_t s0 = j * kBc, bc = std::min(kBc, S - s0);
             const float* k = a.k.data + b * a.k.strides[0] + kvh * a.k.strides[1] + s0 * a.k.strides[2];
@@ -182,8 +194,8 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
                     }
                 }
                 // dV_j += P_droppedᵀ · dO_i;  dK_j += dSᵀ · Q_i;  dQ_iᵀ += K_jᵀ · dSᵀ
-                PVTile(st, bc, kBr, r.dout + l0 * Dvp, Dvp, br, dv, Dvp, nullptr);
-                PVTile(dpt, bc, kBr, r.q + l0 * Dp, Dp, br, dk, Dp, nullptr);
+                PVTile(st, bc, kBr, r.dout + l0 * r.lddo, r.lddo, br, dv, Dvp, nullptr);
+                PVTile(dpt, bc, kBr, r.q + l0 * r.ldq, r.ldq, br, dk, Dp, nullptr);
                 PVTile(kt, D, kBc, dpt, kBr, bc, dqt_block(c, b, h, i), kBr, nullptr);
               }
             }
@@ -197,6 +209,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
               for (int64_t e = 0; e < Dv; ++e) gv[s * GV.strides[2] + e * GV.strides[3]] = dv[s * Dvp + e];
             }
           }
+        }
   }
 
   // ---- dQ = scale · Σ_c partial_c, in the order c = 0, 1, ... ----
