@@ -338,14 +338,17 @@ Tensor Embedding::forward(const int64_t* ids, const Shape& shape) {
   out_shape.push_back(E);
   Tensor y(out_shape);  // (shape..., E)
   for (int64_t i = 0; i < n; ++i) std::memcpy(y.data() + i * E, weight.data() + ids[i] * E, sizeof(float) * size_t(E));
-  if (training_) ids_.assign(ids, ids + n);
-  else ids_.clear();
-  saved_shape_ = out_shape;
+  ids_.clear();
+  saved_shape_.clear();
+  if (training_) {
+    ids_.assign(ids, ids + n);
+    saved_shape_ = out_shape;
+  }
   return y;
 }
 
 void Embedding::backward(View<const float> dout) {
-  check_saved(training_ && saved_shape_.size() > 0, "Embedding");
+  check_saved(!saved_shape_.empty(), "Embedding");
   check_dout(dout, saved_shape_, "Embedding");
   Tensor storage;
   View<const float> dy = as_rows(dout, storage);  // (n, E)

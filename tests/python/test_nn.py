@@ -10,6 +10,8 @@ of the result's scale (max(|oracle|, 1) · 2^-19 ≈ 2e-6): the rounding of one 
 unit-scale inputs both sides err by ~1e-6 (measured: 1e-7 .. 1.5e-6), so this is the "1e-5-ish" bound,
 derived per tensor; a wrong term (a missed residual, a transposed weight, a mask off by one) errs by O(0.1).
 """
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -71,6 +73,11 @@ def compare(ours_layer, module, inputs, forward_torch, forward_ours):
 def _double_copy(module):
     import copy
     return copy.deepcopy(module).double()
+
+
+def _seed(*case):
+    """A seed per test case that is the same in every run (hash() of a str is salted per process)."""
+    return zlib.crc32(repr(case).encode())
 
 
 def randn(rng, *shape):
@@ -229,7 +236,7 @@ ENCODER_CASES = [
 
 @pytest.mark.parametrize("norm_first,activation,batch_first,mask,padding,causal,bias", ENCODER_CASES)
 def test_encoder_layer(norm_first, activation, batch_first, mask, padding, causal, bias):
-    rng = np.random.default_rng(hash((norm_first, activation, batch_first, mask, padding, causal)) % 2**32)
+    rng = np.random.default_rng(_seed(norm_first, activation, batch_first, mask, padding, causal))
     torch.manual_seed(8)
     kw = dict(d_model=E, nhead=NHEAD, dim_feedforward=FF, dropout=0.0, activation=activation,
               batch_first=batch_first, norm_first=norm_first, bias=bias)
@@ -288,7 +295,7 @@ DECODER_CASES = [
 
 @pytest.mark.parametrize("norm_first,activation,batch_first,tgt_mask,memory_mask,padding,causal", DECODER_CASES)
 def test_decoder_layer(norm_first, activation, batch_first, tgt_mask, memory_mask, padding, causal):
-    rng = np.random.default_rng(hash((norm_first, activation, batch_first, tgt_mask, memory_mask)) % 2**32)
+    rng = np.random.default_rng(_seed(norm_first, activation, batch_first, tgt_mask, memory_mask, padding, causal))
     torch.manual_seed(11)
     kw = dict(d_model=E, nhead=NHEAD, dim_feedforward=FF, dropout=0.0, activation=activation,
               batch_first=batch_first, norm_first=norm_first)
