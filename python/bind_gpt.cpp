@@ -249,8 +249,17 @@ void bind_gpt(py::module_& m) {
            }),
            py::arg("data") = py::none(), py::arg("text") = py::none(),
            "Trainer(data=path | text=str | neither: the reversal task, **TrainOptions fields)")
-      .def_static("resume", [](const std::string& dir, int64_t steps) { return Trainer::resume(dir, nullptr, steps); },
-                  py::arg("dir"), py::arg("steps") = 0)
+      .def_static(
+          "resume",
+          [](const std::string& dir, int64_t steps, const std::optional<std::string>& data,
+             const std::optional<std::string>& text) {
+            std::unique_ptr<Dataset> d;
+            if (data) d = std::make_unique<Dataset>(Dataset::text_file(*data));
+            if (text) d = std::make_unique<Dataset>(Dataset::text(*text));
+            return Trainer::resume(dir, std::move(d), steps);
+          },
+          py::arg("dir"), py::arg("steps") = 0, py::arg("data") = py::none(), py::arg("text") = py::none(),
+          "Continues a saved run; data/text only if it was not trained on the file its checkpoint names.")
       .def("step", [](Trainer& t) {
         StepStats s;
         {

@@ -237,7 +237,10 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr
     if (dj.value("kind", "") == "reverse") {
       data = std::make_unique<Dataset>(Dataset::reverse_task(dj.value("task_length", int64_t(0))));
     } else {
-      data = std::make_unique<Dataset>(Dataset::text_file(dj.value("path", "")));
+      const std::string path = dj.value("path", "");
+      ATTN_CHECK(path != "<text>", "Expected the text to resume with (the run in '", dir,
+                 "' trained on a text given in memory, not a file), but got none instead");
+      data = std::make_unique<Dataset>(Dataset::text_file(path));
     }
   }
   const json now = data_json(*data);
