@@ -61,7 +61,8 @@ class Gpt : public Layer {
   Tensor forward_cached(const int64_t* idx, int64_t B, int64_t T, KVCache& cache);
   KVCache new_cache(int64_t B) const;  // n_layer layers of block_size tokens, Hkv heads
 
-  // Eval mode: per layer, the causal self-attention weights (B, H, T, T) for idx (B, T).
+  // Per layer, the causal self-attention weights (B, H, T, T) for idx (B, T), computed in eval mode (the
+  // mode is restored after).
   std::vector<Tensor> attention_weights(const int64_t* idx, int64_t B, int64_t T);
 
   // Dropout seeds for the next forward, derived from `seed` (the trainer passes f(run seed, step), so a

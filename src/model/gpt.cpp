@@ -276,7 +276,8 @@ Tensor Gpt::forward_cached(const int64_t* idx, int64_t B, int64_t T, KVCache& ca
 }
 
 std::vector<Tensor> Gpt::attention_weights(const int64_t* idx, int64_t B, int64_t T) {
-  ATTN_CHECK(!training_, "Expected eval mode for attention_weights, but got training mode instead");
+  const bool was_training = training_;
+  train(false);
   std::vector<Tensor> weights;
   Tensor x = embed(idx, B, T, 0);
   EncoderArgs args;
@@ -290,6 +291,7 @@ std::vector<Tensor> Gpt::attention_weights(const int64_t* idx, int64_t B, int64_
     weights.push_back(block.self_attn.forward(n.view(), n.view(), n.view(), a).weights);  // (B, H, T, T)
     x = block.forward(x.view(), args);
   }
+  train(was_training);
   return weights;
 }
 

@@ -2,6 +2,7 @@
 // bar and Ctrl-C handling is the CLI's (tools/train.cpp); this file is what both it and Python call.
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <cmath>
 #include <fstream>
@@ -303,8 +304,10 @@ void train_demo(std::ostream& out, double seconds, int threads) {
   double shown = -1;
   while (t.step_count() < o.steps && elapsed() < seconds) {
     StepStats s = t.step();
-    if (t.step_count() <= 20 || elapsed() - shown >= 0.5) {
-      out << "  step " << t.step_count() << "  loss " << s.loss << "\n" << std::flush;
+    if ((t.step_count() <= 20 && t.step_count() % 4 == 0) || elapsed() - shown >= 0.5) {
+      char line[64];
+      std::snprintf(line, sizeof line, "  step %4lld  loss %.4f\n", (long long)t.step_count(), s.loss);
+      out << line << std::flush;
       shown = elapsed();
     }
   }
@@ -312,15 +315,38 @@ void train_demo(std::ostream& out, double seconds, int threads) {
   Rng rng(7);
   std::vector<int64_t> x(size_t(2 * k)), y(size_t(2 * k));
   const CharTokenizer& tok = t.data().tokenizer();
+  auto text = [&](const std::vector<int64_t>& ids) { return tok.decode(std::vector<int32_t>(ids.begin(), ids.end())); };
   for (int i = 0; i < 4; ++i) {
     t.data().batch(1, 1, 2 * k, rng, x.data(), y.data());
     std::vector<int64_t> prompt(x.begin(), x.begin() + k + 1);  // letters and '|'
-    std::vector<int64_t> got = generate(t.model(), prompt, {k, 0.0, 0, 0});
-    std::vector<int32_t> p32(prompt.begin(), prompt.end()), g32(got.begin(), got.end()), want;
-    for (int64_t j = k - 1; j >= 0; --j) want.push_back(int32_t(prompt[size_t(j)]));
-    out << "  " << tok.decode(p32) << tok.decode(g32) << (g32 == want ? "  correct" : "  (want " + tok.decode(want) + ")")
-        << "\n";
+    std::vector<int64_t> got = generate(t.model(), prompt, {k, 0.0, 0, 0, {}});
+    std::vector<int64_t> want(prompt.rbegin() + 1, prompt.rend());
+    out << "  " << text(prompt) << text(got) << (got == want ? "  correct" : "  (want " + text(want) + ")") << "\n";
   }
+  // The head that attends most to the mirrored letter: query t (from '|' on) reading key 2k-1-t.
+  std::vector<Tensor> w = t.model().attention_weights(x.data(), 1, 2 * k);  // per layer (1, H, T, T)
+  const int64_t T = 2 * k, H = w[0].size(1);
+  double best = -1;
+  int64_t bl = 0, bh = 0;
+  for (int64_t l = 0; l < int64_t(w.size()); ++l)
+    for (int64_t h = 0; h < H; ++h) {
+      double score = 0;
+      for (int64_t q = k; q < T; ++q) score += w[size_t(l)].data()[(h * T + q) * T + (T - 1 - q)] / double(k);
+      if (score > best) best = score, bl = l, bh = h;
+    }
+  out << "Attention of layer " << bl << ", head " << bh << " (rows: queries, columns: keys; darker = more):\n";
+  const char* shades = " .:-=+*#%@";
+  const std::string s = text(x);
+  for (int64_t q = 0; q < T; ++q) {
+    out << "  " << s[size_t(q)] << " |";
+    for (int64_t c = 0; c < T; ++c) {
+      const float v = w[size_t(bl)].data()[(bh * T + q) * T + c];
+      out << shades[std::min(9, int(v * 9.999f))];
+    }
+    out << "|\n";
+  }
+  out << "    " << s << "\n  On average " << int(best * 100 + 0.5)
+      << "% of this head's attention, from '|' on, falls on the letter it must copy: the anti-diagonal.\n";
 }
 
 }  // namespace attn
