@@ -204,8 +204,8 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
         const float m_new = std::max(t.m[r], RowMax(row, nbp));
         // fully masked so far: m = -inf; use 0 so 2^(-inf - -inf) is not NaN (P = 0 then)
         const float m_use = m_new == -kInf ? 0.f : m_new;
-        // while m = -inf, O and l are still 0: nothing to rescale
-        const float a = t.m[r] == -kInf ? 1.f : std::exp2(t.m[r] - m_use);
+        // while m = -inf, O and l are still 0: nothing to rescale; nor when the max did not change
+        const float a = t.m[r] == -kInf || t.m[r] == m_new ? 1.f : std::exp2(t.m[r] - m_use);
         t.alpha[r] = a;
         rescale |= a != 1.f;
         t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use);
