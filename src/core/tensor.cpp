@@ -116,13 +116,22 @@ template <typename T>
 TensorT<T> TensorT<T>::copy_of(View<const T> src) {
   TensorT t(src.shape);
   T* dst = t.data();
+  const int64_t total = t.numel();
+  if (total == 0) return t;
+  if (src.is_contiguous()) {  // the common case (saving activations): one memcpy
+    std::memcpy(dst, src.data, sizeof(T) * size_t(total));
+    return t;
+  }
+  // Rows of the last dim, the outer dims walked as an odometer.
   const int r = src.rank();
+  const int64_t inner = r ? src.shape[r - 1] : 1, step = r ? src.strides[r - 1] : 0;
   std::vector<int64_t> idx(r, 0);
-  for (int64_t n = 0, total = t.numel(); n < total; ++n) {
+  for (int64_t n = 0; n < total; n += inner) {
     int64_t off = 0;
-    for (int i = 0; i < r; ++i) off += idx[i] * src.strides[i];
-    dst[n] = src.data[off];
-    for (int i = r; i-- > 0;) {  // odometer increment
+    for (int i = 0; i + 1 < r; ++i) off += idx[i] * src.strides[i];
+    const T* row = src.data + off;
+    for (int64_t j = 0; j < inner; ++j) dst[n + j] = row[j * step];
+    for (int i = r - 1; i-- > 0;) {  // odometer increment over the outer dims
       if (++idx[i] < src.shape[i]) break;
       idx[i] = 0;
     }
