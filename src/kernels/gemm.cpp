@@ -32,8 +32,9 @@ void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
   if (n == 0) return;
   T beta = 0;
   if (!bias.empty()) {
+    const int64_t ys = y.stride(0), bs = bias.stride(0);  // hoisted: stride() is an out-of-line call
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t c = 0; c < out; ++c) y.data[r * y.stride(0) + c] = bias.data[c * bias.stride(0)];
+      for (int64_t c = 0; c < out; ++c) y.data[r * ys + c] = bias.data[c * bs];
     beta = 1;
   }
   gemm(false, true, n, out, in, T(1), x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
