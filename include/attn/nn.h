@@ -8,7 +8,7 @@
 //   the dropout seed); in eval mode it saves nothing and applies no dropout.
 // - backward(dout) takes dLoss/dOutput (the output's shape), ADDS the parameter gradients into the
 //   Param::grad tensors (so several backward calls accumulate, as PyTorch's .grad does; zero_grad()
-//   clears them) and returns dLoss/dInput. One backward per forward: it uses the last forward's state.
+//   clears them) and returns dLoss/dInput, from the last training forward's saved state.
 // - parameters(out, prefix) appends {name, value, grad} under PyTorch's state_dict names, in PyTorch's
 //   order, so the optimizer and the safetensors checkpoint iterate one list (param.h).
 //
@@ -33,6 +33,7 @@ namespace attn {
 
 // linear() and linear_backward() (gemm.h) are the projections' math, also for weight tying (an lm_head
 // that reuses the embedding matrix).
+
 // y += x, elementwise over equal shapes (a residual connection; its backward passes dy to both sides).
 void add_(View<float> y, View<const float> x);
 
