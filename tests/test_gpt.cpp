@@ -147,7 +147,7 @@ TEST(Gpt, GreedyGenerationFollowsTheFullForwardPastTheBlock) {
   c.block_size = 8;
   Gpt m(c, 21);
   std::vector<int64_t> prompt = {1, 2, 3};
-  std::vector<int64_t> got = generate(m, prompt, {12, 0.0, 0, 0});
+  std::vector<int64_t> got = generate(m, prompt, {.max_new_tokens = 12, .temperature = 0.0});
   ASSERT_EQ(got.size(), 12u);
   // Re-derive each token with full forwards over the context generate() uses: everything within the
   // block, then the last block/2 tokens after each refill.
@@ -163,8 +163,9 @@ TEST(Gpt, GreedyGenerationFollowsTheFullForwardPastTheBlock) {
     all.push_back(got[n]);
   }
   // Sampling is a function of the seed.
-  EXPECT_EQ(generate(m, prompt, {20, 1.0, 5, 7}), generate(m, prompt, {20, 1.0, 5, 7}));
-  EXPECT_NE(generate(m, prompt, {20, 1.0, 0, 7}), generate(m, prompt, {20, 1.0, 0, 8}));
+  const SampleOptions a{.max_new_tokens = 20, .top_k = 5, .seed = 7};
+  EXPECT_EQ(generate(m, prompt, a), generate(m, prompt, a));
+  EXPECT_NE(generate(m, prompt, {.max_new_tokens = 20, .seed = 7}), generate(m, prompt, {.max_new_tokens = 20, .seed = 8}));
 }
 
 TEST(Gpt, AttentionWeightsAreCausalDistributions) {
@@ -181,7 +182,9 @@ TEST(Gpt, AttentionWeightsAreCausalDistributions) {
       double sum = 0;
       for (int64_t s = 0; s < 6; ++s) {
         const float v = t.data()[r * 6 + s];
-        if (s > l) EXPECT_EQ(v, 0.0f);
+        if (s > l) {
+          EXPECT_EQ(v, 0.0f);
+        }
         sum += v;
       }
       EXPECT_NEAR(sum, 1.0, 1e-5);

@@ -319,7 +319,10 @@ void train_demo(std::ostream& out, double seconds, int threads) {
   for (int i = 0; i < 4; ++i) {
     t.data().batch(1, 1, 2 * k, rng, x.data(), y.data());
     std::vector<int64_t> prompt(x.begin(), x.begin() + k + 1);  // letters and '|'
-    std::vector<int64_t> got = generate(t.model(), prompt, {k, 0.0, 0, 0, {}});
+    SampleOptions greedy;
+    greedy.max_new_tokens = k;
+    greedy.temperature = 0;
+    std::vector<int64_t> got = generate(t.model(), prompt, greedy);
     std::vector<int64_t> want(prompt.rbegin() + 1, prompt.rend());
     out << "  " << text(prompt) << text(got) << (got == want ? "  correct" : "  (want " + text(want) + ")") << "\n";
   }
