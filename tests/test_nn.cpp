@@ -15,6 +15,7 @@
 #include "attn/kv_cache.h"
 #include "attn/nn.h"
 #include "attn/rng.h"
+#include "attn/threads.h"
 
 using namespace attn;
 
@@ -683,4 +684,31 @@ TEST(KVCache, EncoderLayerIncrementalEqualsFullCausalForward) {
     for (int64_t t = 3; t < T; ++t)
       expect_rows_equal(full, enc.forward_cached(slice_tokens(x, true, t, 1).view(), cache, 0), true, B, t, 1, E);
   }
+}
+
+TEST(TransformerLayers, SameBitsForOneAndTwoThreads) {
+  // DESIGN: a reduction order that does not depend on how work was split (our row loops, the flash
+  // kernels and OpenBLAS's gemm, which splits rows and columns, not the summed dimension).
+  Rng rng(30);
+  const int64_t B = 3, L = 33, S = 17, E = 32;
+  Tensor tgt = random_tensor({B, L, E}, rng), mem = random_tensor({B, S, E}, rng), d = random_tensor({B, L, E}, rng);
+  std::vector<std::vector<float>> runs;
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    TransformerOptions o = tf_opts(true, Activation::gelu, 0.1);
+    o.d_model = E, o.nhead = 4, o.num_kv_heads = 2, o.dim_feedforward = 3 * E, o.batch_first = true;
+    TransformerDecoderLayer dec(o);
+    DecoderArgs a;
+    a.tgt_is_causal = true;
+    Tensor y = dec.forward(tgt.view(), mem.view(), a);
+    DecoderGrads g = dec.backward(d.view());
+    std::vector<float> all(y.data(), y.data() + y.numel());
+    all.insert(all.end(), g.dtgt.data(), g.dtgt.data() + g.dtgt.numel());
+    all.insert(all.end(), g.dmemory.data(), g.dmemory.data() + g.dmemory.numel());
+    for (Param& p : dec.parameter_list()) all.insert(all.end(), p.grad->data(), p.grad->data() + p.grad->numel());
+    runs.push_back(std::move(all));
+  }
+  set_num_threads(1);
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) ASSERT_EQ(runs[0][i], runs[1][i]) << "element " << i;
 }
