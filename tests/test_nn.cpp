@@ -712,3 +712,31 @@ TEST(TransformerLayers, SameBitsForOneAndTwoThreads) {
   ASSERT_EQ(runs[0].size(), runs[1].size());
   for (size_t i = 0; i < runs[0].size(); ++i) ASSERT_EQ(runs[0][i], runs[1][i]) << "element " << i;
 }
+
+TEST(Dropout, ReseedRestartsTheStream) {
+  Rng rng(41);
+  Tensor x = random_tensor({8, 16}, rng);
+  Dropout fresh(0.5, 123), used(0.5, 7);
+  used.forward(x.view());
+  used.reseed(123);
+  Tensor a = fresh.forward(x.view()), b = used.forward(x.view());
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data()[i], b.data()[i]);
+  // Attention-weight dropout: the same seed gives the same output, another seed another one.
+  MhaOptions o = mha_opts(8, 2);
+  o.dropout = 0.5;
+  MultiheadAttention m(o);
+  Tensor q = random_tensor({4, 2, 8}, rng);
+  MhaArgs args;
+  args.need_weights = false;
+  m.reseed(9);
+  Tensor y1 = std::move(m.forward(q.view(), q.view(), q.view(), args).output);
+  Tensor y2 = std::move(m.forward(q.view(), q.view(), q.view(), args).output);
+  m.reseed(9);
+  Tensor y3 = std::move(m.forward(q.view(), q.view(), q.view(), args).output);
+  int64_t same12 = 0;
+  for (int64_t i = 0; i < y1.numel(); ++i) {
+    ASSERT_EQ(y1.data()[i], y3.data()[i]);
+    same12 += y1.data()[i] == y2.data()[i];
+  }
+  EXPECT_LT(same12, y1.numel());
+}

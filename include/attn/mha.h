@@ -96,6 +96,9 @@ class MultiheadAttention : public Layer {
   // path). Returns x's shape. Not with add_bias_kv, add_zero_attn, or kdim / vdim != E.
   Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer);
 
+  // The dropout stream on the attention weights: the next forwards draw from `seed` (as Dropout::reseed).
+  void reseed(uint64_t seed);
+
   const MhaOptions& options() const { return o_; }  // kdim, vdim, num_kv_heads resolved
   int64_t head_dim() const { return o_.embed_dim / o_.num_heads; }
   // The parameters and their gradients under their state_dict names, in PyTorch's order (nn.h).

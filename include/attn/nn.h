@@ -77,6 +77,8 @@ class LayerNorm : public Layer {
 class Dropout : public Layer {
  public:
   explicit Dropout(double p = 0.5, uint64_t seed = 0);
+  // The next forward draws as a fresh Dropout(p, seed) would (per-step streams for a bit-exact resume).
+  void reseed(uint64_t seed);
   Tensor forward(View<const float> x);
   Tensor backward(View<const float> dout);
   void parameters(std::vector<Param>&, const std::string& = "") override {}

@@ -219,6 +219,8 @@ MultiheadAttention::MultiheadAttention(const MhaOptions& options) : o_(options) 
   for (Param& p : parameter_list()) *p.grad = Tensor(p.value->shape());
 }
 
+void MultiheadAttention::reseed(uint64_t seed) { dropout_seed_ = mix64(seed); }
+
 void MultiheadAttention::parameters(std::vector<Param>& out, const std::string& prefix) {
   auto add = [&](const char* name, Tensor& t, Tensor& g) {  // absent parameters are empty tensors
     if (t.data()) out.push_back({prefix + name, &t, &g});

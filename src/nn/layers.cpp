@@ -209,6 +209,8 @@ Dropout::Dropout(double p, uint64_t seed) : p(p), seed_(mix64(seed)), last_seed_
   ATTN_CHECK(p >= 0 && p <= 1, "Expected dropout probability in [0, 1], but got ", p, " instead");
 }
 
+void Dropout::reseed(uint64_t seed) { seed_ = mix64(seed); }
+
 namespace {
 // y[i] = keep(seed, i) ? x[i] / (1 - p) : 0, the forward and the backward alike.
 Tensor apply_dropout(View<const float> x, double p, uint64_t seed) {
