@@ -381,7 +381,9 @@ TEST(Flash, EverySimdTargetCompiledIn) {
     c.L = 70, c.S = 300, c.D = 63, c.Dv = 80, c.H = 4, c.Hkv = 2, c.causal = Causal::top_left,
     c.mask = MaskKind::additive;
     check_case(c);
-    c.L = 1, c.S = 1500, c.Dv = 64;  // decode
+    c.L = 1, c.S = 1500, c.Dv = 64, c.H = 16, c.Hkv = 1;  // decode, 16 rows: several Qᵀ panels below AVX-512
+    check_case(c);
+    c.L = 5, c.S = 100, c.H = 3, c.Hkv = 1, c.in_layout = 2;  // few rows, K copied as rows
     check_case(c);
   }
   hwy::SetSupportedTargetsForTest(0);

@@ -3,7 +3,9 @@
 // O(tile) per thread. Not the oracle (reference.cpp is) and not fp64; no attention weights.
 //
 // One query tile = lq query positions x the G = H/Hkv query heads of one KV head (row r is position
-// l0 + r/G, head kvh·G + r%G), so each packed Kᵀ panel feeds every head of a GQA group.
+// l0 + r/G, head kvh·G + r%G), so each packed Kᵀ panel feeds every head of a GQA group. K is packed
+// once per (batch, KV head) as Kᵀ panels; a tile of at most kFewRows rows (decoding) reads K in place
+// instead, computing Sᵀ = K·Qᵀ, since packing would cost more than the few rows' arithmetic.
 // Scores are kept in the log2 domain: Q is scaled by scale·log2(e) when packed, masks are multiplied
 // by log2(e), and exp2 replaces exp; LSE is converted back to natural log at the end.
 //
@@ -39,6 +41,7 @@ constexpr int64_t kBc = 256;             // keys per tile: the (rows, kBc) score
 constexpr int64_t kRowsPerTile = 256;    // query rows per tile, about: K/V tiles come from L3 once per
                                          // query tile, so more rows amortize that (measured: 64 rows 12% slower)
 constexpr int64_t kCutBand = 4 * kMR;     // rows per band where the causal diagonal crosses a tile
+constexpr int64_t kFewRows = 16;         // tiles of at most this many rows read K in place (no Kᵀ pack)
 constexpr int64_t kDecodeRows = 16;      // at most this many rows per KV head ...
 constexpr int64_t kDecodeMinS = 1024;    // ... and at least this many keys: the decode path
 constexpr int64_t kDecodeChunk = 512;    // keys per decode chunk; fixed, so the merge never depends on threads
@@ -51,6 +54,8 @@ struct Plan {
   int64_t G = 0, N = 0, Dvp = 0;  // query heads per KV head, lanes, Dv rounded up to N
   int64_t lq = 0, Br = 0;  // query positions and rows (lq·G) per tile
   bool decode = false;  // split S into chunks instead of L into tiles
+  bool few = false;     // Br <= kFewRows: S is computed as K·Qᵀ from K rows, K is not packed as panels
+  bool pack_k = false;  // K must be copied: as Kᵀ panels (!few), or as rows (few, column stride != 1)
   bool pack_v = false;  // V rows can't be read in place (column stride != 1 or Dv % N != 0)
   float qscale = 0;     // scale·log2(e), folded into Q
   uint32_t threshold = 0;  // dropout
@@ -67,6 +72,8 @@ Plan MakePlan(const SdpaProblem<float>& p) {
   const int64_t step = kMR / std::gcd<int64_t>(pl.G, kMR);
   pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(kRowsPerTile) / double(step * pl.G))));
   pl.Br = pl.lq * pl.G;
+  pl.few = pl.Br <= kFewRows;
+  pl.pack_k = !pl.few || p.args.k.strides[3] != 1;
   pl.pack_v = p.args.v.strides[3] != 1 || p.Dv % pl.N != 0;
   pl.qscale = static_cast<float>(p.scale) * kLog2e;
   pl.threshold = dropout_threshold(p.args.dropout_p);
@@ -83,14 +90,17 @@ struct Tile {
   float* m;      // (Br,) running max, log2 domain
   float* l;      // (Br,) running sum of P (before dropout)
   float* alpha;  // (Br,) rescale factor of this key tile
+  float* qt;     // few rows only: (D, Brp) Qᵀ panels of q, Brp = Br rounded up to N
+  float* st;     // few rows only: (kBc, Brp) scores transposed, as K·Qᵀ gives them
   int64_t b = 0, kvh = 0, l0 = 0, rows = 0;
 
   explicit Tile(const Plan& pl) : buf(nullptr, hwy::AlignedFreer(nullptr, nullptr)) {
     const int64_t Br = pl.Br, a = 16;  // 64-byte aligned parts
+    const int64_t Brp = pl.few ? round_up(Br, pl.N) : 0;
     const int64_t nq = round_up(Br * pl.p.D, a), ns = round_up(Br * kBc, a), no = round_up(Br * pl.Dvp, a),
-                  nr = round_up(Br, a);
-    buf = hwy::AllocateAligned<float>(static_cast<size_t>(nq + ns + no + 3 * nr));
-    q = buf.get(), s = q + nq, o = s + ns, m = o + no, l = m + nr, alpha = l + nr;
+                  nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = kBc * Brp;
+    buf = hwy::AllocateAligned<float>(static_cast<size_t>(nq + ns + no + 3 * nr + nqt + nst));
+    q = buf.get(), s = q + nq, o = s + ns, m = o + no, l = m + nr, alpha = l + nr, qt = alpha + nr, st = qt + nqt;
   }
   int64_t row_l(int64_t r, int64_t G) const { return l0 + r / G; }
   int64_t row_h(int64_t r, int64_t G) const { return kvh * G + r % G; }
@@ -109,6 +119,7 @@ void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t 
     else
       for (int64_t d = 0; d < D; ++d) dst[d] = src[d * Q.strides[3]] * pl.qscale;
   }
+  if (pl.few) pack_panels(t.q, D, 1, t.rows, D, pl.N, t.qt);
   std::fill(t.m, t.m + t.rows, -kInf);
   std::fill(t.l, t.l + t.rows, 0.f);
   std::fill(t.o, t.o + t.rows * pl.Dvp, 0.f);
@@ -171,10 +182,29 @@ void Dropout(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_
   }
 }
 
+// S (rows, n) = Q·Kᵀ (+ S if add) for the few-rows tile, from K rows (ldk apart): Sᵀ = K·Qᵀ with the
+// same microkernel (keys as its rows, Qᵀ as its panels), then transposed into S. Each score is the
+// same FMA chain as with packed Kᵀ panels, so both give the same bits.
+void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t n, bool add) {
+  const int64_t D = pl.p.D, np = (t.rows + pl.N - 1) / pl.N, ldst = np * pl.N;
+  for (int64_t j = 0; j < np; j += kNV)
+    for (int64_t s = 0; s < n; s += kMR)
+      QK(std::min<int64_t>(kMR, n - s), std::min<int64_t>(kNV, np - j), k + s * ldk, ldk, t.qt + j * D * pl.N,
+         D * pl.N, D, t.st + s * ldst + j * pl.N, ldst, false);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    float* row = t.s + r * kBc;
+    if (add)
+      for (int64_t s = 0; s < n; ++s) row[s] += t.st[s * ldst + r];
+    else
+      for (int64_t s = 0; s < n; ++s) row[s] = t.st[s * ldst + r];
+  }
+}
+
 // The online softmax of the tile's rows over keys [s_begin, s_end), s_begin a multiple of N.
-// kt: Kᵀ panels from key s_begin on; v: V rows from key s_begin on, ldv apart.
-void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const float* kt, const float* v,
-                 int64_t ldv) {
+// k: from key s_begin on, Kᵀ panels, or K rows ldk apart for a few-rows tile; v: V rows from key
+// s_begin on, ldv apart.
+void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const float* k, int64_t ldk,
+                 const float* v, int64_t ldv) {
   const auto& p = pl.p;
   const bool causal = p.args.causal != Causal::none;
   const int64_t first_end = p.key_end(t.l0);  // the causal edge of the tile's first, most limited row
@@ -195,7 +225,10 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
       // bands below the diagonal need no per-element work at all.
       const bool bias = p.has_bias();
       if (bias && !FillMask(pl, t, r0, nr, s0, nb, nbp)) continue;
-      QKTile(t.q + r0 * p.D, nr, p.D, kt + (s0 - s_begin) * p.D, nbp / pl.N, t.s + r0 * kBc, kBc, bias);
+      if (pl.few)  // one band: rows <= kFewRows < kCutBand
+        QKFromRows(pl, t, k + (s0 - s_begin) * ldk, ldk, nb, bias);
+      else
+        QKTile(t.q + r0 * p.D, nr, p.D, k + (s0 - s_begin) * p.D, nbp / pl.N, t.s + r0 * kBc, kBc, bias);
       if (!bias && (nbp != nb || (cut && p.key_end(t.row_l(r0, pl.G)) < s0 + nb))) MaskEdge(pl, t, r0, nr, s0, nb, nbp);
       // m_new = max(m, rowmax(S)); P = 2^(S - m_new); l = 2^(m - m_new)·l + rowsum(P)
       bool rescale = false;
@@ -242,12 +275,21 @@ const float* VRows(const Plan& pl, int64_t b, int64_t kvh, const float* packed, 
   return pl.pack_v ? packed : V.data + b * V.strides[0] + kvh * V.strides[1];
 }
 
-// Pack keys [s0, s0 + n) of (b, kvh): Kᵀ panels at kt (panel of key s0 first), V rows at vp if needed.
-void PackKeys(const Plan& pl, int64_t b, int64_t kvh, int64_t s0, int64_t n, float* kt, float* vp) {
+// K of (b, kvh) as ProcessKeys reads it: the packed copy (panels, or rows D apart) or K itself.
+const float* KRows(const Plan& pl, int64_t b, int64_t kvh, const float* packed, int64_t* ldk) {
+  const auto& K = pl.p.args.k;
+  *ldk = pl.pack_k ? pl.p.D : K.strides[2];
+  return pl.pack_k ? packed : K.data + b * K.strides[0] + kvh * K.strides[1];
+}
+
+// Pack keys [s0, s0 + n) of (b, kvh) where needed: K at kp (Kᵀ panels, panel of key s0 first; or rows,
+// few-rows tiles), V rows at vp. Both have room for n keys from s0 on.
+void PackKeys(const Plan& pl, int64_t b, int64_t kvh, int64_t s0, int64_t n, float* kp, float* vp) {
   const auto& K = pl.p.args.k;
   const auto& V = pl.p.args.v;
-  pack_panels(K.data + b * K.strides[0] + kvh * K.strides[1] + s0 * K.strides[2], K.strides[2], K.strides[3], n,
-              pl.p.D, pl.N, kt);
+  const float* k = K.data + b * K.strides[0] + kvh * K.strides[1] + s0 * K.strides[2];
+  if (!pl.few) pack_panels(k, K.strides[2], K.strides[3], n, pl.p.D, pl.N, kp);
+  else if (pl.pack_k) pack_rows(k, K.strides[2], K.strides[3], n, pl.p.D, pl.p.D, kp);
   if (pl.pack_v)
     pack_rows(V.data + b * V.strides[0] + kvh * V.strides[1] + s0 * V.strides[2], V.strides[2], V.strides[3], n,
               pl.p.Dv, pl.Dvp, vp);
@@ -258,7 +300,7 @@ void PackKeys(const Plan& pl, int64_t b, int64_t kvh, int64_t s0, int64_t n, flo
 void ForwardTiles(const Plan& pl) {
   const auto& p = pl.p;
   const int64_t pairs = p.B * p.Hkv, nt = (p.L + pl.lq - 1) / pl.lq;
-  const int64_t kt_size = round_up(p.S, pl.N) * p.D, v_size = pl.pack_v ? p.S * pl.Dvp : 0;
+  const int64_t kt_size = pl.pack_k ? round_up(p.S, pl.N) * p.D : 0, v_size = pl.pack_v ? p.S * pl.Dvp : 0;
   const int64_t per_pair = round_up(kt_size + v_size, 16);
   const int64_t batch = std::clamp<int64_t>(kPackBudget / std::max<int64_t>(1, per_pair * 4), 1, pairs);
   auto pack = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, batch * per_pair)));
@@ -280,11 +322,12 @@ void ForwardTiles(const Plan& pl) {
         // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
         const int64_t pair = first + i % np, ti = nt - 1 - i / np;
         const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv, l0 = ti * pl.lq, nl = std::min(pl.lq, p.L - l0);
-        const float* kt = pack.get() + (i % np) * per_pair;
-        int64_t ldv;
-        const float* v = VRows(pl, b, kvh, kt + kt_size, &ldv);
+        const float* packed = pack.get() + (i % np) * per_pair;
+        int64_t ldk, ldv;
+        const float* k = KRows(pl, b, kvh, packed, &ldk);
+        const float* v = VRows(pl, b, kvh, packed + kt_size, &ldv);
         LoadQ(pl, t, b, kvh, l0, nl);
-        ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), kt, v, ldv);
+        ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), k, ldk, v, ldv);
         for (int64_t r = 0; r < t.rows; ++r)
           WriteRow(pl, b, t.row_h(r, pl.G), t.row_l(r, pl.G), t.o + r * pl.Dvp, t.m[r], t.l[r]);
       }
@@ -303,7 +346,7 @@ void ForwardDecode(const Plan& pl) {
 #pragma omp parallel
   {
     Tile t(pl);
-    auto kt = hwy::AllocateAligned<float>(static_cast<size_t>(kDecodeChunk * p.D));  // (kDecodeChunk/N) Kᵀ panels
+    auto kp = hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_k ? kDecodeChunk * p.D : 1));  // (kDecodeChunk, D)
     auto vp = hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_v ? kDecodeChunk * pl.Dvp : 1));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < pairs * nc; ++i) {
@@ -311,11 +354,13 @@ void ForwardDecode(const Plan& pl) {
       const int64_t s_begin = c * kDecodeChunk, s_end = std::min({p.S, s_begin + kDecodeChunk, p.key_end(p.L - 1)});
       LoadQ(pl, t, b, kvh, 0, p.L);
       if (s_begin < s_end) {
-        PackKeys(pl, b, kvh, s_begin, s_end - s_begin, kt.get(), vp.get());
-        int64_t ldv;
+        PackKeys(pl, b, kvh, s_begin, s_end - s_begin, kp.get(), vp.get());
+        int64_t ldk, ldv;
+        const float* k = KRows(pl, b, kvh, kp.get(), &ldk);
         const float* v = VRows(pl, b, kvh, vp.get(), &ldv);
+        if (!pl.pack_k) k += s_begin * ldk;
         if (!pl.pack_v) v += s_begin * ldv;
-        ProcessKeys(pl, t, s_begin, s_end, kt.get(), v, ldv);
+        ProcessKeys(pl, t, s_begin, s_end, k, ldk, v, ldv);
       }
       std::copy(t.m, t.m + rows, part_m.get() + i * rows);
       std::copy(t.l, t.l + rows, part_l.get() + i * rows);
