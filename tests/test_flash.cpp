@@ -258,6 +258,23 @@ TEST(Flash, EveryMaskKindAndCombination) {
         }
 }
 
+TEST(Flash, FullyMaskedKeyTilesAreSkippedCorrectly) {
+  // key padding that masks whole key tiles (and, for batch 1, every key): the skipped tiles must
+  // leave the rows exactly as the reference has them
+  Case c;
+  c.B = 2, c.L = 70, c.S = 1000, c.padding = MaskKind::drop;
+  Inputs in(c);
+  for (int64_t s = 0; s < c.S; ++s) {
+    in.pad_bool.store[s] = s < 600;       // batch 0: keys [0, 600) masked out
+    in.pad_bool.store[c.S + s] = 1;       // batch 1: every key masked out
+  }
+  const Result flash = run<float>(in, Kernel::flash), ref32 = run<float>(in, Kernel::reference),
+               truth = run<double>(in, Kernel::reference);
+  expect_close("out", flash.out, ref32.out, truth.out, kAtolOut);
+  expect_close("lse", flash.lse, ref32.lse, truth.lse, kAtolLse);
+  EXPECT_EQ(flash.lse.back(), -kInf);
+}
+
 TEST(Flash, MaskBroadcastShapes) {
   for (Shape shape : {Shape{2, 2, 70, 300}, Shape{2, 1, 1, 300}, Shape{1, 2, 70, 1}, Shape{300}, Shape{70, 300}})
     for (MaskKind kind : {MaskKind::keep, MaskKind::additive}) {
