@@ -7,19 +7,13 @@
 #include <cstring>
 
 #include "attn/safetensors.h"
+#include "numpy_view.h"
 
 namespace py = pybind11;
 using namespace attn;
+using py_util::to_numpy;
 
 namespace {
-
-// Hands a loaded Tensor to numpy without a copy: the array's base capsule owns it.
-py::array to_numpy(Tensor&& t) {
-  auto* owned = new Tensor(std::move(t));
-  py::capsule base(owned, [](void* p) { delete static_cast<Tensor*>(p); });
-  const Shape& s = owned->shape();
-  return py::array_t<float>(std::vector<py::ssize_t>(s.begin(), s.end()), owned->data(), base);
-}
 
 Tensor from_numpy(const std::string& name, const py::handle& value) {
   py::array a = py::array::ensure(value);

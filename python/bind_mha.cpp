@@ -9,26 +9,8 @@
 
 namespace py = pybind11;
 using namespace attn;
+using py_util::to_numpy;
 using py_util::view_of;
-
-namespace {
-
-// Hands a Tensor to numpy without a copy: the array's base capsule owns it.
-py::array to_numpy(Tensor&& t) {
-  auto* owned = new Tensor(std::move(t));
-  py::capsule base(owned, [](void* p) { delete static_cast<Tensor*>(p); });
-  const Shape& s = owned->shape();
-  return py::array_t<float>(std::vector<py::ssize_t>(s.begin(), s.end()), owned->data(), base);
-}
-
-// PyTorch's MHA masks: bool True = masked out (Mask::drop), float32 = added.
-Mask<float> mha_mask(const std::optional<py::array>& m, const char* arg) {
-  if (!m) return {};
-  if (m->dtype().kind() == 'b') return Mask<float>::drop(view_of<const uint8_t>(*m, arg));
-  return Mask<float>::additive(view_of<const float>(*m, arg));
-}
-
-}  // namespace
 
 void bind_mha(py::module_& m) {
   py::class_<MultiheadAttention>(m, "MultiheadAttention")
@@ -44,10 +26,10 @@ void bind_mha(py::module_& m) {
       .def(
           "forward",
           [](MultiheadAttention& self, const py::array& query, const py::array& key, const py::array& value,
-             const std::optional<py::array>& key_padding_mask, bool need_weights,
-             const std::optional<py::array>& attn_mask, bool average_attn_weights, bool is_causal, bool trace) {
+             const py::object& key_padding_mask, bool need_weights,
+             const py::object& attn_mask, bool average_attn_weights, bool is_causal, bool trace) {
             std::ostringstream text;
-            MhaArgs args{mha_mask(key_padding_mask, "key_padding_mask"), need_weights, mha_mask(attn_mask, "attn_mask"),
+            MhaArgs args{py_util::nn_mask(key_padding_mask, "key_padding_mask"), need_weights, py_util::nn_mask(attn_mask, "attn_mask"),
                          average_attn_weights, is_causal, trace ? &text : nullptr};
             View<const float> q = view_of<const float>(query, "query"), k = view_of<const float>(key, "key"),
                               v = view_of<const float>(value, "value");

@@ -2,56 +2,15 @@
 #include <pybind11/stl.h>
 
 #include "attn/sdpa.h"
-#include "numpy_view.h"
+#include "sdpa_args.h"
 
 namespace py = pybind11;
 using namespace attn;
 using py_util::new_array;
-using py_util::view_of;
+using py_util::make_args;
+using py_util::parse_backend;
 
 namespace {
-
-Causal parse_causal(const std::string& s) {
-  if (s == "none") return Causal::none;
-  if (s == "top_left") return Causal::top_left;
-  if (s == "bottom_right") return Causal::bottom_right;
-  throw Error(cat("Expected causal in {none, top_left, bottom_right}, but got '", s, "' instead"));
-}
-
-Backend parse_backend(const std::string& s) {
-  if (s == "auto") return Backend::automatic;
-  if (s == "reference") return Backend::reference;
-  if (s == "flash") return Backend::flash;
-  throw Error(cat("Expected backend in {auto, reference, flash}, but got '", s, "' instead"));
-}
-
-// kind: "keep" (bool, True = attend), "drop" (bool, True = masked out) or "additive" (float).
-template <typename T>
-Mask<T> make_mask(const std::optional<py::array>& m, const std::string& kind, const char* arg) {
-  if (!m) return {};
-  if (kind == "additive") return Mask<T>::additive(view_of<const T>(*m, arg));
-  if (kind == "keep") return Mask<T>::keep(view_of<const uint8_t>(*m, arg));
-  if (kind == "drop") return Mask<T>::drop(view_of<const uint8_t>(*m, arg));
-  throw Error(cat("Expected a mask kind in {keep, drop, additive} for ", arg, ", but got '", kind, "' instead"));
-}
-
-template <typename T>
-SdpaArgs<T> make_args(const py::array& q, const py::array& k, const py::array& v,
-                      const std::optional<py::array>& mask, const std::string& mask_kind,
-                      const std::optional<py::array>& key_padding, const std::string& padding_kind,
-                      const std::string& causal, std::optional<double> scale, double dropout_p, uint64_t seed) {
-  SdpaArgs<T> a;
-  a.q = view_of<const T>(q, "query");
-  a.k = view_of<const T>(k, "key");
-  a.v = view_of<const T>(v, "value");
-  a.attn_mask = make_mask<T>(mask, mask_kind, "attn_mask");
-  a.key_padding = make_mask<T>(key_padding, padding_kind, "key_padding_mask");
-  a.causal = parse_causal(causal);
-  a.scale = scale;
-  a.dropout_p = dropout_p;
-  a.seed = seed;
-  return a;
-}
 
 template <typename T>
 py::tuple run(const SdpaArgs<T>& a, bool want_weights, bool want_lse, const SdpaOptions& opt) {

@@ -10,9 +10,8 @@ namespace py = pybind11;
 using namespace attn;
 using py_util::new_array;
 using py_util::view_of;
-using py_util::make_mask;
+using py_util::make_args;
 using py_util::parse_backend;
-using py_util::parse_causal;
 
 namespace {
 
@@ -22,16 +21,7 @@ py::tuple run(const py::array& q, const py::array& k, const py::array& v, const 
               const std::string& mask_kind, const std::optional<py::array>& key_padding,
               const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
               double dropout_p, uint64_t seed, const SdpaOptions& opt) {
-  SdpaArgs<T> a;
-  a.q = view_of<const T>(q, "query");
-  a.k = view_of<const T>(k, "key");
-  a.v = view_of<const T>(v, "value");
-  a.attn_mask = make_mask<T>(mask, mask_kind, "attn_mask");
-  a.key_padding = make_mask<T>(key_padding, padding_kind, "key_padding_mask");
-  a.causal = parse_causal(causal);
-  a.scale = scale;
-  a.dropout_p = dropout_p;
-  a.seed = seed;
+  SdpaArgs<T> a = make_args<T>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale, dropout_p, seed);
   // The gradients have the shapes of their inputs; sdpa_backward checks everything else.
   auto shape = [](const View<const T>& x) { return x.shape; };
   auto [dq, dq_v] = new_array<T>(shape(a.q));

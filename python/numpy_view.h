@@ -53,7 +53,10 @@ inline py::array to_numpy(Tensor&& t) {
 // (Mask::drop), float32 = added to the scores; None = no mask. Read in place.
 inline Mask<float> nn_mask(const py::object& m, const char* arg) {
   if (m.is_none()) return {};
-  py::array a = py::array::ensure(m);
+  // A view must not outlive its array: take the caller's array itself, never a converted temporary.
+  ATTN_CHECK(py::isinstance<py::array>(m), "Expected ", arg, " to be a numpy array, but got ",
+             std::string(py::str(py::type::of(m))), " instead");
+  py::array a = m.cast<py::array>();
   if (a.dtype().kind() == 'b') return Mask<float>::drop(view_of<const uint8_t>(a, arg));
   return Mask<float>::additive(view_of<const float>(a, arg));
 }

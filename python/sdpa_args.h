@@ -35,4 +35,23 @@ Mask<T> make_mask(const std::optional<py::array>& m, const std::string& kind, co
   throw Error(cat("Expected a mask kind in {keep, drop, additive} for ", arg, ", but got '", kind, "' instead"));
 }
 
+// SdpaArgs over numpy arrays (read in place) and the Python spelling of the options.
+template <typename T>
+SdpaArgs<T> make_args(const py::array& q, const py::array& k, const py::array& v,
+                      const std::optional<py::array>& mask, const std::string& mask_kind,
+                      const std::optional<py::array>& key_padding, const std::string& padding_kind,
+                      const std::string& causal, std::optional<double> scale, double dropout_p, uint64_t seed) {
+  SdpaArgs<T> a;
+  a.q = view_of<const T>(q, "query");
+  a.k = view_of<const T>(k, "key");
+  a.v = view_of<const T>(v, "value");
+  a.attn_mask = make_mask<T>(mask, mask_kind, "attn_mask");
+  a.key_padding = make_mask<T>(key_padding, padding_kind, "key_padding_mask");
+  a.causal = parse_causal(causal);
+  a.scale = scale;
+  a.dropout_p = dropout_p;
+  a.seed = seed;
+  return a;
+}
+
 }  // namespace attn::py_util
