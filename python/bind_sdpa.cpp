@@ -13,7 +13,7 @@ using py_util::parse_backend;
 namespace {
 
 template <typename T>
-py::tuple run(const SdpaArgs<T>& a, bool want_weights, bool want_lse, const SdpaOptions& opt) {
+py::tuple run(const SdpaArgs<T>& a, bool want_weights, bool want_lse, const SdpaOptions& opt, bool explain_only) {
   const auto& q = a.q;
   ATTN_CHECK(q.rank() == 4 && a.k.rank() == 4 && a.v.rank() == 4,
              "Expected query, key and value of rank 4, but got ", to_string(q.shape), ", ",
@@ -22,6 +22,10 @@ py::tuple run(const SdpaArgs<T>& a, bool want_weights, bool want_lse, const Sdpa
   auto [w, w_v] = new_array<T>(want_weights ? Shape{q.size(0), q.size(1), q.size(2), a.k.size(2)} : Shape{0});
   auto [lse, lse_v] = new_array<T>(want_lse ? Shape{q.size(0), q.size(1), q.size(2)} : Shape{0});
   SdpaOut<T> o{out_v, want_weights ? w_v : View<T>{}, want_lse ? lse_v : View<T>{}};
+  if (explain_only) {
+    BackendChoice c = explain(a, o, opt);
+    return py::make_tuple(to_string(c.backend), c.reason);
+  }
   {
     py::gil_scoped_release nogil;
     sdpa(a, o, opt);
@@ -38,20 +42,21 @@ void bind_sdpa(py::module_& m) {
          const std::string& mask_kind, const std::optional<py::array>& key_padding,
          const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
          double dropout_p, uint64_t seed, bool want_weights, bool want_lse, const std::string& backend,
-         bool strict) {
+         bool strict, bool explain_only) {
         SdpaOptions opt{parse_backend(backend), strict};
         if (q.dtype().is(py::dtype::of<double>()))
           return run(make_args<double>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale,
                                        dropout_p, seed),
-                     want_weights, want_lse, opt);
+                     want_weights, want_lse, opt, explain_only);
         return run(make_args<float>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale,
                                     dropout_p, seed),
-                   want_weights, want_lse, opt);
+                   want_weights, want_lse, opt, explain_only);
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask") = py::none(),
       py::arg("mask_kind") = "keep", py::arg("key_padding") = py::none(), py::arg("padding_kind") = "drop",
       py::arg("causal") = "none", py::arg("scale") = py::none(), py::arg("dropout_p") = 0.0,
       py::arg("seed") = 0, py::arg("want_weights") = false, py::arg("want_lse") = false,
-      py::arg("backend") = "auto", py::arg("strict") = false,
-      "Rank-4 SDPA on numpy arrays: returns (out, weights or None, lse or None).");
+      py::arg("backend") = "auto", py::arg("strict") = false, py::arg("explain_only") = false,
+      "Rank-4 SDPA on numpy arrays: returns (out, weights or None, lse or None), or with explain_only the\n"
+      "(backend, reason) it would run.");
 }

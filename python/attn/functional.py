@@ -7,7 +7,7 @@ import _attn
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, *, causal_alignment="top_left",
                                  return_weights=False, return_lse=False, seed=0, backend="auto",
-                                 strict=False):
+                                 strict=False, explain=False):
     """softmax(query @ key^T * scale + mask) @ value over the last two dims; leading dims are batch.
 
     attn_mask: bool (True = may attend, PyTorch's convention for this function) or float (added),
@@ -16,13 +16,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     enable_gqa: dim -3 of key/value may divide dim -3 of query (grouped-query attention).
     Extras: return_weights / return_lse make it return (out, weights?, lse?); a fully masked row
     gives zeros (PyTorch gives NaN); dropout uses `seed`.
+    backend: "auto" (flash for float32 without weights, else the reference), "reference" or "flash";
+    strict=True turns an automatic fallback to the reference into an error. explain=True runs nothing
+    and returns (backend, reason): what this call would run, and why.
     """
     (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
     lead = query.shape[:-3]  # folded into B; dim -3 is the head dim
     causal = causal_alignment if is_causal else "none"
-    out, weights, lse = _attn.sdpa(_as4(query), _as4(key), _as4(value), mask, kind, None, "drop", causal,
-                                   scale, float(dropout_p), int(seed), bool(return_weights),
-                                   bool(return_lse), backend, bool(strict))
+    result = _attn.sdpa(_as4(query), _as4(key), _as4(value), mask, kind, None, "drop", causal, scale,
+                        float(dropout_p), int(seed), bool(return_weights), bool(return_lse), backend,
+                        bool(strict), bool(explain))
+    if explain:
+        return result  # (backend, reason)
+    out, weights, lse = result
     L, S = query.shape[-2], key.shape[-2]
     out = out.reshape(lead + query.shape[-3:-1] + (value.shape[-1],)) if query.ndim >= 3 else out.reshape(L, -1)
     if not (return_weights or return_lse):

@@ -284,3 +284,20 @@ def test_errors_name_argument_and_shapes(args, kwargs, parts):
     assert msg.startswith("Expected ") and msg.endswith(" instead"), msg
     for part in parts:
         assert part in msg, f"{part!r} not in: {msg}"
+
+
+def test_explain_says_which_backend_runs_and_strict_refuses_a_fallback():
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype(np.float32) for _ in range(3))
+    assert attn.scaled_dot_product_attention(q, k, v, explain=True)[0] == "flash"
+    backend, reason = attn.scaled_dot_product_attention(q, k, v, return_weights=True, explain=True)
+    assert backend == "reference" and "weights" in reason
+    backend, reason = attn.scaled_dot_product_attention(*(x.astype(np.float64) for x in (q, k, v)), explain=True)
+    assert backend == "reference" and "fp64" in reason
+    with pytest.raises(attn.AttnError, match="strict"):
+        attn.scaled_dot_product_attention(q, k, v, return_weights=True, strict=True)
+    with pytest.raises(attn.AttnError, match="flash"):
+        attn.scaled_dot_product_attention(q, k, v, return_weights=True, backend="flash")
+    # explain runs nothing but checks everything: a bad shape is the same error as a real call's
+    with pytest.raises(attn.AttnError, match="value"):
+        attn.scaled_dot_product_attention(q, k, v[..., :3, :], explain=True)
