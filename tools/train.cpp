@@ -63,7 +63,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   auto* cmd = app.add_subcommand("train", "train the character-level GPT (no --data: a built-in reversal task)");
   cmd->add_option("--data", cli.data, "UTF-8 text file (90% train, 10% val); none: the synthetic task");
   cmd->add_option("--out", cli.out, "checkpoint directory (model.safetensors + config.json)");
-  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; --steps may extend it)");
+  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; --steps may extend it, the lr decay stays as saved)");
   cmd->add_option("--log-every", cli.log_every, "steps between progress lines when not on a terminal")
       ->check(CLI::PositiveNumber);
   bind_option(cmd, cli, "--config", &TrainOptions::config, "model: tiny, nanogpt-cpu or gpt2-small")

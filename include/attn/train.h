@@ -85,7 +85,7 @@ struct TrainOptions {
   int threads = 2;
 };
 
-// Defaults for the synthetic task: a short, fast run whose loss falls within 20 steps.
+// Defaults for the synthetic task: a short, fast run whose loss falls within 20 steps (1 thread).
 TrainOptions synthetic_defaults();
 
 struct StepStats {
@@ -148,6 +148,6 @@ void save_model(const std::string& dir, Gpt& model, const CharTokenizer& tokeniz
 
 // Trains the tiny model on the synthetic task for about `seconds`, printing the loss as it falls, then
 // shows a few reversals sampled greedily through the KV cache. For `attn demo`.
-void train_demo(std::ostream& out, double seconds = 5.0, int threads = 2);
+void train_demo(std::ostream& out, double seconds = 5.0, int threads = 1);
 
 }  // namespace attn

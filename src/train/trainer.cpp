@@ -159,6 +159,9 @@ TrainOptions synthetic_defaults() {
   o.weight_decay = 0.1;
   o.eval_every = 50;
   o.eval_iters = 10;
+  // The tiny model's matmuls are too small to split: a second thread only waits (and, on a busy machine,
+  // OpenMP's spin-waiting made 2 threads 10x slower than 1).
+  o.threads = 1;
   return o;
 }
 
