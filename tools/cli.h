@@ -47,4 +47,19 @@ struct GenerateCli {
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli);
 int run_generate(const GenerateCli& cli);
 
+// `attn viz` (tools/viz.cpp): no ckpt (or builtin): train the built-in model for at most `seconds` first.
+struct VizCli {
+  std::string ckpt, text, out = "out/viz";
+  bool builtin = false;
+  int top_k = -1;          // HTML weights per query row; -1: all up to 64 keys, 16 beyond
+  int png_max_px = 1024;
+  double seconds = 10;
+  int threads = 2;
+};
+CLI::App* add_viz_command(CLI::App& app, VizCli& cli);
+int run_viz(const VizCli& cli);
+// The last section of `attn demo`: trains the built-in model, writes its views into out_dir, prints the
+// untrained and trained mean row entropy.
+int demo_attention_views(const std::string& out_dir);
+
 }  // namespace attn

@@ -1,0 +1,41 @@
+// A GPT's attention on a text, made visible: the text's characters -> Gpt::attention_weights -> one HTML
+// page (every layer and head) and one PNG per layer (its heads in a grid); and the mean row entropy, one
+// number for how sharply the heads attend. Not a trainer or a checkpoint reader (the caller brings the
+// model and its tokenizer) and not the drawing (viz.h).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attn/gpt.h"
+#include "attn/tokenizer.h"
+
+namespace attn::viz {
+
+// Token ids of `text` for `model`: every character must be in `tokenizer`'s vocabulary (the error names
+// the first one that is not and lists some that are) and the text must fit in the model's block_size.
+std::vector<int64_t> model_tokens(const Gpt& model, const CharTokenizer& tokenizer, const std::string& text);
+
+struct ModelViewOptions {
+  std::string title;      // empty: the text, quoted
+  int top_k = -1;         // weights kept per query row in the HTML (HtmlOptions::top_k: -1 auto, 0 all)
+  int png_max_px = 1024;  // longest side of one head's matrix in the PNGs (HeatmapOptions::max_px)
+};
+
+struct ModelViews {
+  std::vector<Tensor> weights;    // per layer (1, H, T, T), as Gpt::attention_weights gives them
+  std::string html;               // DIR/attention.html
+  std::vector<std::string> pngs;  // DIR/layer<i>.png, one per layer
+};
+
+// Computes every layer's attention for `text` and writes DIR/attention.html and DIR/layer<i>.png
+// (DIR and its parents are created). Token labels are the characters, whitespace drawn visible.
+ModelViews write_model_views(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer,
+                             const std::string& text, const ModelViewOptions& options = {});
+
+// Causal self-attention weights (B, H, T, T) -> the mean, over batches, heads and the query rows that see
+// at least `min_keys` keys (row t sees keys 0..t), of the row's entropy divided by log(#keys):
+// 1 = uniform over the visible keys (an untrained head), 0 = all weight on one key.
+double mean_row_entropy(View<const float> weights, int64_t min_keys = 4);
+
+}  // namespace attn::viz
