@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   auto* train = attn::add_train_command(app, train_opt);
   attn::GenerateCli generate_opt;
   auto* generate = attn::add_generate_command(app, generate_opt);
+  attn::VizCli viz_opt;
+  auto* viz = attn::add_viz_command(app, viz_opt);
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
     if (*bench) return attn::run_bench(bench_opt);
     if (*train) return attn::run_train(train_opt);
     if (*generate) return attn::run_generate(generate_opt);
+    if (*viz) return attn::run_viz(viz_opt);
   } catch (const attn::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
