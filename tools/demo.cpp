@@ -111,7 +111,9 @@ int run_demo() {
   } catch (const Error& e) {
     std::printf("MultiheadAttention(embed_dim=512, num_heads=7): %s\n", e.what());
   }
-  return 0;
+
+  section("7. What a trained model attends to: the views, and untrained vs trained heads (tools/viz.cpp)");
+  return demo_attention_views("out/demo");
 }
 
 }  // namespace attn
