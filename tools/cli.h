@@ -54,7 +54,7 @@ struct VizCli {
   int top_k = -1;          // HTML weights per query row; -1: all up to 64 keys, 16 beyond
   int png_max_px = 1024;
   double seconds = 10;
-  int threads = 2;
+  int threads = 1;
 };
 CLI::App* add_viz_command(CLI::App& app, VizCli& cli);
 int run_viz(const VizCli& cli);
