@@ -102,8 +102,9 @@ Dataset Dataset::text(const std::string& text, const std::string& name) {
 }
 
 Dataset Dataset::text_file(const std::string& path) {
+  const std::string bytes = read_file(path);
   try {
-    return text(read_file(path), path);
+    return text(bytes, path);
   } catch (const Error& e) {
     throw Error(cat(e.what(), " (in '", path, "')"));
   }
@@ -173,6 +174,10 @@ Trainer::Trainer(const TrainOptions& options, Dataset data) : o_(options), data_
   T_ = data_.synthetic() ? data_.seq_len() : c.block_size;
   ATTN_CHECK(T_ <= c.block_size, "Expected block_size >= ", T_, " (the task's sequence length), but got ",
              c.block_size, " instead");
+  for (int split = 0; split < 2 && !data_.synthetic(); ++split)  // fail now, not at the first evaluation
+    ATTN_CHECK(data_.split_tokens(split) > T_, "Expected more than block_size + 1 = ", T_ + 1, " characters in the ",
+               split ? "val" : "train", " split (90/10) of ", data_.name(), ", but got ", data_.split_tokens(split),
+               " instead: use more text or a smaller --block");
   model_ = std::make_unique<Gpt>(c, o_.seed);
   const bool decay_emb = o_.decay_embeddings;
   opt_ = std::make_unique<AdamW>(model_->parameter_list(),
