@@ -5,8 +5,9 @@
     attn.viz.heatmap("head3.png", w[0, 3], tokens, title="layer 0 · head 3")
     attn.viz.heatmap("heads.png", w[0], tokens)                     # all heads in a grid
     attn.viz.html("attention.html", [w[0]], tokens)                  # one layer; a list for more
+    attn.viz.gpt("gpt.html", "out", "abcd|dcb")                      # a GPT checkpoint on a text
 
-Not a model runner: give it weights you already have. Tokens are strings (a str is split into
+heatmap and html are not model runners: give them weights you already have; gpt runs the model. Tokens are strings (a str is split into
 characters); key_tokens=None means self-attention (the query tokens label the keys).
 """
 import os
@@ -15,7 +16,7 @@ import numpy as np
 
 import _attn
 
-__all__ = ["heatmap", "html"]
+__all__ = ["heatmap", "html", "gpt"]
 
 
 def _tokens(tokens):
@@ -64,3 +65,31 @@ def html(path, layers, query_tokens, key_tokens=None, top_k=None, *, title="atte
     _attn.viz_html(os.fspath(path), arrays, _tokens(query_tokens), _tokens(key_tokens),
                    [str(n) for n in layer_names or []], title, -1 if top_k is None else int(top_k))
     return path
+
+
+def gpt(path, model_or_ckpt_dir, text, top_k=None, *, tokenizer=None, title=None):
+    """Write the HTML page of a GPT's attention on `text`: every layer and head, the characters as tokens.
+
+    model_or_ckpt_dir: a checkpoint directory (attn train --out, GPT.save), a (GPT, CharTokenizer) pair as
+    GPT.load returns, a Trainer, or a GPT with tokenizer=. text: characters of the vocabulary, at most
+    block_size of them. top_k as in html(). The same page as `attn viz --ckpt DIR --text TEXT`. Returns path.
+    """
+    m = model_or_ckpt_dir
+    if isinstance(m, (str, os.PathLike)):
+        model, tok = _attn.GPT.load(os.fspath(m))
+    elif isinstance(m, tuple):
+        model, tok = m
+    elif isinstance(m, _attn.Trainer):
+        model, tok = m.model, m.tokenizer
+    else:
+        model, tok = m, tokenizer
+    if not isinstance(model, _attn.GPT) or not isinstance(tok, _attn.CharTokenizer):
+        raise _attn.AttnError("Expected a checkpoint directory, (GPT, CharTokenizer), a Trainer or a GPT with "
+                              f"tokenizer=, but got {type(m).__name__} (tokenizer {type(tok).__name__}) instead")
+    block = model.config["block_size"]
+    if not 0 < len(text) <= block:
+        raise _attn.AttnError(f"Expected a text of 1 to the model's block_size = {block} characters, but got "
+                              f"{len(text)} characters instead")
+    weights = model.attention_weights(np.array([tok.encode(text)], dtype=np.int64))  # per layer (1, H, T, T)
+    return html(path, [w[0] for w in weights], list(text), top_k=top_k,
+                title=title or f'attention on "{text}"')
