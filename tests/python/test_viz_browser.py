@@ -7,11 +7,14 @@ request but the file itself. Saves screenshots in a fresh temp dir and prints th
 Never skips: without /usr/bin/chromium or playwright it fails and says what to install.
 """
 import os
+import subprocess
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import _attn
 import attn
 
 try:
@@ -205,6 +208,41 @@ def test_hostile_tokens_do_not_run(browser, tmp_path):
         cut = [t if len(t) <= 24 else t[:24] + "\u2026" for t in toks]  # labels stop at 24 characters
         assert p.locator("#q-col .tok").all_text_contents() == [cut[0], cut[1], '"', "a\u23ceb", "<!--"]
         assert p.text_content("#title") == "<script>window.pwned=1</script>"
+        page.assert_clean()
+    finally:
+        page.close()
+
+
+def test_trained_model_page_from_attn_viz(browser, tmp_path):
+    """The page `attn viz` writes for the built-in model trained on the reverse task: 2 layers x 4 heads,
+    the characters as labels, and a head of layer 0 that reads the letter to copy (the anti-diagonal)."""
+    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    assert exe.is_file(), f"no attn binary at {exe} (build the `attn` target, or set ATTN_BIN)"
+    text = "sunlight|thgilnu"
+    # --seconds 60: the 200 steps (~2 s) always finish, so the model is the same on a busy machine
+    r = subprocess.run([str(exe), "viz", "--builtin", "--seconds", "60", "--text", text, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    page = Page(browser, tmp_path / "attention.html")
+    p = page.page
+    try:
+        assert page.count("#layer-select option") == 2
+        assert page.count(".head-swatch") == 4
+        assert p.locator("#q-col .tok").all_text_contents() == list(text)
+        assert p.locator("#k-col .tok").all_text_contents() == list(text)
+        # from '|' on, query q copies the letter at 15 - q: some head of layer 0 puts most weight there
+        best = {}
+        for h, q, k, w in page.line_weights():
+            if q >= 8 and k == 15 - q:
+                best[q] = max(best.get(q, 0.0), w)
+        assert sorted(best) == list(range(8, 16)) and min(best.values()) > 0.5, best
+        p.click("#q-col .tok[data-i='12']")  # pin one query of the reversed half: its lines only
+        assert {k for _, q, k in page.visible_lines()} <= set(range(13)) and len(page.visible_lines()) == 4 * 13
+        page.shot("trained_head_view.png")
+        p.keyboard.press("Escape")
+        p.click("#tab-model")
+        assert page.count("#model-grid .thumb") == 2 * 4
+        page.shot("trained_model_view.png")
         page.assert_clean()
     finally:
         page.close()
