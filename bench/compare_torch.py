@@ -4,6 +4,7 @@ matmul-softmax-matmul math path, and nn.MultiheadAttention, interleaved, same th
     .venv/bin/python bench/compare_torch.py --threads 2 [--quick]
 
 Prints one table per case: median ms of each contender and the ratio torch / attn (> 1: attn faster).
+Forward+backward has its own script (bench/backward_vs_torch.py), training its own (bench/train_torch.py).
 A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
 """
 import argparse
@@ -64,31 +65,7 @@ def sdpa_case(B, H, Hkv, L, D, causal, reps, rng):
     report(title, interleaved_medians(contenders, reps), flops=flops)
 
 
-def sdpa_backward_case(B, H, L, D, reps, rng):
-    if not hasattr(attn, "scaled_dot_product_attention_backward"):
-        return
-    q, k, v, do = (rng.standard_normal((B, H, L, D), dtype=np.float32) for _ in range(4))
-    tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))
-    tdo = torch.from_numpy(do)
-
-    def torch_fwd_bwd():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            F.scaled_dot_product_attention(tq, tk, tv).backward(tdo)
-
-    def attn_fwd_bwd():
-        out, lse = attn.scaled_dot_product_attention(q, k, v, return_lse=True)
-        attn.scaled_dot_product_attention_backward(q, k, v, out, lse, do)
-
-    contenders = {"attn fwd+bwd": attn_fwd_bwd, "attn fwd": lambda: attn.scaled_dot_product_attention(q, k, v),
-                  "torch sdpa fwd+bwd": torch_fwd_bwd}
-    med = interleaved_medians(contenders, reps)
-    report(f"SDPA forward+backward B={B} H={H} L=S={L} D={D}", med, ours="attn fwd+bwd")
-    print(f"  attn fwd+bwd / attn fwd = {med['attn fwd+bwd'] / med['attn fwd']:.2f}")
-
-
 def mha_case(E, H, L, reps, rng):
-    if not hasattr(attn, "MultiheadAttention"):
-        return
     x = rng.standard_normal((1, L, E), dtype=np.float32)
     tmha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
     ours = attn.MultiheadAttention(E, H, batch_first=True)
@@ -123,7 +100,6 @@ def main():
         sdpa_case(1, 8, 8, L, 64, causal, a.reps, rng)
     sdpa_case(1, 8, 8, L, 128, False, a.reps, rng)
     sdpa_case(1, 32, 8, L, 128, False, a.reps, rng)
-    sdpa_backward_case(1, 8, L, 64, a.reps, rng)
     mha_case(512, 8, L, a.reps, rng)
 
 
