@@ -1,19 +1,20 @@
 // Python binding of MultiheadAttention: numpy float32 in and out, inputs and masks read in place.
-// python/attn/nn.py wraps it with PyTorch's signature; this file only converts arguments.
+// python/attn/layers.py wraps it with PyTorch's signature; this file only converts arguments.
 #include <pybind11/stl.h>
 
 #include <sstream>
 
 #include "attn/mha.h"
-#include "numpy_view.h"
+#include "bind_layer.h"
 
 namespace py = pybind11;
 using namespace attn;
+using py_util::layer;
 using py_util::to_numpy;
 using py_util::view_of;
 
 void bind_mha(py::module_& m) {
-  py::class_<MultiheadAttention>(m, "MultiheadAttention")
+  layer<MultiheadAttention>(m, "MultiheadAttention")
       .def(py::init([](int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
                        bool add_zero_attn, int64_t kdim, int64_t vdim, bool batch_first, int64_t num_kv_heads,
                        uint64_t seed) {
@@ -44,28 +45,21 @@ void bind_mha(py::module_& m) {
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights") = true, py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
           py::arg("is_causal") = false, py::arg("trace") = false, "(output, weights or None, trace text or None)")
-      .def("state_dict",
-           [](MultiheadAttention& self) {
-             py::dict d;  // PyTorch's order
-             for (const Param& p : self.parameter_list()) d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.value->view()));
-             return d;
-           })
       .def(
-          "load_state_dict",
-          [](MultiheadAttention& self, const py::dict& d) {
-            StateDict sd;
-            for (auto [k, v] : d) {
-              std::string name = py::str(k);
-              sd.emplace(name, Tensor::copy_of(view_of<const float>(py::array::ensure(v), name.c_str())));
+          "backward",
+          [](MultiheadAttention& self, const py::array& grad_output) {
+            View<const float> d = view_of<const float>(grad_output, "grad_output");
+            MhaGrads g;
+            {
+              py::gil_scoped_release nogil;
+              g = self.backward(d);
             }
-            self.load_state_dict(sd);
+            return py::make_tuple(to_numpy(std::move(g.dquery)), to_numpy(std::move(g.dkey)),
+                                  to_numpy(std::move(g.dvalue)));
           },
-          py::arg("state_dict"))
+          py::arg("grad_output"), "(dquery, dkey, dvalue); adds into the parameter gradients")
       .def("save", &MultiheadAttention::save, py::arg("path"))
       .def("load", &MultiheadAttention::load, py::arg("path"))
-      .def("train", &MultiheadAttention::train, py::arg("mode") = true)
-      .def("eval", &MultiheadAttention::eval)
-      .def_property_readonly("training", &MultiheadAttention::training)
       .def_property_readonly("embed_dim", [](const MultiheadAttention& s) { return s.options().embed_dim; })
       .def_property_readonly("num_heads", [](const MultiheadAttention& s) { return s.options().num_heads; })
       .def_property_readonly("num_kv_heads", [](const MultiheadAttention& s) { return s.options().num_kv_heads; })

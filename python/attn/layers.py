@@ -10,13 +10,14 @@ gradients into grads() (zero_grad() clears them), as PyTorch's .grad accumulates
     dx = layer.backward(np.ones_like(y))
     layer.grads()["self_attn.in_proj_weight"]
 """
+import os
 import secrets
 
 import numpy as np
 
 import _attn
 
-__all__ = ["Linear", "LayerNorm", "Dropout", "ReLU", "GELU", "Embedding", "FeedForward",
+__all__ = ["MultiheadAttention", "Linear", "LayerNorm", "Dropout", "ReLU", "GELU", "Embedding", "FeedForward",
            "TransformerEncoderLayer", "TransformerDecoderLayer"]
 
 
@@ -79,6 +80,57 @@ class _Layer:
     @property
     def training(self):
         return self._native.training
+
+
+class MultiheadAttention(_Layer):
+    """Allows the model to jointly attend to information from different representation subspaces.
+
+    Arguments as torch.nn.MultiheadAttention, plus num_kv_heads (grouped-query attention when it is
+    below num_heads, multi-query at 1) and seed (initialisation and dropout; None draws one).
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, num_kv_heads=None, seed=None):
+        self.seed = _seed(seed)
+        self._native = _attn.MultiheadAttention(
+            int(embed_dim), int(num_heads), float(dropout), bool(bias), bool(add_bias_kv), bool(add_zero_attn),
+            int(kdim or 0), int(vdim or 0), bool(batch_first), int(num_kv_heads or 0), self.seed)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False, trace=False):
+        """Returns (output, weights or None) in PyTorch's shapes; trace=True prints each stage's shape.
+
+        key_padding_mask (N, S) / attn_mask (L, S) or (N*num_heads, L, S): bool True = masked out,
+        float = added to the scores.
+        """
+        out, weights, text = self._native.forward(
+            _array(query), _array(key), _array(value), _mask(key_padding_mask, "key_padding_mask"),
+            bool(need_weights), _mask(attn_mask, "attn_mask"), bool(average_attn_weights), bool(is_causal),
+            bool(trace))
+        if trace:
+            print(text, end="")
+        return out, weights
+
+    def backward(self, grad_output):
+        """(dquery, dkey, dvalue) after a training-mode forward; adds into grads(). Self-attention's input
+        gradient is their sum."""
+        return self._native.backward(_array(grad_output))
+
+    def save(self, path):
+        self._native.save(os.fspath(path))
+
+    def load(self, path):
+        self._native.load(os.fspath(path))
+
+    def __getattr__(self, name):  # embed_dim, num_heads, num_kv_heads, kdim, vdim, head_dim, dropout, batch_first
+        if name in ("embed_dim", "num_heads", "num_kv_heads", "kdim", "vdim", "head_dim", "dropout", "batch_first"):
+            return getattr(self._native, name)
+        raise AttributeError(name)
+
+    def __repr__(self):
+        n = self._native
+        return (f"MultiheadAttention(embed_dim={n.embed_dim}, num_heads={n.num_heads}, "
+                f"num_kv_heads={n.num_kv_heads}, kdim={n.kdim}, vdim={n.vdim}, batch_first={n.batch_first})")
 
 
 class Linear(_Layer):
