@@ -216,7 +216,7 @@ def quality(args):
                "--batch", str(B), "--lr", str(lr), "--min-lr", str(min_lr), "--warmup", str(warmup),
                "--lr-decay-steps", str(S), "--beta2", str(beta2), "--weight-decay", str(wd), "--dropout", "0",
                "--grad-clip", "1", "--eval-every", str(every), "--eval-iters", str(iters),
-               "--threads", str(args.threads), "--log-every", "100"]
+               "--threads", str(args.threads), "--log-every", "100", "--seed", str(args.seed)]
         print("ours:", " ".join(cmd))
         t0 = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True)
@@ -228,8 +228,8 @@ def quality(args):
         ours_full = full_val_loss(lambda x, y: model.evaluate(x, y), val, T)
 
     # PyTorch: nanoGPT's loop (get_batch, estimate_loss, get_lr, clip 1.0, AdamW).
-    torch.manual_seed(1337)
-    rng = np.random.default_rng(1337)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
     m = TorchGPT(V, T, L, H, E, bias=False)
     opt = m.optimizer(lr, (0.9, beta2), wd)
 
@@ -264,7 +264,7 @@ def quality(args):
         m.eval()
         torch_full = full_val_loss(lambda x, y: m(torch.from_numpy(x), torch.from_numpy(y))[1].item(), val, T)
 
-    print(f"quality: nanoGPT shakespeare_char CPU config, {S} steps, {args.threads} threads")
+    print(f"quality: nanoGPT shakespeare_char CPU config, {S} steps, {args.threads} threads, seed {args.seed}")
     print(f"  attn  (CLI)    val loss {ours_val:.4f} (20 batches), {ours_full:.4f} (full val split)  "
           f"wall {ours_wall:7.1f} s")
     print(f"  torch (eager)  val loss {torch_val:.4f} (20 batches), {torch_full:.4f} (full val split)  "
@@ -280,6 +280,7 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="throughput: steps per timed round (5); quality: 2000")
     ap.add_argument("--reps", type=int, default=5, help="throughput: timed rounds (median)")
     ap.add_argument("--attn-bin", default=None, help="the attn CLI (default: build*/attn)")
+    ap.add_argument("--seed", type=int, default=1337, help="quality: initialisation and batches, both sides")
     args = ap.parse_args()
     if args.what == "throughput":
         args.steps = args.steps or 5
