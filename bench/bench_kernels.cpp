@@ -12,11 +12,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "attn/gemm.h"
+#include "attn/memstat.h"
 #include "attn/rng.h"
 #include "attn/sdpa.h"
 #include "attn/threads.h"
@@ -108,21 +108,14 @@ void BM_FlashDecode(benchmark::State& state) {
   state.counters["KV_GB/s"] = bytes * state.counters["GFLOP/s"] / a.flops();
 }
 
-long status_kb(const char* key) {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::strlen(key)));
-  return 0;
-}
-
 // Peak memory of one flash run above its inputs and output (VmHWM growth after clear_refs resets it).
 void BM_FlashMemory(benchmark::State& state) {
   Attn a(8, 8, state.range(0), state.range(0), 64, Causal::top_left);
   const SdpaProblem<float> p = a.problem();
-  const long base_kb = status_kb("VmRSS:");
-  std::ofstream("/proc/self/clear_refs") << "5";
+  const int64_t base = rss_bytes();
+  reset_peak_rss();
   time_flops(state, a.flops(), [&] { flash_forward(p); });
-  state.counters["extra_MB"] = double(status_kb("VmHWM:") - base_kb) / 1024.0;
+  state.counters["extra_MB"] = double(peak_rss_bytes() - base) / 1e6;
 }
 
 }  // namespace

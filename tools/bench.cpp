@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "attn/gemm.h"
+#include "attn/memstat.h"
 #include "attn/rng.h"
 #include "attn/sdpa.h"
 #include "attn/threads.h"
@@ -31,21 +31,6 @@ double median_seconds(int reps, F&& f) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
-
-// Resident-set high-water mark in bytes; reset_peak() restarts it (Linux clear_refs 5).
-long peak_rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6)) * 1024;
-  return 0;
-}
-long rss_bytes() {
-  std::ifstream f("/proc/self/status");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6)) * 1024;
-  return 0;
-}
-void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 Tensor random_tensor(Shape shape, uint64_t seed) {
   Tensor t(std::move(shape));
@@ -73,10 +58,10 @@ void run_case(const Case& c, Backend backend, double peak, int reps) {
   SdpaArgs<float> args{q, k, v};
   args.causal = c.causal;
   SdpaOut<float> o{out};
-  long base = rss_bytes();
-  reset_peak();
+  const int64_t base = rss_bytes();
+  reset_peak_rss();
   double s = median_seconds(reps, [&] { sdpa(args, o, {backend, false}); });
-  double extra_mb = std::max(0L, peak_rss_bytes() - base) / 1e6;
+  double extra_mb = double(std::max<int64_t>(0, peak_rss_bytes() - base)) / 1e6;
   // FLOPs: 4·B·H·L·S·D, half when causal (the visible triangle)
   double flops = 4.0 * c.B * c.H * c.L * c.S * c.D * (c.causal == Causal::none ? 1.0 : 0.5);
   double gf = flops / s * 1e-9;
