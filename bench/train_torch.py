@@ -218,8 +218,11 @@ def quality(args):
                "--grad-clip", "1", "--eval-every", str(every), "--eval-iters", str(iters),
                "--threads", str(args.threads), "--log-every", "100", "--seed", str(args.seed)]
         print("ours:", " ".join(cmd))
+        env = dict(os.environ)
+        if args.passive_attn:
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
         ours_wall = time.perf_counter() - t0
         assert res.returncode == 0, res.stdout + res.stderr
         ours_val = float(re.findall(r"val loss ([0-9.]+)", res.stdout)[-1])
@@ -264,7 +267,8 @@ def quality(args):
         m.eval()
         torch_full = full_val_loss(lambda x, y: m(torch.from_numpy(x), torch.from_numpy(y))[1].item(), val, T)
 
-    print(f"quality: nanoGPT shakespeare_char CPU config, {S} steps, {args.threads} threads, seed {args.seed}")
+    print(f"quality: nanoGPT shakespeare_char CPU config, {S} steps, {args.threads} threads, seed {args.seed}"
+          f"{', attn with OMP_WAIT_POLICY=PASSIVE' if args.passive_attn else ''}")
     print(f"  attn  (CLI)    val loss {ours_val:.4f} (20 batches), {ours_full:.4f} (full val split)  "
           f"wall {ours_wall:7.1f} s")
     print(f"  torch (eager)  val loss {torch_val:.4f} (20 batches), {torch_full:.4f} (full val split)  "
@@ -281,6 +285,9 @@ def main():
     ap.add_argument("--reps", type=int, default=5, help="throughput: timed rounds (median)")
     ap.add_argument("--attn-bin", default=None, help="the attn CLI (default: build*/attn)")
     ap.add_argument("--seed", type=int, default=1337, help="quality: initialisation and batches, both sides")
+    ap.add_argument("--passive-attn", action="store_true",
+                    help="quality: run the attn CLI with OMP_WAIT_POLICY=PASSIVE (libgomp's spinning threads and "
+                         "OpenBLAS's pthreads fight over 2 cores otherwise); torch keeps its default")
     args = ap.parse_args()
     if args.what == "throughput":
         args.steps = args.steps or 5
