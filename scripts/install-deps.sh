@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(g++ cmake make pkg-config ccache libopenblas-dev libhwy-dev libgtest-dev libgmock-dev
+APT_PACKAGES=(g++ cmake make pkg-config ccache libopenblas-dev libopenblas-openmp-dev libhwy-dev libgtest-dev libgmock-dev
   libbenchmark-dev libcli11-dev nlohmann-json3-dev libcairo2-dev chromium)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
