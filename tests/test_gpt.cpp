@@ -10,19 +10,12 @@
 #include "attn/check.h"
 #include "attn/gpt.h"
 #include "attn/rng.h"
+#include "test_util.h"
 
 namespace attn {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 GptConfig small_config(int64_t n_kv_head = 0) {
   GptConfig c;

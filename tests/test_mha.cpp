@@ -14,8 +14,10 @@
 
 #include "attn/mha.h"
 #include "attn/rng.h"
+#include "test_util.h"
 
 using namespace attn;
+using test::error_of;
 
 namespace {
 
@@ -231,15 +233,6 @@ void check_case(Case c) {
   EXPECT_LE(err, kTol) << "weights";
 }
 
-std::string message_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 }  // namespace
 
 TEST(Mha, SelfAttentionAllLayouts) {
@@ -425,24 +418,24 @@ TEST(Mha, FullyMaskedRowGivesZeroWeightsAndBiasOutput) {
 }
 
 TEST(Mha, Errors) {
-  std::string e = message_of([] { MultiheadAttention({.embed_dim = 10, .num_heads = 3}); });
+  std::string e = error_of([] { MultiheadAttention({.embed_dim = 10, .num_heads = 3}); });
   EXPECT_NE(e.find("Expected embed_dim divisible by num_heads, but got embed_dim = 10 and num_heads = 3 instead"),
             std::string::npos) << e;
-  e = message_of([] { MultiheadAttention({.embed_dim = 12, .num_heads = 6, .num_kv_heads = 4}); });
+  e = error_of([] { MultiheadAttention({.embed_dim = 12, .num_heads = 6, .num_kv_heads = 4}); });
   EXPECT_NE(e.find("Expected num_heads divisible by num_kv_heads, but got num_heads = 6 and num_kv_heads = 4 instead"),
             std::string::npos) << e;
   EXPECT_THROW(MultiheadAttention({.embed_dim = 8, .num_heads = 2, .dropout = 1.5}), Error);
 
   MultiheadAttention m({.embed_dim = 8, .num_heads = 2});
   Tensor x({4, 2, 8}), y({4, 2, 6}), z({4, 8});
-  e = message_of([&] { m.forward(x.view(), y.view(), y.view()); });
+  e = error_of([&] { m.forward(x.view(), y.view(), y.view()); });
   EXPECT_NE(e.find("(4, 2, 6)"), std::string::npos) << e;  // kdim 6 != 8
-  e = message_of([&] { m.forward(x.view(), z.view(), z.view()); });
+  e = error_of([&] { m.forward(x.view(), z.view(), z.view()); });
   EXPECT_NE(e.find("Expected key and value of rank 3"), std::string::npos) << e;
   Bools pad({2, 5}), am({3, 4});
-  e = message_of([&] { m.forward(x.view(), x.view(), x.view(), {.key_padding_mask = Mask<float>::drop(pad.view())}); });
+  e = error_of([&] { m.forward(x.view(), x.view(), x.view(), {.key_padding_mask = Mask<float>::drop(pad.view())}); });
   EXPECT_NE(e.find("Expected key_padding_mask of shape (N, S) = (2, 4), but got (2, 5) instead"), std::string::npos) << e;
-  e = message_of([&] { m.forward(x.view(), x.view(), x.view(), {.attn_mask = Mask<float>::drop(am.view())}); });
+  e = error_of([&] { m.forward(x.view(), x.view(), x.view(), {.attn_mask = Mask<float>::drop(am.view())}); });
   EXPECT_NE(e.find("(L, S) = (4, 4) or (N·H, L, S) = (4, 4, 4), but got (3, 4) instead"), std::string::npos) << e;
 }
 
@@ -470,15 +463,15 @@ TEST(Mha, StateDictRoundTripAndErrors) {
 
   StateDict sd = a.state_dict();
   sd.emplace("in_proj_weight", Tensor({24, 8}));
-  std::string e = message_of([&] { b.load_state_dict(sd); });
+  std::string e = error_of([&] { b.load_state_dict(sd); });
   EXPECT_NE(e.find("unknown name 'in_proj_weight'"), std::string::npos) << e;
   sd = a.state_dict();
   sd.erase("bias_v");
-  e = message_of([&] { b.load_state_dict(sd); });
+  e = error_of([&] { b.load_state_dict(sd); });
   EXPECT_NE(e.find("bias_v"), std::string::npos) << e;
   sd = a.state_dict();
   sd.insert_or_assign("k_proj_weight", Tensor({4, 8}));
-  e = message_of([&] { b.load_state_dict(sd); });
+  e = error_of([&] { b.load_state_dict(sd); });
   EXPECT_NE(e.find("(4, 6)"), std::string::npos) << e;
   EXPECT_NE(e.find("(4, 8)"), std::string::npos) << e;
 }

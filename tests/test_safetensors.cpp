@@ -12,29 +12,14 @@
 #include <random>
 
 #include "attn/safetensors.h"
+#include "test_util.h"
 
 using namespace attn;
 namespace fs = std::filesystem;
 using Bytes = std::string;
+using test::TempDir;
 
 namespace {
-
-// A fresh empty folder per test, removed at the end.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "attn_st_XXXXXX").string();
-    dir = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(dir); }
-  std::string operator/(const std::string& name) const { return (dir / name).string(); }
-  std::vector<std::string> files() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
 
 Bytes read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -14,35 +14,14 @@
 #include "attn/optim.h"
 #include "attn/tokenizer.h"
 #include "attn/train.h"
+#include "test_util.h"
 
 namespace attn {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh, empty folder under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("attn_test_train_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-// The Error message of f(), or "" if it did not throw.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
+using test::TempDir;
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)) == 0;
@@ -288,7 +267,7 @@ TEST(Checkpoint, ReplacesTheDirectoryAsAWholeAndLeavesNoTemporaries) {
     t.save(tmp / "ck");
   }
   EXPECT_EQ(load_model(tmp / "ck").step, 3);
-  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path), fs::directory_iterator()), 1);  // only ck: no temporary or old directory left behind
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator()), 1);  // only ck: no temporary or old directory left behind
   std::ofstream(tmp / "ck/notes.txt") << "mine";
   std::string msg = error_of([&] { t.save(tmp / "ck"); });
   EXPECT_NE(msg.find("notes.txt"), std::string::npos) << msg;

@@ -11,9 +11,11 @@
 
 #include "attn/train.h"
 #include "attn/viz_model.h"
+#include "test_util.h"
 
 using namespace attn;
 using nlohmann::json;
+using test::error_of;
 
 namespace {
 
@@ -45,15 +47,6 @@ double model_entropy(Gpt& model, const std::vector<int64_t>& x, int64_t B, int64
   std::vector<Tensor> w = model.attention_weights(x.data(), B, T);  // per layer (B, H, T, T)
   for (const Tensor& l : w) sum += viz::mean_row_entropy(l.view());
   return sum / double(w.size());
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace
