@@ -169,27 +169,13 @@ int64_t Gpt::num_parameters() {
 }
 
 void Gpt::reseed(uint64_t seed) {
-  // Dropout layers are rebuilt with fresh seeds (their seed advances by one per forward otherwise).
-  auto fresh = [&](Dropout& d, uint64_t k) {
-    d = Dropout(c_.dropout, mix64(seed ^ k));
-    d.train(training_);
-  };
-  fresh(drop, 1);
+  // Every dropout stream restarts from f(seed, which layer), so a resumed run draws an uninterrupted run's masks.
+  drop.reseed(seed ^ 1);
   for (size_t i = 0; i < h.size(); ++i) {
-    fresh(h[i].dropout1, 16 * i + 2);
-    fresh(h[i].dropout2, 16 * i + 3);
-    fresh(h[i].ff.dropout, 16 * i + 4);
-    if (c_.dropout > 0) {
-      // MultiheadAttention has no seed setter (yet): rebuild it with a new seed and put the weights back.
-      // Its parameter tensors stay at the same addresses, so the optimizer's Param pointers stay valid.
-      MultiheadAttention& a = h[i].self_attn;
-      StateDict weights = a.state_dict();
-      MhaOptions o = a.options();
-      o.seed = mix64(seed ^ (16 * i + 5));
-      a = MultiheadAttention(o);
-      a.load_state_dict(weights);
-      a.train(training_);
-    }
+    h[i].dropout1.reseed(seed ^ (16 * i + 2));
+    h[i].dropout2.reseed(seed ^ (16 * i + 3));
+    h[i].ff.dropout.reseed(seed ^ (16 * i + 4));
+    h[i].self_attn.reseed(seed ^ (16 * i + 5));
   }
 }
 
