@@ -17,6 +17,7 @@
 
 #include "attn/gemm.h"
 #include "attn/memstat.h"
+#include "attn/param.h"
 #include "attn/rng.h"
 #include "attn/sdpa.h"
 #include "attn/threads.h"
@@ -27,13 +28,6 @@ namespace {
 
 double g_sgemm_gflops = 0;         // median of BM_Sgemm2048's runs so far; it runs first
 std::vector<double> g_sgemm_runs;  // GFLOP/s of each run (one per repetition)
-
-Tensor random_tensor(Shape shape, uint64_t seed) {
-  Tensor t(std::move(shape));
-  Rng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<float>(rng.normal());
-  return t;
-}
 
 // Runs f once per benchmark iteration, timing it with a steady clock; sets GFLOP/s and %sgemm.
 template <typename F>
@@ -51,7 +45,7 @@ void time_flops(benchmark::State& state, double flops, F&& f) {
 
 void BM_Sgemm2048(benchmark::State& state) {
   const int64_t n = 2048;
-  Tensor a = random_tensor({n, n}, 1), b = random_tensor({n, n}, 2), c({n, n});
+  Tensor a = init::randn({n, n}, 1), b = init::randn({n, n}, 2), c({n, n});
   time_flops(state, 2.0 * n * n * n,
              [&] { gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
   g_sgemm_runs.push_back(state.counters["GFLOP/s"]);
@@ -66,7 +60,7 @@ struct Attn {
   Tensor q, k, v, out;
   SdpaArgs<float> args;
   Attn(int64_t H, int64_t Hkv, int64_t L, int64_t S, int64_t D, Causal causal)
-      : q(random_tensor({1, H, L, D}, 3)), k(random_tensor({1, Hkv, S, D}, 4)), v(random_tensor({1, Hkv, S, D}, 5)),
+      : q(init::randn({1, H, L, D}, 3)), k(init::randn({1, Hkv, S, D}, 4)), v(init::randn({1, Hkv, S, D}, 5)),
         out({1, H, L, D}) {
     args.q = q, args.k = k, args.v = v;
     args.causal = causal;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attn/mha.h"
+#include "attn/param.h"
 #include "attn/rng.h"
 #include "test_util.h"
 
@@ -27,12 +28,6 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kTol = 2e-5;
 
 using Bools = TensorT<uint8_t>;
-
-Tensor random_tensor(const Shape& shape, Rng& rng, double scale = 1.0) {
-  Tensor t(shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(scale * rng.normal());
-  return t;
-}
 
 enum class MaskKind { none, drop, additive };
 
@@ -159,9 +154,9 @@ void check_case(Case c) {
   if (c.unbatched) c.B = 1;
   const int64_t B = c.B, L = c.L, S = c.S, H = o.num_heads, E = o.embed_dim;
   const int64_t S2 = S + o.add_bias_kv + o.add_zero_attn;
-  Tensor xq = random_tensor({B, L, E}, rng);
-  Tensor xk = c.self ? Tensor::copy_of(xq.view()) : random_tensor({B, S, o.kdim}, rng);
-  Tensor xv = c.self ? Tensor::copy_of(xq.view()) : random_tensor({B, S, o.vdim}, rng);
+  Tensor xq = init::randn({B, L, E}, rng);
+  Tensor xk = c.self ? Tensor::copy_of(xq.view()) : init::randn({B, S, o.kdim}, rng);
+  Tensor xv = c.self ? Tensor::copy_of(xq.view()) : init::randn({B, S, o.vdim}, rng);
 
   // Masks as PyTorch takes them: bool True = masked (25%), float values added (10% -inf).
   auto random_bools = [&](const Shape& s) {
@@ -324,7 +319,7 @@ TEST(Mha, NonContiguousLastDimIsCopied) {
   MultiheadAttention m({.embed_dim = 8, .num_heads = 2, .batch_first = true, .seed = 3});
   m.eval();
   Rng rng(5);
-  Tensor x = random_tensor({2, 5, 8}, rng);
+  Tensor x = init::randn({2, 5, 8}, rng);
   Tensor xt = Tensor::copy_of(x.view().transpose(1, 2));  // (B, E, L) bytes
   View<const float> odd = xt.view().transpose(1, 2);      // (B, L, E) with last stride L
   MhaOutput a = m.forward(x.view(), x.view(), x.view()), b = m.forward(odd, odd, odd);
@@ -357,7 +352,7 @@ TEST(Mha, GqaEqualsMhaWithRepeatedKvRows) {
     sd.emplace("out_proj.weight", Tensor::copy_of(g.at("out_proj.weight").view()));
     sd.emplace("out_proj.bias", Tensor::copy_of(g.at("out_proj.bias").view()));
     mha.load_state_dict(sd);
-    Tensor q = random_tensor({3, 2, E}, rng), kv = random_tensor({5, 2, E}, rng);
+    Tensor q = init::randn({3, 2, E}, rng), kv = init::randn({5, 2, E}, rng);
     MhaArgs args{.average_attn_weights = false, .is_causal = true};
     MhaOutput a = gqa.forward(q.view(), kv.view(), kv.view(), args), b = mha.forward(q.view(), kv.view(), kv.view(), args);
     // Same products in the same order; only BLAS blocking over a different N may differ (~1 ulp).
@@ -371,7 +366,7 @@ TEST(Mha, PaddedKeysAndCausalTriangleGetExactlyZeroWeight) {
   m.eval();
   Rng rng(4);
   const int64_t L = 5, N = 2, S = 5, H = 4, S2 = S + 2;
-  Tensor x = random_tensor({L, N, 16}, rng);
+  Tensor x = init::randn({L, N, 16}, rng);
   Bools pad({N, S});
   pad.data()[0 * S + 1] = pad.data()[1 * S + 4] = 1;  // key 1 of batch 0, key 4 of batch 1
   MhaOutput r = m.forward(x.view(), x.view(), x.view(),
@@ -400,7 +395,7 @@ TEST(Mha, FullyMaskedRowGivesZeroWeightsAndBiasOutput) {
   m.eval();
   Rng rng(6);
   randomize_biases(m, rng);
-  Tensor x = random_tensor({3, 2, 8}, rng);
+  Tensor x = init::randn({3, 2, 8}, rng);
   Bools pad({2, 3});
   for (int64_t s = 0; s < 3; ++s) pad.data()[1 * 3 + s] = 1;  // batch 1: every key masked
   for (bool need_weights : {true, false}) {
@@ -449,7 +444,7 @@ TEST(Mha, StateDictRoundTripAndErrors) {
                                              "in_proj_bias(16,)", "bias_k(1, 1, 4)", "bias_v(1, 1, 4)",
                                              "out_proj.weight(8, 8)", "out_proj.bias(8,)"}));
   Rng rng(1);
-  Tensor q = random_tensor({3, 1, 8}, rng), k = random_tensor({4, 1, 6}, rng), v = random_tensor({4, 1, 8}, rng);
+  Tensor q = init::randn({3, 1, 8}, rng), k = init::randn({4, 1, 6}, rng), v = init::randn({4, 1, 8}, rng);
   auto out = [&](MultiheadAttention& m) { return m.forward(q.view(), k.view(), v.view()).output; };
   Tensor before = out(b);
   b.load_state_dict(a.state_dict());
@@ -521,7 +516,7 @@ TEST(Mha, DropoutInTrainingOnly) {
   const double p = 0.5;
   MultiheadAttention m({.embed_dim = 16, .num_heads = 4, .dropout = p, .seed = 5});
   Rng rng(2);
-  Tensor x = random_tensor({6, 2, 16}, rng);
+  Tensor x = init::randn({6, 2, 16}, rng);
   MhaArgs args{.average_attn_weights = false};
   m.eval();
   MhaOutput e1 = m.forward(x.view(), x.view(), x.view(), args), e2 = m.forward(x.view(), x.view(), x.view(), args);

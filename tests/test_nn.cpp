@@ -14,18 +14,13 @@
 
 #include "attn/kv_cache.h"
 #include "attn/nn.h"
+#include "attn/param.h"
 #include "attn/rng.h"
 #include "attn/threads.h"
 
 using namespace attn;
 
 namespace {
-
-Tensor random_tensor(const Shape& shape, Rng& rng, double scale = 1.0) {
-  Tensor t(shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(scale * rng.normal());
-  return t;
-}
 
 double dot(const Tensor& a, const Tensor& b) {
   double s = 0;
@@ -64,7 +59,7 @@ void check_gradients(GradCase<L>& c, const char* what, double h = 1e-2, int per_
   auto base = c.make();
   Tensor y = c.forward(*base, c.inputs);
   Rng rng(99);
-  Tensor w = random_tensor(y.shape(), rng);
+  Tensor w = init::randn(y.shape(), rng);
   base->zero_grad();
   std::vector<Tensor> din = c.backward(*base, w.view());
   std::vector<Param> params = base->parameter_list();
@@ -144,7 +139,7 @@ GradCase<L> unary(std::function<std::unique_ptr<L>()> make, Tensor x) {
 TEST(Linear, GradientsMatchFiniteDifferences) {
   Rng rng(1);
   for (bool bias : {true, false}) {
-    auto c = unary<Linear>([bias] { return std::make_unique<Linear>(7, 5, bias, 3); }, random_tensor({2, 3, 7}, rng));
+    auto c = unary<Linear>([bias] { return std::make_unique<Linear>(7, 5, bias, 3); }, init::randn({2, 3, 7}, rng));
     check_gradients(c, bias ? "Linear" : "Linear, no bias");
   }
 }
@@ -155,17 +150,17 @@ TEST(LayerNorm, GradientsMatchFiniteDifferences) {
     auto make = [variant] {
       auto l = std::make_unique<LayerNorm>(9, 1e-5, variant < 2, variant == 0);
       Rng r(5);  // non-trivial weight and bias, so their gradients and their use in dx are tested
-      for (Param& p : l->parameter_list()) *p.value = random_tensor(p.value->shape(), r);
+      for (Param& p : l->parameter_list()) *p.value = init::randn(p.value->shape(), r);
       return l;
     };
-    auto c = unary<LayerNorm>(make, random_tensor({4, 9}, rng));
+    auto c = unary<LayerNorm>(make, init::randn({4, 9}, rng));
     check_gradients(c, "LayerNorm");
   }
 }
 
 TEST(Activation, GradientsMatchFiniteDifferences) {
   Rng rng(3);
-  Tensor x = random_tensor({3, 11}, rng);
+  Tensor x = init::randn({3, 11}, rng);
   for (int64_t i = 0; i < x.numel(); ++i)  // away from ReLU's kink by more than h
     if (std::abs(x.data()[i]) < 0.05f) x.data()[i] = 0.3f;
   for (Activation a : {Activation::relu, Activation::gelu, Activation::gelu_tanh}) {
@@ -223,7 +218,7 @@ TEST(Activation, GeluMatchesDoubleFormulasAcrossTheRange) {
 
 TEST(Dropout, MaskSharedByForwardAndBackward) {
   Rng rng(4);
-  Tensor x = random_tensor({64, 33}, rng);
+  Tensor x = init::randn({64, 33}, rng);
   Dropout d(0.25, 7);
   Tensor y = d.forward(x.view());
   Tensor ones({64, 33});
@@ -259,7 +254,7 @@ TEST(Embedding, ScatterAddsRepeatedIds) {
   for (int i = 0; i < 4; ++i)
     for (int e = 0; e < 3; ++e) EXPECT_EQ(y.data()[i * 3 + e], emb.weight.data()[ids[i] * 3 + e]);
   Rng rng(5);
-  Tensor g = random_tensor({2, 2, 3}, rng);
+  Tensor g = init::randn({2, 2, 3}, rng);
   emb.backward(g.view());
   for (int e = 0; e < 3; ++e) {
     EXPECT_FLOAT_EQ(emb.weight_grad.data()[1 * 3 + e], g.data()[0 * 3 + e] + g.data()[2 * 3 + e]);
@@ -276,7 +271,7 @@ TEST(FeedForward, GradientsMatchFiniteDifferences) {
   for (Activation a : {Activation::gelu, Activation::gelu_tanh}) {
     for (double p : {0.0, 0.3}) {  // with dropout: each evaluation's fresh layer draws the same mask
       auto c = unary<FeedForward>([a, p] { return std::make_unique<FeedForward>(6, 10, a, p, true, 8); },
-                                  random_tensor({2, 3, 6}, rng));
+                                  init::randn({2, 3, 6}, rng));
       check_gradients(c, p > 0 ? "FeedForward with dropout" : "FeedForward");
     }
   }
@@ -285,7 +280,7 @@ TEST(FeedForward, GradientsMatchFiniteDifferences) {
 TEST(Gradients, AccumulateAndZero) {
   Rng rng(7);
   FeedForward ff(4, 8, Activation::gelu, 0.0, true, 1);
-  Tensor x = random_tensor({3, 4}, rng), d = random_tensor({3, 4}, rng);
+  Tensor x = init::randn({3, 4}, rng), d = init::randn({3, 4}, rng);
   ff.forward(x.view());
   ff.backward(d.view());
   StateDict once;
@@ -352,7 +347,7 @@ std::shared_ptr<MhaMasks> make_masks(const MhaCase& m, Rng& rng) {
     for (int64_t i = 0; i < k->bools.numel(); ++i) k->bools.data()[i] = (i % m.S) != 0 && rng.uniform() < 0.3;  // key 0 stays
     k->args.attn_mask = Mask<float>::drop(k->bools.view());
   } else if (m.mask == 2) {
-    k->additive = random_tensor({m.B * m.o.num_heads, m.L, m.S}, rng);
+    k->additive = init::randn({m.B * m.o.num_heads, m.L, m.S}, rng);
     k->args.attn_mask = Mask<float>::additive(k->additive.view());
   }
   if (m.padding) {
@@ -373,7 +368,7 @@ template <class L>
 void randomize_biases(L& layer) {
   Rng r(77);
   for (Param& p : layer.parameter_list())
-    if (p.name.find("bias") != std::string::npos) *p.value = random_tensor(p.value->shape(), r, 0.5);
+    if (p.name.find("bias") != std::string::npos) *p.value = init::randn(p.value->shape(), r, 0.5);
 }
 
 GradCase<MultiheadAttention> mha_case(const MhaCase& m) {
@@ -387,10 +382,10 @@ GradCase<MultiheadAttention> mha_case(const MhaCase& m) {
   };
   auto masks = make_masks(m, rng);
   const int64_t kdim = m.o.kdim ? m.o.kdim : m.o.embed_dim, vdim = m.o.vdim ? m.o.vdim : m.o.embed_dim;
-  c.inputs.push_back(random_tensor(layout(m, m.L, m.o.embed_dim), rng));
+  c.inputs.push_back(init::randn(layout(m, m.L, m.o.embed_dim), rng));
   if (!m.self) {
-    c.inputs.push_back(random_tensor(layout(m, m.S, kdim), rng));
-    c.inputs.push_back(random_tensor(layout(m, m.S, vdim), rng));
+    c.inputs.push_back(init::randn(layout(m, m.S, kdim), rng));
+    c.inputs.push_back(init::randn(layout(m, m.S, vdim), rng));
   }
   c.forward = [masks](MultiheadAttention& l, const std::vector<Tensor>& in) {
     const Tensor& q = in[0];
@@ -508,7 +503,7 @@ TEST(TransformerEncoderLayer, GradientsMatchFiniteDifferences) {
       randomize_biases(*l);
       return l;
     };
-    c.inputs.push_back(random_tensor(o.batch_first ? Shape{2, 5, 8} : Shape{5, 2, 8}, rng));
+    c.inputs.push_back(init::randn(o.batch_first ? Shape{2, 5, 8} : Shape{5, 2, 8}, rng));
     c.forward = [a, pad](TransformerEncoderLayer& l, const std::vector<Tensor>& in) { return l.forward(in[0].view(), a); };
     c.backward = [](TransformerEncoderLayer& l, View<const float> d) {
       std::vector<Tensor> r;
@@ -536,7 +531,7 @@ TEST(TransformerDecoderLayer, GradientsMatchFiniteDifferences) {
     Rng rng(12);
     TransformerOptions o = k.o;
     const int64_t L = 4, S = 6, B = 2, E = 8;
-    auto mm = std::make_shared<Tensor>(random_tensor({L, S}, rng));  // additive memory_mask
+    auto mm = std::make_shared<Tensor>(init::randn({L, S}, rng));  // additive memory_mask
     auto pad = std::make_shared<TensorT<uint8_t>>(Shape{B, S});
     pad->data()[B * S - 1] = 1;
     DecoderArgs a;
@@ -551,8 +546,8 @@ TEST(TransformerDecoderLayer, GradientsMatchFiniteDifferences) {
       randomize_biases(*l);
       return l;
     };
-    c.inputs.push_back(random_tensor(o.batch_first ? Shape{B, L, E} : Shape{L, B, E}, rng));
-    c.inputs.push_back(random_tensor(o.batch_first ? Shape{B, S, E} : Shape{S, B, E}, rng));
+    c.inputs.push_back(init::randn(o.batch_first ? Shape{B, L, E} : Shape{L, B, E}, rng));
+    c.inputs.push_back(init::randn(o.batch_first ? Shape{B, S, E} : Shape{S, B, E}, rng));
     c.forward = [a, mm, pad](TransformerDecoderLayer& l, const std::vector<Tensor>& in) {
       return l.forward(in[0].view(), in[1].view(), a);
     };
@@ -585,7 +580,7 @@ TEST(TransformerLayers, StateDictNamesAreTorchs) {
 TEST(TransformerLayers, GradientsAccumulate) {
   Rng rng(13);
   TransformerEncoderLayer enc(tf_opts(true, Activation::gelu));
-  Tensor x = random_tensor({5, 2, 8}, rng), d = random_tensor({5, 2, 8}, rng);
+  Tensor x = init::randn({5, 2, 8}, rng), d = init::randn({5, 2, 8}, rng);
   enc.forward(x.view());
   Tensor dx1 = enc.backward(d.view());
   StateDict once;
@@ -642,7 +637,7 @@ TEST(KVCache, IncrementalAttentionEqualsFullCausalForward) {
       m.eval();
       const int64_t B = 2, T = 11, T0 = 4, E = 16;
       Rng rng(20);
-      Tensor x = random_tensor(batch_first ? Shape{B, T, E} : Shape{T, B, E}, rng);
+      Tensor x = init::randn(batch_first ? Shape{B, T, E} : Shape{T, B, E}, rng);
       MhaArgs a;
       a.need_weights = false;
       a.is_causal = true;
@@ -672,7 +667,7 @@ TEST(KVCache, EncoderLayerIncrementalEqualsFullCausalForward) {
     randomize_biases(enc);
     Rng rng(21);
     const int64_t B = 2, T = 7, E = 8;
-    Tensor x = random_tensor({B, T, E}, rng);
+    Tensor x = init::randn({B, T, E}, rng);
     KVCache cache(1, B, 1, T, 4);
     EXPECT_THROW(enc.forward_cached(x.view(), cache, 0), Error);  // training mode
     enc.eval();
@@ -691,7 +686,7 @@ TEST(TransformerLayers, SameBitsForOneAndTwoThreads) {
   // kernels and OpenBLAS's gemm, which splits rows and columns, not the summed dimension).
   Rng rng(30);
   const int64_t B = 3, L = 33, S = 17, E = 32;
-  Tensor tgt = random_tensor({B, L, E}, rng), mem = random_tensor({B, S, E}, rng), d = random_tensor({B, L, E}, rng);
+  Tensor tgt = init::randn({B, L, E}, rng), mem = init::randn({B, S, E}, rng), d = init::randn({B, L, E}, rng);
   std::vector<std::vector<float>> runs;
   for (int threads : {1, 2}) {
     set_num_threads(threads);
@@ -715,7 +710,7 @@ TEST(TransformerLayers, SameBitsForOneAndTwoThreads) {
 
 TEST(Dropout, ReseedRestartsTheStream) {
   Rng rng(41);
-  Tensor x = random_tensor({8, 16}, rng);
+  Tensor x = init::randn({8, 16}, rng);
   Dropout fresh(0.5, 123), used(0.5, 7);
   used.forward(x.view());
   used.reseed(123);
@@ -725,7 +720,7 @@ TEST(Dropout, ReseedRestartsTheStream) {
   MhaOptions o = mha_opts(8, 2);
   o.dropout = 0.5;
   MultiheadAttention m(o);
-  Tensor q = random_tensor({4, 2, 8}, rng);
+  Tensor q = init::randn({4, 2, 8}, rng);
   MhaArgs args;
   args.need_weights = false;
   m.reseed(9);

@@ -8,6 +8,7 @@
 
 #include "attn/gemm.h"
 #include "attn/memstat.h"
+#include "attn/param.h"
 #include "attn/rng.h"
 #include "attn/sdpa.h"
 #include "attn/threads.h"
@@ -32,16 +33,9 @@ double median_seconds(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
-Tensor random_tensor(Shape shape, uint64_t seed) {
-  Tensor t(std::move(shape));
-  Rng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<float>(rng.normal());
-  return t;
-}
-
 double sgemm_gflops(int reps) {
   const int64_t n = 2048;
-  Tensor a = random_tensor({n, n}, 1), b = random_tensor({n, n}, 2), c({n, n});
+  Tensor a = init::randn({n, n}, 1), b = init::randn({n, n}, 2), c({n, n});
   double s = median_seconds(reps, [&] { gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
   return 2.0 * n * n * n / s * 1e-9;
 }
@@ -53,8 +47,8 @@ struct Case {
 };
 
 void run_case(const Case& c, Backend backend, double peak, int reps) {
-  Tensor q = random_tensor({c.B, c.H, c.L, c.D}, 3), k = random_tensor({c.B, c.Hkv, c.S, c.D}, 4),
-         v = random_tensor({c.B, c.Hkv, c.S, c.D}, 5), out({c.B, c.H, c.L, c.D});
+  Tensor q = init::randn({c.B, c.H, c.L, c.D}, 3), k = init::randn({c.B, c.Hkv, c.S, c.D}, 4),
+         v = init::randn({c.B, c.Hkv, c.S, c.D}, 5), out({c.B, c.H, c.L, c.D});
   SdpaArgs<float> args{q, k, v};
   args.causal = c.causal;
   SdpaOut<float> o{out};
@@ -73,7 +67,7 @@ void run_case(const Case& c, Backend backend, double peak, int reps) {
 
 // Time to read K and V once (the floor for a decode step): a plain sum over the same bytes.
 double read_kv_seconds(const Case& c, int reps) {
-  Tensor k = random_tensor({c.B, c.Hkv, c.S, c.D}, 4), v = random_tensor({c.B, c.Hkv, c.S, c.D}, 5);
+  Tensor k = init::randn({c.B, c.Hkv, c.S, c.D}, 4), v = init::randn({c.B, c.Hkv, c.S, c.D}, 5);
   volatile float sink = 0;
   return median_seconds(reps, [&] {
     float acc = 0;

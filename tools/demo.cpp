@@ -8,19 +8,13 @@
 
 #include "attn/gemm.h"
 #include "attn/mha.h"
+#include "attn/param.h"
 #include "attn/rng.h"
 #include "attn/sdpa.h"
 #include "cli.h"
 
 namespace attn {
 namespace {
-
-Tensor random_tensor(Shape shape, uint64_t seed) {
-  Tensor t(std::move(shape));
-  Rng rng(seed);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<float>(rng.normal());
-  return t;
-}
 
 TensorD to_double(View<const float> x) {
   TensorD t(x.shape);
@@ -60,7 +54,7 @@ int run_demo() {
   section("1. Shapes through MultiheadAttention (B=2, L=10, E=512, H=8, batch_first)");
   MultiheadAttention mha({.embed_dim = E, .num_heads = H, .batch_first = true, .seed = 1});
   mha.eval();
-  Tensor x = random_tensor({B, L, E}, 2);
+  Tensor x = init::randn({B, L, E}, 2);
   MhaOutput r = mha.forward(x, x, x, {.need_weights = false, .trace = &std::cout});
 
   section("2. Our MultiheadAttention against the textbook computation in fp64, same weights");

@@ -56,6 +56,9 @@ namespace init {
 std::pair<double, double> fans(const Shape& shape);
 void uniform(Tensor& t, double lo, double hi, Rng& rng);
 void normal(Tensor& t, double mean, double std, Rng& rng);
+// torch.randn: a new tensor of N(0, std²) draws, from `rng` or from a fresh Rng(seed).
+Tensor randn(Shape shape, Rng& rng, double std = 1.0);
+Tensor randn(Shape shape, uint64_t seed);
 void xavier_uniform(Tensor& t, Rng& rng);
 void xavier_normal(Tensor& t, Rng& rng);
 // kaiming_uniform_(a=sqrt(5)), nn.Linear's weight default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).

@@ -50,6 +50,17 @@ void normal(Tensor& t, double mean, double std, Rng& rng) {
   for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(mean + std * rng.normal());
 }
 
+Tensor randn(Shape shape, Rng& rng, double std) {
+  Tensor t(std::move(shape));
+  normal(t, 0.0, std, rng);
+  return t;
+}
+
+Tensor randn(Shape shape, uint64_t seed) {
+  Rng rng(seed);
+  return randn(std::move(shape), rng);
+}
+
 void xavier_uniform(Tensor& t, Rng& rng) {
   auto [in, out] = fans(t.shape());
   const double bound = std::sqrt(6.0 / (in + out));
