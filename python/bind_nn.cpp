@@ -30,11 +30,16 @@ void unary(py::class_<L>& c) {
       }, py::arg("grad_output"));
 }
 
-TransformerOptions transformer_options(int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
-                                       const std::string& activation, double layer_norm_eps, bool batch_first,
-                                       bool norm_first, bool bias, int64_t num_kv_heads, uint64_t seed) {
-  return {d_model, nhead, dim_feedforward, dropout, parse_activation(activation), layer_norm_eps, batch_first,
-          norm_first, bias, num_kv_heads, seed};
+// py::init of a Transformer layer from torch.nn's constructor arguments (TRANSFORMER_ARGS).
+template <class L>
+auto transformer_init() {
+  return py::init([](int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
+                     const std::string& activation, double layer_norm_eps, bool batch_first, bool norm_first,
+                     bool bias, int64_t num_kv_heads, uint64_t seed) {
+    return std::make_unique<L>(TransformerOptions{d_model, nhead, dim_feedforward, dropout,
+                                                  parse_activation(activation), layer_norm_eps, batch_first,
+                                                  norm_first, bias, num_kv_heads, seed});
+  });
 }
 
 #define TRANSFORMER_ARGS                                                                                     \
@@ -83,14 +88,7 @@ void bind_nn(py::module_& m) {
   unary(ff);
 
   layer<TransformerEncoderLayer>(m, "TransformerEncoderLayer")
-      .def(py::init([](int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
-                       const std::string& activation, double eps, bool batch_first, bool norm_first, bool bias,
-                       int64_t num_kv_heads, uint64_t seed) {
-             return std::make_unique<TransformerEncoderLayer>(transformer_options(
-                 d_model, nhead, dim_feedforward, dropout, activation, eps, batch_first, norm_first, bias,
-                 num_kv_heads, seed));
-           }),
-           TRANSFORMER_ARGS)
+      .def(transformer_init<TransformerEncoderLayer>(), TRANSFORMER_ARGS)
       .def(
           "forward",
           [](TransformerEncoderLayer& self, const py::array& src, const py::object& src_mask,
@@ -108,14 +106,7 @@ void bind_nn(py::module_& m) {
       }, py::arg("grad_output"));
 
   layer<TransformerDecoderLayer>(m, "TransformerDecoderLayer")
-      .def(py::init([](int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
-                       const std::string& activation, double eps, bool batch_first, bool norm_first, bool bias,
-                       int64_t num_kv_heads, uint64_t seed) {
-             return std::make_unique<TransformerDecoderLayer>(transformer_options(
-                 d_model, nhead, dim_feedforward, dropout, activation, eps, batch_first, norm_first, bias,
-                 num_kv_heads, seed));
-           }),
-           TRANSFORMER_ARGS)
+      .def(transformer_init<TransformerDecoderLayer>(), TRANSFORMER_ARGS)
       .def(
           "forward",
           [](TransformerDecoderLayer& self, const py::array& tgt, const py::array& memory, const py::object& tgt_mask,
