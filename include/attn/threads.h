@@ -1,9 +1,69 @@
-// One thread count for everything attn runs: our OpenMP kernels and OpenBLAS alike.
+// attn's threads: one small pool of its own for every parallel loop in the library (GEMM, attention
+// kernels, layers). Not OpenMP: work is split into chunks that attn chooses from the loop's size alone,
+// claimed dynamically, so (1) results never depend on the thread count — a chunk is computed the same
+// whichever thread takes it, and nothing is summed across chunks in a thread-dependent order — and
+// (2) a thread that the OS takes away (a busy neighbour) delays only the one chunk it holds.
+// Idle threads spin for a bounded time, then sleep in the kernel: no core is burnt between calls.
 #pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 namespace attn {
 
-void set_num_threads(int n);  // n >= 1
+void set_num_threads(int n);  // 1 <= n <= max_threads(); the default is the CPUs this process may use
 int num_threads();
+int max_threads();            // the largest accepted thread count
+std::string wait_policy();    // how idle threads wait, in words (for `attn info`)
+
+namespace detail {
+using ChunkFn = void (*)(void* ctx, int64_t begin, int64_t end, int worker);
+void run_parallel(int64_t n, int64_t grain, ChunkFn fn, void* ctx);
+}  // namespace detail
+
+// body(begin, end, worker) for consecutive chunks [begin, end) of [0, n), each `grain` items long (the
+// last may be shorter); the chunk boundaries depend on n and grain only. worker is in [0, num_threads())
+// and no two chunks run on one worker at once: index per-worker scratch with it. Choose grain so that
+// a chunk is worth >= ~10 µs of work; a loop with one chunk runs on the calling thread. A parallel_for
+// inside a body runs serially on its worker.
+template <typename Body>
+void parallel_for(int64_t n, int64_t grain, Body&& body) {
+  auto call = [](void* ctx, int64_t b, int64_t e, int w) { (*static_cast<std::remove_reference_t<Body>*>(ctx))(b, e, w); };
+  detail::run_parallel(n, grain, call, const_cast<void*>(static_cast<const void*>(&body)));
+}
+
+// Items per chunk for a loop whose items cost `per_item` element operations each: chunks of ~32k
+// element operations (~10 µs), below which waking a thread costs more than it saves (PyTorch's
+// at::parallel_for uses the same grain).
+inline int64_t grain_for(int64_t per_item) {
+  constexpr int64_t kGrain = 1 << 15;
+  return per_item >= kGrain ? 1 : kGrain / (per_item < 1 ? 1 : per_item);
+}
+
+// One item at a time: body(i, worker) for i in [0, n), grain 1 (tiles, rows of heavy work).
+template <typename Body>
+void parallel_items(int64_t n, Body&& body) {
+  parallel_for(n, 1, [&](int64_t b, int64_t e, int w) {
+    for (int64_t i = b; i < e; ++i) body(i, w);
+  });
+}
+
+// Scratch for parallel_for bodies: one T per worker, constructed on that worker's first use.
+template <typename T>
+class PerWorker {
+ public:
+  PerWorker() : items_(static_cast<size_t>(num_threads())) {}
+  template <typename... Args>
+  T& get(int worker, Args&&... args) {
+    auto& item = items_[static_cast<size_t>(worker)];
+    if (!item) item.emplace(std::forward<Args>(args)...);
+    return *item;
+  }
+
+ private:
+  std::vector<std::optional<T>> items_;
+};
 
 }  // namespace attn

@@ -30,6 +30,7 @@
 
 #include "attn/rng.h"
 #include "attn/sdpa.h"
+#include "attn/threads.h"
 #include "flash_common.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -87,9 +88,8 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
     r.lddo = dout_in_place ? dout.strides[2] : Dvp;
     return r;
   };
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h) {
+  parallel_items(p.B * p.H, [&](int64_t bh, int) {
+      const int64_t b = bh / p.H, h = bh % p.H;
       QHead r = head(b, h);
       const float* q = a.q.data + b * a.q.strides[0] + h * a.q.strides[1];
       const float* dO = dout.data + b * dout.strides[0] + h * dout.strides[1];
@@ -115,7 +115,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
         for (int64_t e = 0; e < Dv; ++e) s += r.dout[l * r.lddo + e] * o[e * O.strides[3]];
         r.dsum[l] = s;
       }
-    }
+  });
 
   // ---- dQ partials: (C, B, H, nq, D, kBr), the blocked dQᵀ of each chunk, zeroed by the task that owns it ----
   auto dqt = hwy::AllocateAligned<float>(std::max<int64_t>(1, C * p.B * p.H * nq * D * kBr));
@@ -124,20 +124,18 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
   };
 
   // ---- KV blocks outer, Q blocks inner ----
-#pragma omp parallel
-  {
-    std::vector<float> buf(kBc * D * 2 + kBc * Dv + kBc * Dp + kBc * Dvp + 2 * kBc * kBr);
-    float* kr = buf.data();       // (kBc, D) K_j rows
+  const int64_t buf_size = kBc * D * 2 + kBc * Dv + kBc * Dp + kBc * Dvp + 2 * kBc * kBr;
+  std::vector<float> bufs(size_t(num_threads() * buf_size));  // one scratch per worker
+  parallel_items(p.B * p.Hkv * C, [&](int64_t item, int worker) {
+    const int64_t b = item / (p.Hkv * C), kvh = item / C % p.Hkv, c = item % C;
+    float* kr = bufs.data() + worker * buf_size;  // (kBc, D) K_j rows
     float* kt = kr + kBc * D;     // (D, kBc) K_jᵀ
     float* vr = kt + kBc * D;     // (kBc, Dv) V_j rows
     float* dk = vr + kBc * Dv;    // (kBc, Dp) dK_j / scale
     float* dv = dk + kBc * Dp;    // (kBc, Dvp) dV_j
     float* st = dv + kBc * Dvp;   // (kBc, kBr) Sᵀ, then P(_dropped)ᵀ
     float* dpt = st + kBc * kBr;  // (kBc, kBr) dPᵀ, then dSᵀ
-#pragma omp for collapse(3) schedule(dynamic)
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t kvh = 0; kvh < p.Hkv; ++kvh)
-        for (int64_t c = 0; c < C; ++c) {
+        {
           for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
             std::fill(dqt_block(c, b, h, 0), dqt_block(c, b, h, nq), 0.f);
           for (int64_t j = c; j < nkv; j += C) {
@@ -210,14 +208,12 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
             }
           }
         }
-  }
+  });
 
   // ---- dQ = scale · Σ_c partial_c, in the order c = 0, 1, ... ----
   const auto& GQ = g.dq;
-#pragma omp parallel for collapse(3) schedule(static)
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.H; ++h)
-      for (int64_t i = 0; i < nq; ++i) {
+  parallel_items(p.B * p.H * nq, [&](int64_t item, int) {
+        const int64_t b = item / (p.H * nq), h = item / nq % p.H, i = item % nq;
         const int64_t l0 = i * kBr, br = std::min(kBr, L - l0);
         float* gq = GQ.data + b * GQ.strides[0] + h * GQ.strides[1] + l0 * GQ.strides[2];
         for (int64_t d = 0; d < D; ++d)
@@ -226,7 +222,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
             for (int64_t c = 0; c < C; ++c) sum += dqt_block(c, b, h, i)[d * kBr + l];
             gq[l * GQ.strides[2] + d * GQ.strides[3]] = scale * sum;
           }
-      }
+  });
 }
 
 }  // namespace

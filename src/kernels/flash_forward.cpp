@@ -21,6 +21,7 @@
 
 #include "attn/rng.h"
 #include "attn/sdpa.h"
+#include "attn/threads.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/kernels/flash_forward.cpp"  // found through include/; src/ is not on the path
@@ -305,20 +306,17 @@ void ForwardTiles(const Plan& pl) {
   const int64_t batch = std::clamp<int64_t>(kPackBudget / std::max<int64_t>(1, per_pair * 4), 1, pairs);
   auto pack = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, batch * per_pair)));
   const int64_t blocks = (p.S + kPackRows - 1) / kPackRows;
-#pragma omp parallel
-  {
-    Tile t(pl);
-    for (int64_t first = 0; first < pairs; first += batch) {
+  PerWorker<Tile> tiles;
+  for (int64_t first = 0; first < pairs; first += batch) {
       const int64_t np = std::min(batch, pairs - first);
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < np * blocks; ++i) {
+      parallel_items(np * blocks, [&](int64_t i, int) {
         const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows;
         float* kt = pack.get() + (i / blocks) * per_pair;
         PackKeys(pl, pair / p.Hkv, pair % p.Hkv, s0, std::min(kPackRows, p.S - s0), kt + s0 * p.D,
                  kt + kt_size + s0 * pl.Dvp);
-      }
-#pragma omp for schedule(dynamic, 1)
-      for (int64_t i = 0; i < np * nt; ++i) {
+      });
+      parallel_items(np * nt, [&](int64_t i, int worker) {
+        Tile& t = tiles.get(worker, pl);
         // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
         const int64_t pair = first + i % np, ti = nt - 1 - i / np;
         const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv, l0 = ti * pl.lq, nl = std::min(pl.lq, p.L - l0);
@@ -330,8 +328,7 @@ void ForwardTiles(const Plan& pl) {
         ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), k, ldk, v, ldv);
         for (int64_t r = 0; r < t.rows; ++r)
           WriteRow(pl, b, t.row_h(r, pl.G), t.row_l(r, pl.G), t.o + r * pl.Dvp, t.m[r], t.l[r]);
-      }
-    }
+      });
   }
 }
 
@@ -343,13 +340,20 @@ void ForwardDecode(const Plan& pl) {
   auto part_m = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows));  // (B·Hkv, nc, rows)
   auto part_l = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows));  // (B·Hkv, nc, rows)
   auto part_o = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows * pl.Dvp));  // (B·Hkv, nc, rows, Dvp)
-#pragma omp parallel
-  {
-    Tile t(pl);
-    auto kp = hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_k ? kDecodeChunk * p.D : 1));  // (kDecodeChunk, D)
-    auto vp = hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_v ? kDecodeChunk * pl.Dvp : 1));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < pairs * nc; ++i) {
+  struct Scratch {
+    Tile t;
+    hwy::AlignedFreeUniquePtr<float[]> kp, vp;  // (kDecodeChunk, D), (kDecodeChunk, Dvp)
+    explicit Scratch(const Plan& pl)
+        : t(pl),
+          kp(hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_k ? kDecodeChunk * pl.p.D : 1))),
+          vp(hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_v ? kDecodeChunk * pl.Dvp : 1))) {}
+  };
+  PerWorker<Scratch> scratch;
+  parallel_items(pairs * nc, [&](int64_t i, int worker) {
+      Scratch& sc = scratch.get(worker, pl);
+      Tile& t = sc.t;
+      auto& kp = sc.kp;
+      auto& vp = sc.vp;
       const int64_t pair = i / nc, c = i % nc, b = pair / p.Hkv, kvh = pair % p.Hkv;
       const int64_t s_begin = c * kDecodeChunk, s_end = std::min({p.S, s_begin + kDecodeChunk, p.key_end(p.L - 1)});
       LoadQ(pl, t, b, kvh, 0, p.L);
@@ -365,17 +369,17 @@ void ForwardDecode(const Plan& pl) {
       std::copy(t.m, t.m + rows, part_m.get() + i * rows);
       std::copy(t.l, t.l + rows, part_l.get() + i * rows);
       std::copy(t.o, t.o + rows * pl.Dvp, part_o.get() + i * rows * pl.Dvp);
-    }
-    // merge, chunk by chunk: m = max_c m_c; l = Σ_c 2^(m_c - m)·l_c; O = Σ_c 2^(m_c - m)·O_c
-#pragma omp for schedule(static)
-    for (int64_t j = 0; j < pairs * rows; ++j) {
+  });
+  // merge, chunk by chunk: m = max_c m_c; l = Σ_c 2^(m_c - m)·l_c; O = Σ_c 2^(m_c - m)·O_c
+  PerWorker<std::vector<float>> row_o;
+  parallel_items(pairs * rows, [&](int64_t j, int worker) {
       const int64_t pair = j / rows, r = j % rows;
       const float* pm = part_m.get() + pair * nc * rows + r;  // chunk c at pm[c * rows]
       const float* pls = part_l.get() + pair * nc * rows + r;
       float m = -kInf, lsum = 0.f;
       for (int64_t c = 0; c < nc; ++c) m = std::max(m, pm[c * rows]);
       const float m_use = m == -kInf ? 0.f : m;  // as in ProcessKeys: no -inf - -inf
-      float* o = t.o;  // (Dvp,) scratch
+      float* o = row_o.get(worker, size_t(pl.Dvp)).data();  // (Dvp,) scratch
       std::fill(o, o + pl.Dvp, 0.f);
       for (int64_t c = 0; c < nc; ++c) {
         if (pls[c * rows] == 0.f) continue;  // no live key for this row in chunk c (its O is 0)
@@ -385,8 +389,7 @@ void ForwardDecode(const Plan& pl) {
         for (int64_t e = 0; e < pl.Dvp; ++e) o[e] += w * oc[e];
       }
       WriteRow(pl, pair / p.Hkv, (pair % p.Hkv) * pl.G + r % pl.G, r / pl.G, o, m, lsum);
-    }
-  }
+  });
 }
 
 void FlashForward(const SdpaProblem<float>& p) {

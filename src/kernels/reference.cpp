@@ -7,6 +7,7 @@
 
 #include "attn/rng.h"
 #include "attn/sdpa.h"
+#include "attn/threads.h"
 
 namespace attn {
 
@@ -17,9 +18,9 @@ void reference_forward(const SdpaProblem<T>& p) {
   const uint32_t threshold = dropout_threshold(a.dropout_p);
   const T keep_scale = a.dropout_p < 1 ? T(1) / T(1 - a.dropout_p) : T(0);
 
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t h = 0; h < p.H; ++h) {
+  parallel_items(p.B * p.H, [&](int64_t bh, int) {
+    const int64_t b = bh / p.H, h = bh % p.H;
+    {
       std::vector<T> w(p.S);  // (S,) one row of scores, then weights
       const int64_t kvh = p.kv_head(h);
       for (int64_t l = 0; l < p.L; ++l) {
@@ -66,7 +67,7 @@ void reference_forward(const SdpaProblem<T>& p) {
         }
       }
     }
-  }
+  });
 }
 
 template void reference_forward(const SdpaProblem<float>&);

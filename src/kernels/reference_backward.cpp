@@ -8,6 +8,7 @@
 
 #include "attn/rng.h"
 #include "attn/sdpa.h"
+#include "attn/threads.h"
 
 namespace attn {
 
@@ -22,9 +23,9 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
 
   // One task per (b, KV head): it owns dK and dV of that head and dQ of the query heads of its group,
   // so the sums below have one order whatever the thread count.
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < p.B; ++b) {
-    for (int64_t kvh = 0; kvh < p.Hkv; ++kvh) {
+  parallel_items(p.B * p.Hkv, [&](int64_t bkv, int) {
+    const int64_t b = bkv / p.Hkv, kvh = bkv % p.Hkv;
+    {
       std::vector<T> w(p.S), dw(p.S);  // (S,) one row of weights and of their gradient
       const T* kb = a.k.data + b * a.k.strides[0] + kvh * a.k.strides[1];
       const T* vb = a.v.data + b * a.v.strides[0] + kvh * a.v.strides[1];
@@ -89,7 +90,7 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
         }
       }
     }
-  }
+  });
 }
 
 template void reference_backward(const SdpaProblem<float>&, View<const float>, const SdpaGrads<float>&);

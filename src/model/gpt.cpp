@@ -11,6 +11,7 @@
 #include "attn/check.h"
 #include "attn/gemm.h"
 #include "attn/rng.h"
+#include "attn/threads.h"
 
 namespace attn {
 namespace {
@@ -96,8 +97,8 @@ float cross_entropy(View<const float> logits, const int64_t* targets, View<float
   }
   const float inv = 1.0f / float(count);
   std::vector<double> row_loss(size_t(N), 0.0);  // summed in order below: the same loss for any thread count
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
+  parallel_for(N, grain_for(3 * V), [&](int64_t n0, int64_t n1, int) {
+  for (int64_t n = n0; n < n1; ++n) {
     const float* x = logits.data + n * logits.stride(0);
     float* d = dlogits.empty() ? nullptr : dlogits.data + n * dlogits.stride(0);  // may alias x
     if (targets[n] < 0) {
@@ -116,6 +117,7 @@ float cross_entropy(View<const float> logits, const int64_t* targets, View<float
       d[targets[n]] -= inv;
     }
   }
+  });
   double total = 0;
   for (double l : row_loss) total += l;
   return float(total / double(count));

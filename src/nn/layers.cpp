@@ -1,5 +1,5 @@
 // The elementary layers of nn.h: Linear, LayerNorm, Dropout, ReLU/GELU, Embedding and the feed-forward
-// block, forward and backward. Row-wise loops are plain and split over rows with OpenMP; reductions
+// block, forward and backward. Row-wise loops are plain and split over rows by parallel_for (threads.h); reductions
 // into parameter gradients run in a fixed order, so results do not depend on the thread count.
 // Not the Transformer layers (transformer.cpp) and no attention (attention/).
 #include <algorithm>
@@ -8,6 +8,7 @@
 
 #include "attn/gemm.h"
 #include "attn/nn.h"
+#include "attn/threads.h"
 #include "gelu.h"
 
 namespace attn {
@@ -53,8 +54,9 @@ void add_(View<float> y, View<const float> x) {
   const int64_t n = y.numel();
   float* __restrict py = y.data;
   const float* __restrict px = x.data;
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) py[i] += px[i];
+  parallel_for(n, grain_for(1), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) py[i] += px[i];
+  });
 }
 
 // ---- Linear ----
@@ -145,8 +147,8 @@ Tensor LayerNorm::forward(View<const float> x) {
   const float* b = bias.data();
   float* xhat = xhat_.data();
   float* rstd_out = rstd_.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; ++r) {
+  parallel_for(N, grain_for(4 * F), [&](int64_t r0, int64_t r1, int) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* xr = rows.data + r * F;
     float* yr = y.data() + r * F;
     // Two passes in double: mean, then the biased variance of (x - mean), as PyTorch computes it.
@@ -162,6 +164,7 @@ Tensor LayerNorm::forward(View<const float> x) {
       yr[i] = h * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
     }
   }
+  });
   return y;
 }
 
@@ -175,8 +178,8 @@ Tensor LayerNorm::backward(View<const float> dout) {
   const float* w = weight.data();
   Tensor dx(xhat_.shape());
   // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · weight
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < N; ++r) {
+  parallel_for(N, grain_for(4 * F), [&](int64_t r0, int64_t r1, int) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* g = dy.data + r * F;
     const float* h = xhat + r * F;
     double mg = 0, mgh = 0;
@@ -191,6 +194,7 @@ Tensor LayerNorm::backward(View<const float> dout) {
     float* dxr = dx.data() + r * F;
     for (int64_t i = 0; i < F; ++i) dxr[i] = rstd * float(g[i] * (w ? w[i] : 1.0f) - mg - h[i] * mgh);
   }
+  });
   // dweight += Σ_rows dy · xhat, dbias += Σ_rows dy: rows in order.
   for (int64_t r = 0; r < N; ++r) {
     const float* g = dy.data + r * F;
@@ -223,8 +227,9 @@ Tensor apply_dropout(View<const float> x, double p, uint64_t seed) {
   const float scale = float(1.0 / (1.0 - p));
   const float* px = rows.data;
   float* py = y.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) py[i] = dropout_keep(seed, uint64_t(i), threshold) ? px[i] * scale : 0.0f;
+  parallel_for(n, grain_for(4), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) py[i] = dropout_keep(seed, uint64_t(i), threshold) ? px[i] * scale : 0.0f;
+  });
   return y;
 }
 }  // namespace
@@ -271,11 +276,6 @@ GELU::GELU(const std::string& approximate)
              approximate, "' instead");
 }
 
-namespace {
-// Elements per task: GELU arrays are split into chunks of this size over the threads.
-constexpr int64_t kChunk = 1 << 14;
-}  // namespace
-
 Tensor ActivationLayer::forward(View<const float> x) {
   Tensor storage;
   View<const float> rows = as_rows(x, storage);
@@ -284,12 +284,12 @@ Tensor ActivationLayer::forward(View<const float> x) {
   const float* px = rows.data;
   float* py = y.data();
   if (kind == Activation::relu) {
-#pragma omp parallel for schedule(static) if (n > kChunk)
-    for (int64_t i = 0; i < n; ++i) py[i] = px[i] > 0 ? px[i] : 0.0f;
+    parallel_for(n, grain_for(1), [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) py[i] = px[i] > 0 ? px[i] : 0.0f;
+    });
   } else {
     const bool approx = kind == Activation::gelu_tanh;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < n; c += kChunk) gelu_forward(px + c, py + c, std::min(kChunk, n - c), approx);
+    parallel_for(n, grain_for(16), [&](int64_t b, int64_t e, int) { gelu_forward(px + b, py + b, e - b, approx); });
   }
   x_ = training_ ? (storage.data() ? std::move(storage) : Tensor::copy_of(x)) : Tensor();
   return y;
@@ -306,12 +306,12 @@ Tensor ActivationLayer::backward(View<const float> dout) {
   const float* pg = dy.data;
   float* pd = dx.data();
   if (kind == Activation::relu) {  // gradient 0 at x = 0, as PyTorch
-#pragma omp parallel for schedule(static) if (n > kChunk)
-    for (int64_t i = 0; i < n; ++i) pd[i] = px[i] > 0 ? pg[i] : 0.0f;
+    parallel_for(n, grain_for(1), [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) pd[i] = px[i] > 0 ? pg[i] : 0.0f;
+    });
   } else {
     const bool approx = kind == Activation::gelu_tanh;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < n; c += kChunk) gelu_backward(px + c, pg + c, pd + c, std::min(kChunk, n - c), approx);
+    parallel_for(n, grain_for(16), [&](int64_t b, int64_t e, int) { gelu_backward(px + b, pg + b, pd + b, e - b, approx); });
   }
   return dx;
 }

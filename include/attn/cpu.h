@@ -1,0 +1,21 @@
+// The processor as read when the program runs: its name, the instruction-set features attn's kernels
+// choose from, and the cache sizes that blocking is derived from. Never a table of model numbers.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace attn {
+
+struct CpuInfo {
+  std::string name;      // "AMD EPYC", "Intel(R) Xeon(R) Platinum 8488C", ... (CPUID brand string)
+  std::string features;  // the ones that matter here, space-separated: "sse4.2 avx2 fma f16c avx512f ..."
+  bool avx2 = false, fma = false, f16c = false, avx512 = false;  // avx512: F + BW + DQ + VL (Highway's AVX3)
+  int64_t l1d = 0, l2 = 0, l3 = 0;  // bytes per core's L1d/L2 and the shared L3, as the OS reports them
+  bool caches_read = false;         // false: the OS said nothing and the sizes below are assumed
+};
+
+// Read once, on first use. Caches come from /sys/devices/system/cpu/cpu0/cache (sysconf as a fallback);
+// where neither reports them, 32 KiB / 1 MiB / 8 MiB are assumed and caches_read is false.
+const CpuInfo& cpu_info();
+
+}  // namespace attn

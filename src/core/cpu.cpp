@@ -1,0 +1,93 @@
+// cpu_info(): CPUID for the name and features, sysfs for the caches. Read once, then constant.
+#include "attn/cpu.h"
+
+#include <cpuid.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+namespace attn {
+namespace {
+
+std::string brand_string() {
+  unsigned max = __get_cpuid_max(0x80000000u, nullptr);
+  if (max < 0x80000004u) return "unknown x86-64";
+  char s[49] = {};
+  for (unsigned i = 0; i < 3; ++i) {
+    unsigned r[4];
+    __get_cpuid(0x80000002u + i, &r[0], &r[1], &r[2], &r[3]);
+    std::memcpy(s + 16 * i, r, 16);
+  }
+  std::string name(s);
+  const auto first = name.find_first_not_of(' '), last = name.find_last_not_of(' ');
+  return first == std::string::npos ? "unknown x86-64" : name.substr(first, last - first + 1);
+}
+
+// "32K", "2048K", "32M" as sysfs writes them; 0 if unreadable.
+int64_t parse_size(const std::string& s) {
+  if (s.empty()) return 0;
+  int64_t v = 0;
+  size_t i = 0;
+  for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i) v = v * 10 + (s[i] - '0');
+  if (i < s.size() && (s[i] == 'K' || s[i] == 'k')) v *= 1024;
+  else if (i < s.size() && (s[i] == 'M' || s[i] == 'm')) v *= 1024 * 1024;
+  return v;
+}
+
+std::string read_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+void read_caches(CpuInfo& c) {
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    const std::string level = read_line(dir + "level"), type = read_line(dir + "type");
+    if (level.empty()) break;
+    const int64_t size = parse_size(read_line(dir + "size"));
+    if (level == "1" && type == "Data") c.l1d = size;
+    if (level == "2" && type != "Instruction") c.l2 = size;
+    if (level == "3" && type != "Instruction") c.l3 = size;
+  }
+  if (c.l1d <= 0) c.l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  if (c.l2 <= 0) c.l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (c.l3 <= 0) c.l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  c.caches_read = c.l1d > 0 && c.l2 > 0;
+  if (c.l1d <= 0) c.l1d = 32 << 10;
+  if (c.l2 <= 0) c.l2 = 1 << 20;
+  if (c.l3 <= 0) c.l3 = 8 << 20;
+}
+
+CpuInfo read_cpu() {
+  CpuInfo c;
+  c.name = brand_string();
+  __builtin_cpu_init();
+  c.avx2 = __builtin_cpu_supports("avx2");
+  c.fma = __builtin_cpu_supports("fma");
+  c.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  unsigned a, b, cx, d;
+  c.f16c = __get_cpuid(1, &a, &b, &cx, &d) && (cx & bit_F16C);
+  const std::pair<const char*, bool> named[] = {
+      {"sse4.2", __builtin_cpu_supports("sse4.2")}, {"avx2", c.avx2}, {"fma", c.fma}, {"f16c", c.f16c},
+      {"avx512f", __builtin_cpu_supports("avx512f")}, {"avx512bw", __builtin_cpu_supports("avx512bw")},
+      {"avx512dq", __builtin_cpu_supports("avx512dq")}, {"avx512vl", __builtin_cpu_supports("avx512vl")},
+      {"avx512vnni", __builtin_cpu_supports("avx512vnni")}, {"avx512bf16", __builtin_cpu_supports("avx512bf16")},
+  };
+  for (const auto& [n, has] : named)
+    if (has) c.features += (c.features.empty() ? "" : " ") + std::string(n);
+  read_caches(c);
+  return c;
+}
+
+}  // namespace
+
+const CpuInfo& cpu_info() {
+  static const CpuInfo info = read_cpu();
+  return info;
+}
+
+}  // namespace attn
