@@ -2,6 +2,8 @@
 #include <pybind11/pybind11.h>
 
 #include "attn/check.h"
+#include "attn/info.h"
+#include "attn/simd.h"
 #include "attn/threads.h"
 
 namespace py = pybind11;
@@ -17,8 +19,23 @@ void bind_gpt(py::module_& m);
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
   py::register_exception<attn::Error>(m, "AttnError", PyExc_ValueError);
-  m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads for attn kernels and OpenBLAS.");
+  m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads of attn's pool (every kernel and layer).");
   m.def("get_num_threads", &attn::num_threads);
+  m.def(
+      "info",
+      [](bool strict) {
+        const attn::RuntimeInfo i = attn::runtime_info();
+        if (strict) attn::check_no_simd_fallback();
+        py::dict d;
+        d["cpu"] = i.cpu, d["features"] = i.features, d["l1d"] = i.l1d, d["l2"] = i.l2, d["l3"] = i.l3;
+        d["caches_read"] = i.caches_read, d["simd_target"] = i.simd_target, d["simd_compiled"] = i.simd_compiled;
+        d["simd_fallback"] = i.simd_fallback, d["gemm"] = i.gemm, d["threads"] = i.threads;
+        d["max_threads"] = i.max_threads, d["wait_policy"] = i.wait_policy, d["text"] = attn::to_string(i);
+        return d;
+      },
+      py::kw_only(), py::arg("strict") = false,
+      "What attn runs here: CPU, SIMD target, GEMM kernel, threads ('text' is the header benchmarks print). "
+      "strict=True raises AttnError if the kernels run a fallback.");
   bind_sdpa(m);
   bind_sdpa_backward(m);
   bind_io(m);

@@ -338,7 +338,7 @@ TEST(Flash, StridedInputsAndOutput) {
     }
 }
 
-TEST(Flash, SameBitsForOneAndTwoThreads) {
+TEST(Flash, SameBitsForOneTwoAndThreeThreads) {
   const int before = num_threads();
   std::vector<Case> cases(4);
   cases[0].L = cases[0].S = 513, cases[0].D = cases[0].Dv = 64, cases[0].causal = Causal::top_left;
@@ -348,9 +348,12 @@ TEST(Flash, SameBitsForOneAndTwoThreads) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name());
     Inputs in(c);
-    const std::vector<float> one = flash_bits(in, 1), two = flash_bits(in, 2);
-    ASSERT_EQ(one.size(), two.size());
-    EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+    const std::vector<float> one = flash_bits(in, 1);
+    for (int threads : {2, 3}) {
+      const std::vector<float> other = flash_bits(in, threads);
+      ASSERT_EQ(one.size(), other.size());
+      EXPECT_EQ(std::memcmp(one.data(), other.data(), one.size() * sizeof(float)), 0) << threads << " threads";
+    }
   }
   set_num_threads(before);
 }

@@ -3,12 +3,22 @@
 #include <cstdio>
 
 #include "attn/check.h"
+#include "attn/info.h"
+#include "attn/simd.h"
+#include "attn/threads.h"
 #include "cli.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: multi-head attention from the formula to a trained model"};
   app.require_subcommand(1);
   auto* demo = app.add_subcommand("demo", "walk through attention on the seed's configuration");
+
+  bool info_strict = false;
+  int info_threads = 0;
+  auto* info = app.add_subcommand("info", "the CPU, SIMD target, GEMM kernel and threads attn runs with here");
+  info->add_flag("--strict", info_strict, "exit 2 if the kernels run a fallback (no AVX2, or AVX-512 unused)");
+  info->add_option("--threads", info_threads, "thread count to report (default: the CPUs this process may use)")
+      ->check(CLI::Range(1, attn::max_threads()));
 
   attn::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench", "time reference vs flash attention over growing L");
@@ -27,6 +37,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*demo) return attn::run_demo();
+    if (*info) {
+      if (info_threads) attn::set_num_threads(info_threads);
+      const attn::RuntimeInfo i = attn::runtime_info();
+      std::fputs(attn::to_string(i).c_str(), stdout);
+      if (info_strict) attn::check_no_simd_fallback();
+      return 0;
+    }
     if (*bench) return attn::run_bench(bench_opt);
     if (*train) return attn::run_train(train_opt);
     if (*generate) return attn::run_generate(generate_opt);

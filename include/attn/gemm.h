@@ -2,6 +2,7 @@
 // Not for the attention inner loops: those use the flash kernel's own microkernels.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "attn/tensor.h"
 
@@ -12,6 +13,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+// Which implementation and kernel the products above run, in words (for `attn info`).
+std::string gemm_kernel();
 
 // y (N, out) = x (N, in) · Wᵀ (in, out) + bias (out): torch.nn.functional.linear. x and y may have
 // any row stride (a column slice of a wider matrix) but unit column stride; bias may be empty.

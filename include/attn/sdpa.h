@@ -100,7 +100,7 @@ const char* to_string(Backend b);
 
 struct SdpaOptions {
   Backend backend = Backend::automatic;
-  bool strict = false;  // an automatic choice that is not the fastest backend becomes an error
+  bool strict = false;  // an automatic choice that is not the fastest backend, or a SIMD fallback (simd.h), becomes an error
 };
 
 struct BackendChoice {

@@ -3,6 +3,8 @@
 
 #include <type_traits>
 
+#include "attn/simd.h"
+
 namespace attn {
 namespace {
 
@@ -104,6 +106,7 @@ BackendChoice choose(const SdpaProblem<T>& p, const SdpaOptions& options) {
                "weights of shape ", to_string(p.out.weights.shape), " instead");
     return {Backend::flash, "flash requested"};
   }
+  if (options.strict) check_no_simd_fallback();
   if (!fp64 && !weights) return {Backend::flash, "float32 without weights runs on the flash kernel"};
   const char* reason = fp64 ? "fp64 runs on the reference" : "weights requested: flash never materializes them";
   ATTN_CHECK(!options.strict, "Expected the flash backend (strict mode allows no fallback), but got a fallback to ",

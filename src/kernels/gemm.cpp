@@ -3,7 +3,12 @@
 
 #include <cblas.h>
 
+
 namespace attn {
+
+std::string gemm_kernel() {
+  return std::string("OpenBLAS, core ") + openblas_get_corename() + " (" + openblas_get_config() + ")";
+}
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {

@@ -1,0 +1,22 @@
+// What attn runs on this machine, as `attn info` and attn.info() report it: the CPU as read, the SIMD
+// target of the kernels, the GEMM kernel, the threads and how they wait. Every benchmark prints it.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace attn {
+
+struct RuntimeInfo {
+  std::string cpu, features;
+  int64_t l1d = 0, l2 = 0, l3 = 0;  // bytes
+  bool caches_read = false;         // false: the OS reported no sizes and defaults are assumed
+  std::string simd_target, simd_compiled, simd_fallback;  // fallback: empty, or why it is one
+  std::string gemm;                 // backend, target and blocking of the matrix products
+  int threads = 1, max_threads = 1;
+  std::string wait_policy;
+};
+
+RuntimeInfo runtime_info();
+std::string to_string(const RuntimeInfo& info);  // the multi-line header benchmarks print
+
+}  // namespace attn

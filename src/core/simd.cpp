@@ -1,0 +1,58 @@
+// simd_target(): a one-line Highway-dispatched function per target, so the answer is the dispatch itself.
+#include "attn/simd.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "../src/core/simd.cpp"  // found through include/; src/ is not on the path
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_SSSE3  // as in the kernels: SSE4 is the portable SIMD target
+#endif
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "attn/check.h"
+#include "attn/cpu.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::simd::HWY_NAMESPACE {
+int64_t Target() { return HWY_TARGET; }
+}  // namespace attn::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+namespace simd {
+HWY_EXPORT(Target);
+}  // namespace simd
+
+namespace {
+int64_t chosen() { return HWY_DYNAMIC_DISPATCH(simd::Target)(); }
+}  // namespace
+
+std::string simd_target() { return hwy::TargetName(chosen()); }
+
+std::string simd_compiled() {
+  std::string all;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) all += (all.empty() ? "" : " ") + std::string(hwy::TargetName(t));
+  return all;
+}
+
+std::string simd_fallback() {
+  const int64_t t = chosen();
+  const bool avx2_or_better = (t & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL)) != 0;
+  const bool avx512 = (t & (HWY_AVX3 | HWY_AVX3_DL)) != 0;
+  const CpuInfo& c = cpu_info();
+  if (!avx2_or_better && c.avx2 && c.fma)
+    return "the CPU has AVX2+FMA, but the kernels run " + simd_target() + " (targets limited)";
+  if (!avx2_or_better) return "no AVX2+FMA on this CPU: the kernels run " + simd_target() + ", the portable fallback";
+  if (c.avx512 && !avx512) return "the CPU has AVX-512, but the kernels run " + simd_target() + " (targets limited)";
+  return "";
+}
+
+void check_no_simd_fallback() {
+  const std::string f = simd_fallback();
+  ATTN_CHECK(f.empty(), "Expected the best SIMD target of this CPU (strict mode allows no fallback), but got a ",
+             "fallback instead: ", f);
+}
+
+}  // namespace attn
+#endif  // HWY_ONCE
