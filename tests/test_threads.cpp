@@ -119,9 +119,13 @@ TEST(Pool, CallersOnSeveralThreadsEachGetTheirLoopDone) {
 }
 
 TEST(Pool, ThreadCountsOutsideTheRangeAreNamed) {
-  EXPECT_EQ(error_of([] { set_num_threads(0); }), "Expected num_threads in [1, 256], but got 0 instead");
+  ThreadsGuard guard;
+  EXPECT_EQ(error_of([] { set_num_threads(-1); }),
+            "Expected num_threads in [0, 256] (0: the CPUs this process may use), but got -1 instead");
   EXPECT_EQ(error_of([] { set_num_threads(max_threads() + 1); }),
-            "Expected num_threads in [1, 256], but got 257 instead");
+            "Expected num_threads in [0, 256] (0: the CPUs this process may use), but got 257 instead");
+  set_num_threads(0);
+  EXPECT_EQ(num_threads(), int(std::thread::hardware_concurrency()));  // no affinity mask set in the tests
 }
 
 // ---- The library through the pool: the same bits for 1, 2 and 3 threads ----

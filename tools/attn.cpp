@@ -17,12 +17,12 @@ int main(int argc, char** argv) {
   int info_threads = 0;
   auto* info = app.add_subcommand("info", "the CPU, SIMD target, GEMM kernel and threads attn runs with here");
   info->add_flag("--strict", info_strict, "exit 2 if the kernels run a fallback (no AVX2, or AVX-512 unused)");
-  info->add_option("--threads", info_threads, "thread count to report (default: the CPUs this process may use)")
-      ->check(CLI::Range(1, attn::max_threads()));
+  info->add_option("--threads", info_threads, "thread count to report (0: the CPUs this process may use)")
+      ->check(CLI::Range(0, attn::max_threads()));
 
   attn::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench", "time reference vs flash attention over growing L");
-  bench->add_option("--threads", bench_opt.threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
+  bench->add_option("--threads", bench_opt.threads, "threads (0: the CPUs this process may use)")->check(CLI::NonNegativeNumber);
   bench->add_option("--repeats", bench_opt.repeats, "timed runs per row (median)")->check(CLI::PositiveNumber);
   bench->add_option("--lengths", bench_opt.lengths, "sequence lengths L = S")->delimiter(',');
   bench->add_option("--reference-max", bench_opt.reference_max, "largest L for the reference backend");
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   try {
     if (*demo) return attn::run_demo();
     if (*info) {
-      if (info_threads) attn::set_num_threads(info_threads);
+      attn::set_num_threads(info_threads);
       const attn::RuntimeInfo i = attn::runtime_info();
       std::fputs(attn::to_string(i).c_str(), stdout);
       if (info_strict) attn::check_no_simd_fallback();

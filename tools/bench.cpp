@@ -88,7 +88,7 @@ int run_bench(const BenchOptions& opt) {
   set_num_threads(opt.threads);
   std::fputs(to_string(runtime_info()).c_str(), stdout);
   double peak = sgemm_gflops(opt.repeats);
-  std::printf("threads %d; attn gemm 2048^3: %.1f GFLOP/s (the peak below)\n", opt.threads, peak);
+  std::printf("threads %d; attn gemm 2048^3: %.1f GFLOP/s (the peak below)\n", num_threads(), peak);
   std::printf("%-10s %6s %6s %7s %4s  %-9s %10s %8s %7s %9s\n", "case", "L", "S", "H/Hkv", "D", "backend",
               "time ms", "GFLOP/s", "%sgemm", "extra MB");
   for (int64_t L : opt.lengths) {

@@ -16,7 +16,7 @@ namespace attn {
 int run_demo();
 
 struct BenchOptions {
-  int threads = 2;
+  int threads = 0;  // the CPUs this process may use
   int repeats = 5;
   std::vector<int64_t> lengths = {512, 1024, 2048, 4096, 8192, 16384};
   int64_t reference_max = 2048;  // the reference is O(L·S) time per head: skip it past this L
@@ -42,7 +42,7 @@ struct GenerateCli {
   double temperature = 0.8;
   int64_t top_k = 200;
   uint64_t seed = 1337;
-  int threads = 2;
+  int threads = 0;  // the CPUs this process may use
 };
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli);
 int run_generate(const GenerateCli& cli);

@@ -13,7 +13,7 @@
 
 namespace attn {
 
-void set_num_threads(int n);  // 1 <= n <= max_threads(); the default is the CPUs this process may use
+void set_num_threads(int n);  // 1 <= n <= max_threads(), or 0: the default, the CPUs this process may use
 int num_threads();
 int max_threads();            // the largest accepted thread count
 std::string wait_policy();    // how idle threads wait, in words (for `attn info`)

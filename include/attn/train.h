@@ -82,7 +82,7 @@ struct TrainOptions {
   int64_t eval_every = 250;     // 0: only at the end
   int64_t eval_iters = 20;      // batches per split per evaluation
   uint64_t seed = 1337;
-  int threads = 2;
+  int threads = 0;               // 0: the CPUs this process may use
 };
 
 // Defaults for the synthetic task: a short, fast run whose loss falls within 20 steps (1 thread).

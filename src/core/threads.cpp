@@ -172,7 +172,9 @@ Pool& pool() {
 }  // namespace
 
 void set_num_threads(int n) {
-  ATTN_CHECK(n >= 1 && n <= kMaxThreads, "Expected num_threads in [1, ", kMaxThreads, "], but got ", n, " instead");
+  ATTN_CHECK(n >= 0 && n <= kMaxThreads, "Expected num_threads in [0, ", kMaxThreads,
+             "] (0: the CPUs this process may use), but got ", n, " instead");
+  if (n == 0) n = default_threads();
   if (n != pool().threads()) pool().resize(n);
   openblas_set_num_threads(n);
 }

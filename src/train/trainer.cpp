@@ -45,7 +45,7 @@ void check_options(const TrainOptions& o) {
   ATTN_CHECK(o.steps >= 0, "Expected steps >= 0, but got ", o.steps, " instead");
   positive(o.batch, "batch");
   positive(o.eval_iters, "eval_iters");
-  positive(o.threads, "threads");
+  non_negative(o.threads, "threads");
   non_negative(o.lr, "lr");
   non_negative(o.min_lr, "min_lr");
   non_negative(double(o.warmup), "warmup");
