@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import attn
+from _common import set_threads
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--B", type=int, default=1)
@@ -23,8 +24,7 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--reps", type=int, default=7)
 ap.add_argument("--causal", action="store_true")
 args = ap.parse_args()
-torch.set_num_threads(args.threads)
-attn.set_num_threads(args.threads)
+set_threads(args.threads)
 
 rng = np.random.default_rng(0)
 q, k, v, dout = (rng.standard_normal((args.B, args.H, args.L, args.D), dtype=np.float32) for _ in range(4))

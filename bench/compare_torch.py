@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attn
+from _common import set_threads
 
 
 def interleaved_medians(contenders, reps):
@@ -89,8 +90,7 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="L=1024 only, for a smoke run")
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    attn.set_num_threads(a.threads)
+    set_threads(a.threads)
     print(f"torch {torch.__version__}, torch threads {torch.get_num_threads()}, attn threads "
           f"{attn.get_num_threads()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE')}")

@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import attn
+from _common import set_threads
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
@@ -132,8 +133,7 @@ def text_tokens():
 # ---- throughput ----
 
 def throughput(args):
-    torch.set_num_threads(args.threads)
-    attn.set_num_threads(args.threads)
+    set_threads(args.threads)
     L, H, E, T, B = 4, 4, 128, 128, 32
     text, ids, V = text_tokens()
     ours = attn.Trainer(text=text, config="nanogpt-cpu", block_size=T, batch=B, steps=10 ** 6, warmup=100,
@@ -198,8 +198,7 @@ def full_val_loss(logits_fn, val, T):
 
 
 def quality(args):
-    torch.set_num_threads(args.threads)
-    attn.set_num_threads(args.threads)
+    set_threads(args.threads)
     text, ids, V = text_tokens()
     n = int(len(ids) * 0.9)
     train, val = ids[:n], ids[n:]
