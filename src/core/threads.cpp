@@ -1,17 +1,19 @@
 // The thread pool behind parallel_for: n-1 workers plus the calling thread, one job at a time.
-// A job is a count of chunks; every thread claims the next chunk with one atomic add until none is left.
+// A job is a count of chunks. Every thread claims the next chunk with a compare-and-swap on one 64-bit
+// word (job id << 32 | next chunk), so a claim can only succeed for the job that is live, and the caller
+// waits for claimed chunks only: a worker that is slow to wake, or descheduled by a busy neighbour before
+// it claimed anything, delays nobody (the caller runs the chunks itself).
 // Waiting: a worker spins for kSpin after its last chunk (back-to-back loops of a training step find it
-// awake), then sleeps on a futex; the caller spins, then yields its core.
+// awake), then sleeps on a futex; the caller spins, then yields its core to whoever holds a chunk.
 #include "attn/threads.h"
 
+#include <immintrin.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <immintrin.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -30,31 +32,9 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr auto kSpin = std::chrono::microseconds(100);  // bounded: ~one short serial gap of a training step
+constexpr int64_t kMaxChunks = int64_t(1) << 31;        // chunk indices live in the low 32 bits of a claim
 
-thread_local int tl_worker = -1;  // this thread's worker index inside a job; -1 outside
-
-struct Job {
-  detail::ChunkFn fn;
-  void* ctx;
-  int64_t n, grain, chunks;
-  std::atomic<int64_t> next{0}, done{0};
-  std::mutex err_mu;
-  std::exception_ptr err;
-
-  void run(int worker) {
-    tl_worker = worker;
-    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < chunks;) {
-      try {
-        fn(ctx, c * grain, std::min(n, (c + 1) * grain), worker);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(err_mu);
-        if (!err) err = std::current_exception();
-      }
-      done.fetch_add(1, std::memory_order_release);
-    }
-    tl_worker = -1;
-  }
-};
+thread_local int tl_worker = -1;  // this thread's worker index while it runs a chunk; -1 outside
 
 // futex(2) on a 32-bit counter: sleep while it still reads `seen`; wake every sleeper. (Not
 // std::atomic::wait: GCC 12's notify can miss a sleeper that is about to wait.)
@@ -97,7 +77,7 @@ class Pool {
     threads_ = 1;
     stop_ = false;
     try {
-      const uint32_t now = epoch_.load();  // read here: a thread that starts late must still see a stop
+      const uint32_t now = wake_.load();  // read here: a thread that starts late must still see a stop
       for (int w = 1; w < n; ++w) workers_.emplace_back([this, w, now] { work(w, now); });
     } catch (const std::system_error& e) {
       stop_workers();
@@ -108,58 +88,92 @@ class Pool {
   }
 
   void run(int64_t n, int64_t grain, detail::ChunkFn fn, void* ctx) {
-    grain = std::max<int64_t>(grain, 1);
+    grain = std::max<int64_t>({grain, 1, (n + kMaxChunks - 1) / kMaxChunks});
     const int64_t chunks = (n + grain - 1) / grain;
     std::unique_lock<std::mutex> lock(call_mu_, std::defer_lock);
     if (chunks <= 1 || threads_ == 1 || tl_worker >= 0 || !lock.try_lock()) {
-      // serial, same chunks: nested in a job (keep this worker's index), one thread, or the pool is busy
+      // serial, same chunks: nested in a chunk (keep this worker's index), one thread, or the pool is busy
       const int worker = tl_worker >= 0 ? tl_worker : 0;
       for (int64_t c = 0; c < chunks; ++c) fn(ctx, c * grain, std::min(n, (c + 1) * grain), worker);
       return;
     }
-    Job job{fn, ctx, n, grain, chunks};
-    job_.store(&job);
-    epoch_.fetch_add(1);
-    if (sleeping_.load() > 0) futex_wake_all(epoch_);
-    job.run(0);
-    if (!spin_until([&] { return job.done.load(std::memory_order_acquire) == chunks; }))
-      while (job.done.load(std::memory_order_acquire) != chunks) std::this_thread::yield();
-    // No worker may still hold &job: it registers in active_ before reading job_ (both seq_cst).
-    job_.store(nullptr);
-    while (active_.load() != 0) _mm_pause();
-    if (job.err) std::rethrow_exception(job.err);
+    // Publish: the job's fields first, then the claim word that makes them live (release).
+    fn_.store(fn, std::memory_order_relaxed), ctx_.store(ctx, std::memory_order_relaxed);
+    n_.store(n, std::memory_order_relaxed), grain_.store(grain, std::memory_order_relaxed);
+    chunks_.store(uint32_t(chunks), std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    err_ = nullptr;
+    const uint64_t id = ++job_id_ & 0xffffffffu;
+    claim_.store(id << 32, std::memory_order_release);
+    wake_.fetch_add(1);
+    if (sleeping_.load() > 0) futex_wake_all(wake_);
+    drain(0);
+    const auto all_done = [&] { return done_.load(std::memory_order_acquire) == uint32_t(chunks); };
+    if (!spin_until(all_done))
+      while (!all_done()) sched_yield();  // a chunk is held by a thread the OS took away: let it run
+    if (err_) std::rethrow_exception(err_);
   }
 
  private:
+  // Claims and runs chunks of the live job until none is left. Fields read before a successful claim
+  // belong to the job the claim names: a claim on a finished job's word fails, since the caller
+  // rewrites the fields only after every chunk of the previous job was claimed and done.
+  void drain(int worker) {
+    for (;;) {
+      uint64_t word = claim_.load(std::memory_order_acquire);
+      const detail::ChunkFn fn = fn_.load(std::memory_order_relaxed);
+      void* ctx = ctx_.load(std::memory_order_relaxed);
+      const int64_t n = n_.load(std::memory_order_relaxed), grain = grain_.load(std::memory_order_relaxed);
+      const uint32_t chunks = chunks_.load(std::memory_order_relaxed), c = uint32_t(word);
+      if (c >= chunks) return;
+      if (!claim_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) continue;
+      tl_worker = worker;
+      try {
+        fn(ctx, int64_t(c) * grain, std::min(n, (int64_t(c) + 1) * grain), worker);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(err_mu_);
+        if (!err_) err_ = std::current_exception();
+      }
+      tl_worker = -1;
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
   void work(int w, uint32_t seen) {
     for (;;) {
-      if (!spin_until([&] { return epoch_.load(std::memory_order_acquire) != seen; })) {
+      if (!spin_until([&] { return wake_.load(std::memory_order_acquire) != seen; })) {
         sleeping_.fetch_add(1);
-        while (epoch_.load() == seen) futex_wait(epoch_, seen);  // returns at once if it moved on
+        while (wake_.load() == seen) futex_wait(wake_, seen);  // returns at once if it moved on
         sleeping_.fetch_sub(1);
       }
-      seen = epoch_.load();
+      seen = wake_.load();
       if (stop_.load()) return;
-      active_.fetch_add(1);
-      if (Job* job = job_.load()) job->run(w);
-      active_.fetch_sub(1);
+      drain(w);
     }
   }
 
   void stop_workers() {
     stop_ = true;
-    epoch_.fetch_add(1);
-    futex_wake_all(epoch_);
+    wake_.fetch_add(1);
+    futex_wake_all(wake_);
     for (auto& t : workers_) t.join();
     workers_.clear();
   }
 
   std::mutex call_mu_;  // one job at a time; a second caller runs its loop serially
   std::vector<std::thread> workers_;
-  std::atomic<uint32_t> epoch_{0};  // bumped for each job (and to stop)
-  std::atomic<Job*> job_{nullptr};
-  std::atomic<int> active_{0};      // workers between registering and leaving a job
-  std::atomic<int> sleeping_{0};    // workers in (or about to enter) futex_wait: a job must wake them
+  // The live job (atomics: a late worker may read them while the next job is written; its claim fails).
+  std::atomic<detail::ChunkFn> fn_{nullptr};
+  std::atomic<void*> ctx_{nullptr};
+  std::atomic<int64_t> n_{0}, grain_{1};
+  std::atomic<uint32_t> chunks_{0};
+  std::atomic<uint64_t> claim_{0};   // (job id << 32) | next chunk to claim
+  std::atomic<uint32_t> done_{0};    // chunks of the live job finished
+  uint64_t job_id_ = 0;
+  std::mutex err_mu_;
+  std::exception_ptr err_;           // the first exception of the live job
+  std::atomic<uint32_t> wake_{0};    // futex word: bumped for each job (and to stop)
+  std::atomic<int> sleeping_{0};     // workers in (or about to enter) futex_wait: a job must wake them
   std::atomic<bool> stop_{false};
   int threads_ = 1;
 };
