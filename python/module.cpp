@@ -13,11 +13,12 @@ void bind_mha(py::module_& m);
 void bind_viz(py::module_& m);
 void bind_nn(py::module_& m);
 void bind_gpt(py::module_& m);
+void bind_gemm(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
   py::register_exception<attn::Error>(m, "AttnError", PyExc_ValueError);
-  m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads for attn kernels and OpenBLAS.");
+  m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads for every attn kernel.");
   m.def("get_num_threads", &attn::num_threads);
   bind_sdpa(m);
   bind_sdpa_backward(m);
@@ -26,4 +27,5 @@ PYBIND11_MODULE(_attn, m) {
   bind_viz(m);
   bind_nn(m);
   bind_gpt(m);
+  bind_gemm(m);
 }

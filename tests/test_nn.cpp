@@ -683,7 +683,7 @@ TEST(KVCache, EncoderLayerIncrementalEqualsFullCausalForward) {
 
 TEST(TransformerLayers, SameBitsForOneAndTwoThreads) {
   // DESIGN: a reduction order that does not depend on how work was split (our row loops, the flash
-  // kernels and OpenBLAS's gemm, which splits rows and columns, not the summed dimension).
+  // kernels and attn's gemm, which splits output tiles, never the summed dimension).
   Rng rng(30);
   const int64_t B = 3, L = 33, S = 17, E = 32;
   Tensor tgt = init::randn({B, L, E}, rng), mem = init::randn({B, S, E}, rng), d = init::randn({B, L, E}, rng);

@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
 
   attn::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench", "time reference vs flash attention over growing L");
-  bench->add_option("--threads", bench_opt.threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
+  bench->add_option("--threads", bench_opt.threads, "threads for attn's kernels")->check(CLI::PositiveNumber);
   bench->add_option("--repeats", bench_opt.repeats, "timed runs per row (median)")->check(CLI::PositiveNumber);
   bench->add_option("--lengths", bench_opt.lengths, "sequence lengths L = S")->delimiter(',');
   bench->add_option("--reference-max", bench_opt.reference_max, "largest L for the reference backend");

@@ -86,7 +86,7 @@ double read_kv_seconds(const Case& c, int reps) {
 int run_bench(const BenchOptions& opt) {
   set_num_threads(opt.threads);
   double peak = sgemm_gflops(opt.repeats);
-  std::printf("threads %d; OpenBLAS sgemm 2048^3: %.1f GFLOP/s (the peak below)\n", opt.threads, peak);
+  std::printf("threads %d; attn sgemm 2048^3: %.1f GFLOP/s (the peak below)\n", opt.threads, peak);
   std::printf("%-10s %6s %6s %7s %4s  %-9s %10s %8s %7s %9s\n", "case", "L", "S", "H/Hkv", "D", "backend",
               "time ms", "GFLOP/s", "%sgemm", "extra MB");
   for (int64_t L : opt.lengths) {

@@ -19,7 +19,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
   cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
   cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", cli.seed, "sampling seed");
-  cmd->add_option("--threads", cli.threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", cli.threads, "threads for attn's kernels")->check(CLI::PositiveNumber);
   return cmd;
 }
 

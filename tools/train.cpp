@@ -84,7 +84,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   bind_option(cmd, cli, "--eval-every", &TrainOptions::eval_every, "steps between evaluations and checkpoints (0: end only)");
   bind_option(cmd, cli, "--eval-iters", &TrainOptions::eval_iters, "batches per split per evaluation");
   bind_option(cmd, cli, "--seed", &TrainOptions::seed, "initialisation, data sampling and dropout");
-  bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
+  bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads for attn's kernels")->check(CLI::PositiveNumber);
   cmd->add_flag("--untied", cli.untied, "an output head of its own (not tied to wte)");
   cmd->add_flag("--no-decay-embeddings", cli.no_decay_embeddings, "no weight decay on wte/wpe (nanoGPT decays them)");
   return cmd;

@@ -23,8 +23,6 @@
 
 #include "attn/check.h"
 
-extern "C" void openblas_set_num_threads(int);
-
 namespace attn {
 namespace {
 
@@ -174,7 +172,6 @@ Pool& pool() {
 void set_num_threads(int n) {
   ATTN_CHECK(n >= 1 && n <= kMaxThreads, "Expected num_threads in [1, ", kMaxThreads, "], but got ", n, " instead");
   if (n != pool().threads()) pool().resize(n);
-  openblas_set_num_threads(n);
 }
 
 int num_threads() { return pool().threads(); }

@@ -9,7 +9,7 @@
 // Scores are kept in the log2 domain: Q is scaled by scale·log2(e) when packed, masks are multiplied
 // by log2(e), and exp2 replaces exp; LSE is converted back to natural log at the end.
 //
-// Threads: OpenMP over independent (batch, KV head, query tile) items, each reduced in a fixed order
+// Threads: attn's pool over independent (batch, KV head, query tile) items, each reduced in a fixed order
 // by one thread, so any thread count gives bitwise the same output. Decoding (few query rows, long S)
 // splits S into chunks of a fixed size instead and merges their (m, l, O) triples in chunk order.
 // SIMD: one copy per Highway target (AVX-512, AVX2, SSE4, scalar), chosen when the program runs.
