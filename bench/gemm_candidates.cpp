@@ -4,7 +4,7 @@
 // CMake found it. Interleaved (every candidate once per round), median of the rounds, GFLOP/s.
 // Not a Google Benchmark program and not part of the library: the project depends on none of these.
 //
-//   build/gemm_candidates [--threads 1,2] [--rounds 7] [--quick]
+//   build/gemm_candidates [--threads 1,2] [--rounds 7] [--quick] [--only 512x128x4096] [--attn-only]
 // Shapes (M, N, K, op): 2048³; the training shapes M = B·T in {768, 4096} against N, K in {128, 512}:
 // forward y = x·Wᵀ (NT), dx = dy·W (NN), dW = dyᵀ·x (TN, the summed dimension is B·T); the MHA
 // projections at E = 512, L = 4096 (in_proj (4096, 1536, 512) and out_proj (4096, 512, 512), NT).
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <cblas.h>
+#include <immintrin.h>
 
 #include "attn/cpu.h"
 #include "attn/gemm.h"
@@ -123,6 +124,8 @@ std::string read_file(const char* path) {
   return ss.str();
 }
 
+double fma_peak_gflops();
+
 // The CPU header printed with every table: model name, the SIMD flags that matter, caches.
 void print_cpu_header() {
   const attn::CpuInfo& cpu = attn::cpu_info();
@@ -132,6 +135,31 @@ void print_cpu_header() {
   const char* ct = std::getenv("OPENBLAS_CORETYPE");
   std::printf("OPENBLAS_CORETYPE=%s (OpenBLAS runs %s)\n%s\n", ct ? ct : "(unset)", openblas_get_corename(),
               attn::gemm_kernel().c_str());
+  std::printf("FMA peak of one core (AVX-512, measured now): %.1f GFLOP/s\n", fma_peak_gflops());
+}
+
+// The practical FMA peak of one core: 24 independent AVX-512 accumulators (more than the FMA latency
+// times the FMA ports), no loads; GFLOP/s, best of 5. 0 where the CPU has no AVX-512.
+__attribute__((target("avx512f,fma"))) double fma_peak_gflops() {
+  if (!attn::cpu_info().avx512) return 0;
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    __m512 acc[24];
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+    const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.0001f);
+    constexpr int64_t iters = 20'000'000;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t it = 0; it < iters; ++it)
+#pragma GCC unroll 24
+      for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    __m512 sum = acc[0];
+    for (int i = 1; i < 24; ++i) sum = _mm512_add_ps(sum, acc[i]);
+    volatile float sink = _mm512_reduce_add_ps(sum);
+    (void)sink;
+    best = std::max(best, iters * 24.0 * 32 / s * 1e-9);
+  }
+  return best;
 }
 
 double seconds_of(const std::function<void()>& f) {
@@ -145,7 +173,8 @@ double seconds_of(const std::function<void()>& f) {
 int main(int argc, char** argv) {
   std::vector<int> threads = {1, 2};
   int rounds = 7;
-  bool quick = false;
+  bool quick = false, attn_only = false;
+  std::string only;  // run only the shapes whose "MxNxK" starts with this
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       threads.clear();
@@ -155,6 +184,10 @@ int main(int argc, char** argv) {
       rounds = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--attn-only")) {
+      attn_only = true;  // for profiling attn alone
     }
   }
   std::vector<Shape> shapes = {{"2048^3", 2048, 2048, 2048, false, false}};
@@ -167,9 +200,14 @@ int main(int argc, char** argv) {
   shapes.push_back({"MHA in_proj", 4096, 1536, 512, false, true});
   shapes.push_back({"MHA out_proj", 4096, 512, 512, false, true});
   if (quick) shapes.resize(1);
+  if (!only.empty())
+    std::erase_if(shapes, [&](const Shape& s) {
+      return (std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K)).rfind(only, 0) != 0;
+    });
 
   print_cpu_header();
   std::vector<Candidate> cands = candidates();
+  if (attn_only) cands.resize(1);
   for (int t : threads) {
     for (Candidate& c : cands) c.set_threads(t);
     std::printf("\nthreads %d, GFLOP/s (median of %d interleaved rounds); ratio = attn / best other\n", t, rounds);

@@ -194,23 +194,44 @@ HWY_INLINE void MicroCols(int64_t nr, const T* ap, const T* bp, int64_t ldbp, in
   Micro<T, NV>(ap, bp, ldbp, kc, c, ldc, mr, nr, alpha, beta);
 }
 
-// op(A)[i0 .. i0+kMR, pc .. pc+kc) -> (kc, kMR), rows past M zero.
+// Elements from one packed A panel to the next: kc·kMR plus one cache line, so that panels are never a
+// multiple of 4 KiB apart (kc = 512: 12 KiB), which put every panel's k-th row in the same L1 set and
+// made the transposed packing, writing all panels at once, miss on every store.
 template <typename T>
-void PackA(const Args<T>& g, int64_t i0, int64_t pc, int64_t kc, T* HWY_RESTRICT dst) {
-  const int64_t rows = std::min<int64_t>(kMR, g.M - i0);
+int64_t PanelStride(int64_t kc) {
+  return kc * kMR + 64 / static_cast<int64_t>(sizeof(T));
+}
+
+// Panels of op(A)[:, pc .. pc+kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR), at dst + p·ps
+// (PanelStride); rows past M zero. Not transposed: panels [b, e). Transposed: k in [b, e) of every panel (rows pc + k
+// of A), so that each row of A is read once, start to end (a stream the prefetcher follows).
+template <typename T>
+void PackA(const Args<T>& g, int64_t b, int64_t e, int64_t pc, int64_t kc, T* HWY_RESTRICT dst) {
+  const int64_t ps = PanelStride<T>(kc);
+  const int64_t mp = ceil_div(g.M, kMR), full = g.M / kMR;  // panels; those with all kMR rows inside M
   if (g.ta) {  // op(A)(i, k) = A[k·lda + i]: rows of A run along i
-    for (int64_t k = 0; k < kc; ++k) {
-      const T* src = g.A + (pc + k) * g.lda + i0;
-      for (int64_t r = 0; r < rows; ++r) dst[k * kMR + r] = src[r];
-      for (int64_t r = rows; r < kMR; ++r) dst[k * kMR + r] = T(0);
+    for (int64_t k = b; k < e; ++k) {
+      const T* src = g.A + (pc + k) * g.lda;
+      for (int64_t p = 0; p < full; ++p)
+#pragma GCC unroll 16
+        for (int r = 0; r < kMR; ++r) dst[p * ps + k * kMR + r] = src[p * kMR + r];  // constant count: moves
+      for (int64_t p = full; p < mp; ++p)
+        for (int64_t r = 0; r < kMR; ++r) {
+          const int64_t i = p * kMR + r;
+          dst[p * ps + k * kMR + r] = i < g.M ? src[i] : T(0);
+        }
     }
-  } else {  // op(A)(i, k) = A[i·lda + k]
+    return;
+  }
+  for (int64_t p = b; p < e; ++p) {  // op(A)(i, k) = A[i·lda + k]
+    T* d = dst + p * ps;
+    const int64_t rows = std::min<int64_t>(kMR, g.M - p * kMR);
     for (int64_t r = 0; r < rows; ++r) {
-      const T* src = g.A + (i0 + r) * g.lda + pc;
-      for (int64_t k = 0; k < kc; ++k) dst[k * kMR + r] = src[k];
+      const T* src = g.A + (p * kMR + r) * g.lda + pc;
+      for (int64_t k = 0; k < kc; ++k) d[k * kMR + r] = src[k];
     }
     for (int64_t r = rows; r < kMR; ++r)
-      for (int64_t k = 0; k < kc; ++k) dst[k * kMR + r] = T(0);
+      for (int64_t k = 0; k < kc; ++k) d[k * kMR + r] = T(0);
   }
 }
 
@@ -218,10 +239,11 @@ void PackA(const Args<T>& g, int64_t i0, int64_t pc, int64_t kc, T* HWY_RESTRICT
 template <typename T>
 void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* HWY_RESTRICT dst) {
   const int64_t cols = std::min(nr, g.N - j0);
-  if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: rows of B run along k; 8 k at a time, so the writes
-               // stay in 8 rows of the panel (in L1) while every source row is read
-    for (int64_t k0 = 0; k0 < kc; k0 += 8) {
-      const int64_t k1 = std::min(kc, k0 + 8);
+  if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: rows of B run along k; one cache line of each row at a
+               // time (kb values of k), so the writes stay in kb rows of the panel, in L1
+    constexpr int64_t kb = 64 / sizeof(T);
+    for (int64_t k0 = 0; k0 < kc; k0 += kb) {
+      const int64_t k1 = std::min(kc, k0 + kb);
       for (int64_t j = 0; j < cols; ++j) {
         const T* src = g.B + (j0 + j) * g.ldb + pc;
         for (int64_t k = k0; k < k1; ++k) dst[k * nr + j] = src[k];
@@ -243,7 +265,7 @@ void Gemm(const Args<T>& g) {
   const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T>();
   const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T));
   const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
-  T* ap = static_cast<T*>(scratch(0, static_cast<size_t>(mp * kMR * bl.kc) * sizeof(T)));  // (mp, kc, kMR)
+  T* ap = static_cast<T*>(scratch(0, static_cast<size_t>(mp * PanelStride<T>(bl.kc)) * sizeof(T)));  // (mp, kc, kMR)
   T* bp = static_cast<T*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * sizeof(T)));   // (np, kc, nr)
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
   for (int64_t pc = 0; pc < K; pc += bl.kc) {
@@ -252,15 +274,16 @@ void Gemm(const Args<T>& g) {
     parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
       for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, bp + p * nr * kc);
     });
-    parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) {
-      for (int64_t p = b; p < e; ++p) PackA(g, p * kMR, pc, kc, ap + p * kMR * kc);
-    });
+    if (g.ta)  // chunks of k: rows of A (see PackA)
+      parallel_for(kc, grain_for(M), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
+    else
+      parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
     parallel_items(tm * tn, [&](int64_t t, int) {
       const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
       const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
       for (int64_t i = i0; i < i1; i += kMR)
         for (int64_t j = j0; j < j1; j += nr)
-          MicroCols<T>(std::min(nr, j1 - j), ap + i * kc, bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
+          MicroCols<T>(std::min(nr, j1 - j), ap + i / kMR * PanelStride<T>(kc), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
                        std::min<int64_t>(kMR, i1 - i), g.alpha, beta);
     });
   }
