@@ -15,6 +15,7 @@ void bind_mha(py::module_& m);
 void bind_viz(py::module_& m);
 void bind_nn(py::module_& m);
 void bind_gpt(py::module_& m);
+void bind_gemm(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
@@ -43,4 +44,5 @@ PYBIND11_MODULE(_attn, m) {
   bind_viz(m);
   bind_nn(m);
   bind_gpt(m);
+  bind_gemm(m);
 }

@@ -355,7 +355,7 @@ TEST(Mha, GqaEqualsMhaWithRepeatedKvRows) {
     Tensor q = init::randn({3, 2, E}, rng), kv = init::randn({5, 2, E}, rng);
     MhaArgs args{.average_attn_weights = false, .is_causal = true};
     MhaOutput a = gqa.forward(q.view(), kv.view(), kv.view(), args), b = mha.forward(q.view(), kv.view(), kv.view(), args);
-    // Same products in the same order; only BLAS blocking over a different N may differ (~1 ulp).
+    // Same products in the same order; only gemm blocking over a different N may differ (~1 ulp).
     for (int64_t i = 0; i < a.output.numel(); ++i) EXPECT_NEAR(a.output.data()[i], b.output.data()[i], 1e-6);
     for (int64_t i = 0; i < a.weights.numel(); ++i) EXPECT_NEAR(a.weights.data()[i], b.weights.data()[i], 1e-6);
   }

@@ -61,7 +61,7 @@ TEST(Pool, OneChunkAtATimePerWorkerSoPerWorkerScratchIsSafe) {
   std::atomic<int> overlaps{0};
   PerWorker<std::vector<int64_t>> scratch;
   std::atomic<int64_t> total{0};
-  parallel_items(2000, [&](int64_t i, int worker) {
+  parallel_items(2000, int64_t(1) << 20, [&](int64_t i, int worker) {
     if (busy[size_t(worker)]++ != 0) overlaps++;
     std::vector<int64_t>& s = scratch.get(worker, size_t(16), int64_t(0));
     s.assign(16, i);
@@ -78,8 +78,8 @@ TEST(Pool, NestedLoopsRunSeriallyOnTheirWorker) {
   ThreadsGuard guard;
   set_num_threads(2);
   std::vector<std::atomic<int>> hits(64 * 50);
-  parallel_items(64, [&](int64_t i, int outer) {
-    parallel_items(50, [&](int64_t j, int inner) {
+  parallel_items(64, int64_t(1) << 20, [&](int64_t i, int outer) {
+    parallel_items(50, int64_t(1) << 20, [&](int64_t j, int inner) {
       EXPECT_EQ(inner, outer);
       hits[size_t(i * 50 + j)]++;
     });
@@ -91,11 +91,11 @@ TEST(Pool, AnExceptionInABodyReachesTheCallerAndThePoolKeepsWorking) {
   ThreadsGuard guard;
   set_num_threads(2);
   EXPECT_EQ(error_of([] {
-              parallel_items(100, [](int64_t i, int) { ATTN_CHECK(i != 57, "Expected no item 57, but got it instead"); });
+              parallel_items(100, int64_t(1) << 20, [](int64_t i, int) { ATTN_CHECK(i != 57, "Expected no item 57, but got it instead"); });
             }),
             "Expected no item 57, but got it instead");
   std::atomic<int64_t> sum{0};
-  parallel_items(100, [&](int64_t i, int) { sum += i; });
+  parallel_items(100, int64_t(1) << 20, [&](int64_t i, int) { sum += i; });
   EXPECT_EQ(sum.load(), 4950);
 }
 

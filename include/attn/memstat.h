@@ -1,5 +1,5 @@
 // Process memory as Linux reports it, for benchmarks that state what a kernel allocates beyond its inputs.
-// Not an allocator hook: it reads /proc/self/status, so it sees every allocation, ours and OpenBLAS's.
+// Not an allocator hook: it reads /proc/self/status, so it sees every allocation, ours and any library's.
 #pragma once
 #include <cstdint>
 

@@ -42,10 +42,12 @@ inline int64_t grain_for(int64_t per_item) {
   return per_item >= kGrain ? 1 : kGrain / (per_item < 1 ? 1 : per_item);
 }
 
-// One item at a time: body(i, worker) for i in [0, n), grain 1 (tiles, rows of heavy work).
+// Item by item: body(i, worker) for i in [0, n) (tiles, heads, rows of heavy work). cost_per_item, in
+// element operations (multiply-adds, exp2s), sets the grain: a loop of small items is not worth a
+// thread, and runs in few chunks or on the calling thread alone. State the cost; never guess 1.
 template <typename Body>
-void parallel_items(int64_t n, Body&& body) {
-  parallel_for(n, 1, [&](int64_t b, int64_t e, int w) {
+void parallel_items(int64_t n, int64_t cost_per_item, Body&& body) {
+  parallel_for(n, grain_for(cost_per_item), [&](int64_t b, int64_t e, int w) {
     for (int64_t i = b; i < e; ++i) body(i, w);
   });
 }

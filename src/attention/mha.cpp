@@ -56,10 +56,10 @@ View<float> grad_rows(Tensor& t, int64_t begin, int64_t n) {
 }
 
 // y (B, T, out) = x (B, T, in) · Wᵀ + bias. One gemm over all B·T rows when both views step through
-// their rows with one stride, else one gemm per batch. Copies x once if BLAS can't read it in place.
+// their rows with one stride, else one gemm per batch. Copies x once if gemm can't read it in place.
 void project(View<const float> x, View<const float> w, View<const float> bias, View<float> y) {
   const int64_t B = x.size(0), T = x.size(1), in = x.size(2), out = y.size(2);
-  auto rows_ok = [](const auto& v) {  // unit last stride, row strides BLAS accepts (lda >= columns)
+  auto rows_ok = [](const auto& v) {  // unit last stride, row strides gemm accepts (lda >= columns)
     return v.stride(2) == 1 && (v.size(0) == 1 || v.stride(0) >= v.size(2)) &&
            (v.size(1) == 1 || v.stride(1) >= v.size(2));
   };

@@ -25,8 +25,6 @@
 
 #include "attn/check.h"
 
-extern "C" void openblas_set_num_threads(int);
-
 namespace attn {
 namespace {
 
@@ -190,7 +188,6 @@ void set_num_threads(int n) {
              "] (0: the CPUs this process may use), but got ", n, " instead");
   if (n == 0) n = default_threads();
   if (n != pool().threads()) pool().resize(n);
-  openblas_set_num_threads(n);
 }
 
 int num_threads() { return pool().threads(); }

@@ -88,7 +88,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
     r.lddo = dout_in_place ? dout.strides[2] : Dvp;
     return r;
   };
-  parallel_items(p.B * p.H, [&](int64_t bh, int) {
+  parallel_items(p.B * p.H, L * (D + Dv) * 3, [&](int64_t bh, int) {
       const int64_t b = bh / p.H, h = bh % p.H;
       QHead r = head(b, h);
       const float* q = a.q.data + b * a.q.strides[0] + h * a.q.strides[1];
@@ -126,7 +126,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
   // ---- KV blocks outer, Q blocks inner ----
   const int64_t buf_size = kBc * D * 2 + kBc * Dv + kBc * Dp + kBc * Dvp + 2 * kBc * kBr;
   std::vector<float> bufs(size_t(num_threads() * buf_size));  // one scratch per worker
-  parallel_items(p.B * p.Hkv * C, [&](int64_t item, int worker) {
+  parallel_items(p.B * p.Hkv * C, (nkv + C - 1) / C * kBc * L * group * (D + Dv) * 3, [&](int64_t item, int worker) {
     const int64_t b = item / (p.Hkv * C), kvh = item / C % p.Hkv, c = item % C;
     float* kr = bufs.data() + worker * buf_size;  // (kBc, D) K_j rows
     float* kt = kr + kBc * D;     // (D, kBc) K_jᵀ
@@ -212,7 +212,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
 
   // ---- dQ = scale · Σ_c partial_c, in the order c = 0, 1, ... ----
   const auto& GQ = g.dq;
-  parallel_items(p.B * p.H * nq, [&](int64_t item, int) {
+  parallel_items(p.B * p.H * nq, kBr * D * C, [&](int64_t item, int) {
         const int64_t b = item / (p.H * nq), h = item / nq % p.H, i = item % nq;
         const int64_t l0 = i * kBr, br = std::min(kBr, L - l0);
         float* gq = GQ.data + b * GQ.strides[0] + h * GQ.strides[1] + l0 * GQ.strides[2];

@@ -9,7 +9,7 @@
 // Scores are kept in the log2 domain: Q is scaled by scale·log2(e) when packed, masks are multiplied
 // by log2(e), and exp2 replaces exp; LSE is converted back to natural log at the end.
 //
-// Threads: OpenMP over independent (batch, KV head, query tile) items, each reduced in a fixed order
+// Threads: attn's pool over independent (batch, KV head, query tile) items, each reduced in a fixed order
 // by one thread, so any thread count gives bitwise the same output. Decoding (few query rows, long S)
 // splits S into chunks of a fixed size instead and merges their (m, l, O) triples in chunk order.
 // SIMD: one copy per Highway target (AVX-512, AVX2, SSE4, scalar), chosen when the program runs.
@@ -309,13 +309,13 @@ void ForwardTiles(const Plan& pl) {
   PerWorker<Tile> tiles;
   for (int64_t first = 0; first < pairs; first += batch) {
       const int64_t np = std::min(batch, pairs - first);
-      parallel_items(np * blocks, [&](int64_t i, int) {
+      parallel_items(np * blocks, std::min(kPackRows, p.S) * (p.D + p.Dv), [&](int64_t i, int) {
         const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows;
         float* kt = pack.get() + (i / blocks) * per_pair;
         PackKeys(pl, pair / p.Hkv, pair % p.Hkv, s0, std::min(kPackRows, p.S - s0), kt + s0 * p.D,
                  kt + kt_size + s0 * pl.Dvp);
       });
-      parallel_items(np * nt, [&](int64_t i, int worker) {
+      parallel_items(np * nt, std::min(pl.lq, p.L) * pl.G * p.S * (p.D + p.Dv), [&](int64_t i, int worker) {
         Tile& t = tiles.get(worker, pl);
         // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
         const int64_t pair = first + i % np, ti = nt - 1 - i / np;
@@ -349,7 +349,7 @@ void ForwardDecode(const Plan& pl) {
           vp(hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_v ? kDecodeChunk * pl.Dvp : 1))) {}
   };
   PerWorker<Scratch> scratch;
-  parallel_items(pairs * nc, [&](int64_t i, int worker) {
+  parallel_items(pairs * nc, rows * std::min(p.S, kDecodeChunk) * (p.D + p.Dv), [&](int64_t i, int worker) {
       Scratch& sc = scratch.get(worker, pl);
       Tile& t = sc.t;
       auto& kp = sc.kp;
@@ -372,7 +372,7 @@ void ForwardDecode(const Plan& pl) {
   });
   // merge, chunk by chunk: m = max_c m_c; l = Σ_c 2^(m_c - m)·l_c; O = Σ_c 2^(m_c - m)·O_c
   PerWorker<std::vector<float>> row_o;
-  parallel_items(pairs * rows, [&](int64_t j, int worker) {
+  parallel_items(pairs * rows, nc * pl.Dvp, [&](int64_t j, int worker) {
       const int64_t pair = j / rows, r = j % rows;
       const float* pm = part_m.get() + pair * nc * rows + r;  // chunk c at pm[c * rows]
       const float* pls = part_l.get() + pair * nc * rows + r;

@@ -1,25 +1,351 @@
-// gemm and linear over OpenBLAS's cblas interface.
+// attn's dense matrix product: a BLIS-style packed GEMM on Highway microkernels, float and double, one
+// copy per SIMD target (AVX-512, AVX2, SSE4, scalar), chosen when the program runs; plus linear and
+// linear_backward on top of it. Not a general BLAS (row-major only, no complex, no batched strides) and
+// not the attention inner loops (those use the flash kernel's own microkernels).
+//
+// C (M, N) = alpha · op(A) (M, K) · op(B) (K, N) + beta · C, in K blocks of KC:
+//   for each K block [pc, pc + kc):
+//     pack op(B)[pc.., :] as NR-wide panels (kc, NR), zero columns past N      (in parallel, by panels)
+//     pack op(A)[:, pc..] as MR-tall panels (kc, MR), zero rows past M         (in parallel, by panels)
+//     for each output tile (MC rows x NT columns), one thread per tile:        (parallel_for)
+//       for each MR panel of A (stays in L1), for each NR panel of B (streams from L2): microkernel
+//   microkernel: acc (MR, NR) = Σ_k a[:, k] ⊗ b[k, :] in k order, then
+//                C = alpha·acc + beta'·C with beta' = beta for the first K block and 1 after it.
+// Determinism: every C element is acc over k in order inside each K block, combined block after block;
+// KC depends on K, the target and the caches only. The tiles (how the output is cut between threads)
+// decide who computes an element, never how, so any thread count gives the same bits. Edge tiles run
+// the same code on zero-padded panels (extra zero products leave the sum unchanged) and write back
+// through the same vector epilogue.
+// Blocking from cpu_info() at run time: an A panel (kc x MR) fills at most 1/4 of L1d, the B panels of
+// one tile (kc x NT) at most 1/2 of L2.
 #include "attn/gemm.h"
 
-#include <cblas.h>
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
 
+#include "attn/cpu.h"
+#include "attn/threads.h"
 
+#ifndef ATTN_GEMM_ONCE
+#define ATTN_GEMM_ONCE
+namespace attn::gemm_detail {
+
+// Everything one product needs, for either element type.
+template <typename T>
+struct Args {
+  bool ta, tb;
+  int64_t M, N, K;
+  T alpha;
+  const T* A;
+  int64_t lda;
+  const T* B;
+  int64_t ldb;
+  T beta;
+  T* C;
+  int64_t ldc;
+};
+
+// Blocking of one product, derived from the caches, the target's register block and the shape.
+struct Blocking {
+  int64_t kc;      // K block: the summed dimension is cut here, the same for any thread count
+  int64_t mc, nt;  // output tile: mc rows (multiple of MR) x nt columns (multiple of NR)
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Largest K block for an (MR, elem)-sized A panel: kc·MR·elem <= L1d/4 (the A panel stays in L1 while
+// the B panels stream past it), between 64 and 1024.
+inline int64_t max_kc(int64_t mr, int64_t elem) {
+  return std::clamp<int64_t>(cpu_info().l1d / 4 / (mr * elem) / 8 * 8, 64, 1024);
+}
+
+// K cut into equal blocks no larger than max_kc: depends on K, the target and L1d only.
+inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr, int64_t elem) {
+  Blocking b;
+  b.kc = ceil_div(K, ceil_div(K, max_kc(mr, elem)));
+  // kc x nt of packed B in at most half of L2; tiles of up to ~128 rows (A panels re-read per tile).
+  int64_t nt = std::max<int64_t>(1, cpu_info().l2 / 2 / (b.kc * elem) / nr) * nr;
+  int64_t mc = std::max<int64_t>(1, 128 / mr) * mr;
+  nt = std::min(nt, ceil_div(N, nr) * nr);
+  mc = std::min(mc, ceil_div(M, mr) * mr);
+  // Enough tiles to keep every thread busy (>= 4 per thread), cutting the longer side. The tiles only
+  // decide which thread computes an element, not its value.
+  const int64_t want = num_threads() > 1 ? 4 * num_threads() : 1;
+  while (ceil_div(M, mc) * ceil_div(N, nt) < want && (mc > mr || nt > nr)) {
+    if (mc / mr >= nt / nr) mc = std::max(mr, (mc / mr / 2) * mr);
+    else nt = std::max(nr, (nt / nr / 2) * nr);
+  }
+  b.mc = mc, b.nt = nt;
+  return b;
+}
+
+// Grow-only, 64-byte aligned scratch per calling thread (a gemm inside a parallel_for body runs
+// serially on that worker, so it never shares a buffer). which: 0 = packed A, 1 = packed B.
+inline void* scratch(int which, size_t bytes) {
+  struct Buf {
+    void* p = nullptr;
+    size_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf bufs[2];
+  Buf& b = bufs[which];
+  if (b.n < bytes) {
+    std::free(b.p);
+    b.n = 0;
+    b.p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!b.p) throw std::bad_alloc();
+    b.n = bytes;
+  }
+  return b.p;
+}
+
+}  // namespace attn::gemm_detail
+#endif  // ATTN_GEMM_ONCE
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "../src/kernels/gemm.cpp"  // found through include/; src/ is not on the path
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_SSSE3  // SSE4 is the portable SIMD target; older CPUs get the scalar one
+#endif
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::gemm_detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Register block: kMR rows x kNV vectors of accumulators, plus kNV B vectors and one broadcast A value.
+// AVX-512 has 32 vector registers: 6 x 4 = 24 accumulators. The 16-register targets: 6 x 2 = 12.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr int kNV = 4;
+#else
+constexpr int kNV = 2;
+#endif
+constexpr int kMR = 6;
+
+template <typename T>
+int64_t NR() {
+  return kNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>()));
+}
+
+// The write-back of one accumulator vector to C[0, cols) (cols <= lanes): C = alpha·acc + beta·C, C not
+// read when beta == 0 (BLAS: C may hold NaN then). The one place an epilogue (bias, activation) goes.
+// A partial vector goes through a lane buffer so that it is computed by the same instructions.
+template <class D, class V = hn::Vec<D>, typename T = hn::TFromD<D>>
+HWY_INLINE void WriteBack(D d, V acc, T* HWY_RESTRICT c, int64_t cols, V alpha, T beta) {
+  const int64_t N = hn::Lanes(d);
+  if (cols >= N) {
+    hn::StoreU(beta == T(0) ? hn::Mul(alpha, acc) : hn::MulAdd(alpha, acc, hn::Mul(hn::Set(d, beta), hn::LoadU(d, c))),
+               d, c);
+    return;
+  }
+  HWY_ALIGN T lane[hn::MaxLanes(d)] = {};
+  for (int64_t j = 0; j < cols; ++j) lane[j] = c[j];
+  const V v = beta == T(0) ? hn::Mul(alpha, acc) : hn::MulAdd(alpha, acc, hn::Mul(hn::Set(d, beta), hn::Load(d, lane)));
+  hn::Store(v, d, lane);
+  for (int64_t j = 0; j < cols; ++j) c[j] = lane[j];
+}
+
+// C (mr, nr) = alpha · Ap (kc, kMR)ᵀ-panel · Bp (kc, NV·N) + beta · C, for mr <= kMR, nr <= NV·N.
+// ap: element (k, r) at k·kMR + r. bp: element (k, j) at k·ldbp + j. Each accumulator sums over k in
+// order, whatever NV is: a narrower block computes its columns exactly as the widest one would.
+template <typename T, int NV>
+HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
+                        T* HWY_RESTRICT c, int64_t ldc, int64_t mr, int64_t nr, T alpha, T beta) {
+  const hn::ScalableTag<T> d;
+  using V = hn::Vec<decltype(d)>;
+  const int64_t N = hn::Lanes(d);
+  V acc[kMR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMR; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) acc[r][j] = hn::Zero(d);
+  for (int64_t k = 0; k < kc; ++k) {
+    V b[NV];
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) b[j] = hn::Load(d, bp + k * ldbp + j * N);
+#pragma GCC unroll 16
+    for (int r = 0; r < kMR; ++r) {
+      const V a = hn::Set(d, ap[k * kMR + r]);
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
+    }
+  }
+  const V va = hn::Set(d, alpha);
+#pragma GCC unroll 16
+  for (int r = 0; r < kMR; ++r) {
+    if (r >= mr) break;
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j)
+      if (nr > j * N) WriteBack(d, acc[r][j], c + r * ldc + j * N, nr - j * N, va, beta);
+  }
+}
+
+// The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors).
+template <typename T, int NV = kNV>
+HWY_INLINE void MicroCols(int64_t nr, const T* ap, const T* bp, int64_t ldbp, int64_t kc, T* c, int64_t ldc,
+                          int64_t mr, T alpha, T beta) {
+  if constexpr (NV > 1)
+    if (nr <= (NV - 1) * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
+      return MicroCols<T, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, alpha, beta);
+  Micro<T, NV>(ap, bp, ldbp, kc, c, ldc, mr, nr, alpha, beta);
+}
+
+// Elements from one packed A panel to the next: kc·kMR plus one cache line, so that panels are never a
+// multiple of 4 KiB apart (kc = 512: 12 KiB), which put every panel's k-th row in the same L1 set and
+// made the transposed packing, writing all panels at once, miss on every store.
+template <typename T>
+int64_t PanelStride(int64_t kc) {
+  return kc * kMR + 64 / static_cast<int64_t>(sizeof(T));
+}
+
+// Panels of op(A)[:, pc .. pc+kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR), at dst + p·ps
+// (PanelStride); rows past M zero. Not transposed: panels [b, e). Transposed: k in [b, e) of every panel (rows pc + k
+// of A), so that each row of A is read once, start to end (a stream the prefetcher follows).
+template <typename T>
+void PackA(const Args<T>& g, int64_t b, int64_t e, int64_t pc, int64_t kc, T* HWY_RESTRICT dst) {
+  const int64_t ps = PanelStride<T>(kc);
+  const int64_t mp = ceil_div(g.M, kMR), full = g.M / kMR;  // panels; those with all kMR rows inside M
+  if (g.ta) {  // op(A)(i, k) = A[k·lda + i]: rows of A run along i
+    for (int64_t k = b; k < e; ++k) {
+      const T* src = g.A + (pc + k) * g.lda;
+      for (int64_t p = 0; p < full; ++p)
+#pragma GCC unroll 16
+        for (int r = 0; r < kMR; ++r) dst[p * ps + k * kMR + r] = src[p * kMR + r];  // constant count: moves
+      for (int64_t p = full; p < mp; ++p)
+        for (int64_t r = 0; r < kMR; ++r) {
+          const int64_t i = p * kMR + r;
+          dst[p * ps + k * kMR + r] = i < g.M ? src[i] : T(0);
+        }
+    }
+    return;
+  }
+  for (int64_t p = b; p < e; ++p) {  // op(A)(i, k) = A[i·lda + k]
+    T* d = dst + p * ps;
+    const int64_t rows = std::min<int64_t>(kMR, g.M - p * kMR);
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* src = g.A + (p * kMR + r) * g.lda + pc;
+      for (int64_t k = 0; k < kc; ++k) d[k * kMR + r] = src[k];
+    }
+    for (int64_t r = rows; r < kMR; ++r)
+      for (int64_t k = 0; k < kc; ++k) d[k * kMR + r] = T(0);
+  }
+}
+
+// op(B)[pc .. pc+kc, j0 .. j0+nr) -> (kc, nr), columns past N zero.
+template <typename T>
+void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* HWY_RESTRICT dst) {
+  const int64_t cols = std::min(nr, g.N - j0);
+  if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: rows of B run along k; one cache line of each row at a
+               // time (kb values of k), so the writes stay in kb rows of the panel, in L1
+    constexpr int64_t kb = 64 / sizeof(T);
+    for (int64_t k0 = 0; k0 < kc; k0 += kb) {
+      const int64_t k1 = std::min(kc, k0 + kb);
+      for (int64_t j = 0; j < cols; ++j) {
+        const T* src = g.B + (j0 + j) * g.ldb + pc;
+        for (int64_t k = k0; k < k1; ++k) dst[k * nr + j] = src[k];
+      }
+    }
+    for (int64_t k = 0; k < kc; ++k)
+      for (int64_t j = cols; j < nr; ++j) dst[k * nr + j] = T(0);
+  } else {  // op(B)(k, j) = B[k·ldb + j]
+    for (int64_t k = 0; k < kc; ++k) {
+      const T* src = g.B + (pc + k) * g.ldb + j0;
+      std::memcpy(dst + k * nr, src, static_cast<size_t>(cols) * sizeof(T));
+      for (int64_t j = cols; j < nr; ++j) dst[k * nr + j] = T(0);
+    }
+  }
+}
+
+template <typename T>
+void Gemm(const Args<T>& g) {
+  const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T>();
+  const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T));
+  const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
+  T* ap = static_cast<T*>(scratch(0, static_cast<size_t>(mp * PanelStride<T>(bl.kc)) * sizeof(T)));  // (mp, kc, kMR)
+  T* bp = static_cast<T*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * sizeof(T)));   // (np, kc, nr)
+  const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
+  for (int64_t pc = 0; pc < K; pc += bl.kc) {
+    const int64_t kc = std::min(bl.kc, K - pc);
+    const T beta = pc == 0 ? g.beta : T(1);  // later K blocks add to what the earlier ones wrote
+    parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
+      for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, bp + p * nr * kc);
+    });
+    if (g.ta)  // chunks of k: rows of A (see PackA)
+      parallel_for(kc, grain_for(M), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
+    else
+      parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
+    // one tile per item, but tiles of a small product in one chunk: below ~32k multiply-adds per
+    // chunk, waking a thread costs more than it saves (and a busy machine may not give it back soon)
+    const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc;
+    parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
+     for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
+      const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
+      for (int64_t i = i0; i < i1; i += kMR)
+        for (int64_t j = j0; j < j1; j += nr)
+          MicroCols<T>(std::min(nr, j1 - j), ap + i / kMR * PanelStride<T>(kc), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
+                       std::min<int64_t>(kMR, i1 - i), g.alpha, beta);
+     }
+    });
+  }
+}
+
+void GemmF32(const Args<float>& g) { Gemm(g); }
+void GemmF64(const Args<double>& g) { Gemm(g); }
+
+// "AVX3 6x64 (float), 6x32 (double)": the target and its register blocks.
+std::string Describe() {
+  return std::string(hwy::TargetName(HWY_TARGET)) + " " + std::to_string(kMR) + "x" + std::to_string(NR<float>()) +
+         " (float), " + std::to_string(kMR) + "x" + std::to_string(NR<double>()) + " (double), max KC " +
+         std::to_string(max_kc(kMR, sizeof(float))) + "/" + std::to_string(max_kc(kMR, sizeof(double)));
+}
+
+}  // namespace attn::gemm_detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace attn {
+namespace gemm_detail {
+HWY_EXPORT(GemmF32);
+HWY_EXPORT(GemmF64);
+HWY_EXPORT(Describe);
+
+// C = beta·C where there is nothing to multiply (K == 0 or alpha == 0); beta == 0 writes zeros.
+template <typename T>
+void scale_c(const Args<T>& g) {
+  for (int64_t i = 0; i < g.M; ++i)
+    for (int64_t j = 0; j < g.N; ++j) {
+      T& c = g.C[i * g.ldc + j];
+      c = g.beta == T(0) ? T(0) : g.beta * c;
+    }
+}
+}  // namespace gemm_detail
 
 std::string gemm_kernel() {
-  return std::string("OpenBLAS, core ") + openblas_get_corename() + " (" + openblas_get_config() + ")";
+  const CpuInfo& cpu = cpu_info();
+  return "attn packed GEMM, " + HWY_DYNAMIC_DISPATCH(gemm_detail::Describe)() + " (L1d " +
+         std::to_string(cpu.l1d >> 10) + " KiB, L2 " + std::to_string(cpu.l2 >> 10) + " KiB" +
+         (cpu.caches_read ? "" : ", assumed") + ")";
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-              lda, B, ldb, beta, C, ldc);
+  const gemm_detail::Args<float> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.f) return gemm_detail::scale_c(g);
+  HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
           const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-              lda, B, ldb, beta, C, ldc);
+  const gemm_detail::Args<double> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.0) return gemm_detail::scale_c(g);
+  HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
 }
 
 template <typename T>
@@ -74,3 +400,4 @@ template void linear(View<const float>, View<const float>, View<const float>, Vi
 template void linear(View<const double>, View<const double>, View<const double>, View<double>);
 
 }  // namespace attn
+#endif  // HWY_ONCE

@@ -18,7 +18,7 @@ void reference_forward(const SdpaProblem<T>& p) {
   const uint32_t threshold = dropout_threshold(a.dropout_p);
   const T keep_scale = a.dropout_p < 1 ? T(1) / T(1 - a.dropout_p) : T(0);
 
-  parallel_items(p.B * p.H, [&](int64_t bh, int) {
+  parallel_items(p.B * p.H, p.L * p.S * (p.D + p.Dv), [&](int64_t bh, int) {
     const int64_t b = bh / p.H, h = bh % p.H;
     {
       std::vector<T> w(p.S);  // (S,) one row of scores, then weights

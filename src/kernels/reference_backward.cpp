@@ -23,7 +23,7 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
 
   // One task per (b, KV head): it owns dK and dV of that head and dQ of the query heads of its group,
   // so the sums below have one order whatever the thread count.
-  parallel_items(p.B * p.Hkv, [&](int64_t bkv, int) {
+  parallel_items(p.B * p.Hkv, group * p.L * p.S * (p.D + p.Dv) * 2, [&](int64_t bkv, int) {
     const int64_t b = bkv / p.Hkv, kvh = bkv % p.Hkv;
     {
       std::vector<T> w(p.S), dw(p.S);  // (S,) one row of weights and of their gradient

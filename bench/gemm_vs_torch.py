@@ -1,0 +1,91 @@
+"""attn's GEMM against torch.mm (MKL on x86) in one process: interleaved, same thread count, medians.
+
+    .venv/bin/python bench/gemm_vs_torch.py [--threads 1,2] [--rounds 9] [--quick]
+
+Shapes as bench/gemm_candidates.cpp: 2048³, the training shapes (M = B·T in {768, 4096} against N, K in
+{128, 512}; forward x·Wᵀ, dx = dy·W, dW = dyᵀ·x), the MHA projections at E = 512, L = 4096. Prints the CPU
+header, GFLOP/s of each and the ratio attn / MKL (> 1: attn faster). A benchmark, not a test: record the
+command and the numbers in BENCHMARKS.md.
+"""
+import argparse
+import statistics
+import subprocess
+import time
+
+import numpy as np
+import torch
+
+import attn
+
+
+def cpu_header():
+    lines = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+    keep = ("Model name", "CPU(s):", "L1d", "L2", "L3")
+    out = [ln for ln in lines if ln.strip().startswith(keep)]
+    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("Flags")), [])
+    out.append("SIMD flags: " + " ".join(f for f in flags if f.startswith(("avx", "fma", "sse4"))))
+    out.append("torch " + torch.__version__ + ", " + torch.backends.cpu.get_cpu_capability() + ", MKL "
+               + str(torch.backends.mkl.is_available()))
+    out.append(attn.gemm_kernel())
+    return "\n".join(out)
+
+
+def shapes():
+    yield "2048^3", 2048, 2048, 2048, False, False
+    for bt in (768, 4096):
+        for out, inn in ((128, 512), (512, 128), (512, 512)):
+            yield "fwd x.W^T", bt, out, inn, False, True
+            yield "dx = dy.W", bt, inn, out, False, False
+            yield "dW = dy^T.x", out, inn, bt, True, False
+    yield "MHA in_proj", 4096, 1536, 512, False, True
+    yield "MHA out_proj", 4096, 512, 512, False, True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    print(cpu_header())
+    rng = np.random.default_rng(0)
+    for t in (int(x) for x in args.threads.split(",")):
+        torch.set_num_threads(t)
+        attn.set_num_threads(t)
+        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds")
+        print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
+        for what, M, N, K, ta, tb in list(shapes())[: 1 if args.quick else None]:
+            a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
+            b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+            c = np.empty((M, N), np.float32)
+            ta_t, tb_t = torch.from_numpy(a), torch.from_numpy(b)
+            opa = ta_t.t() if ta else ta_t
+            opb = tb_t.t() if tb else tb_t
+            tc = torch.empty(M, N)
+            flops = 2.0 * M * N * K
+            reps = max(1, int(3e9 / flops / t))  # ~30 ms of work per timing
+
+            def run_attn():
+                for _ in range(reps):
+                    attn.gemm(a, b, c, trans_a=ta, trans_b=tb)
+
+            def run_torch():
+                for _ in range(reps):
+                    torch.mm(opa, opb, out=tc)
+
+            times = {"attn": [], "torch": []}
+            run_attn(), run_torch()
+            assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
+            for _ in range(args.rounds):
+                for name, fn in (("attn", run_attn), ("torch", run_torch)):
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append((time.perf_counter() - t0) / reps)
+            gf = {k: flops / statistics.median(v) * 1e-9 for k, v in times.items()}
+            op = ("T" if ta else "N") + ("T" if tb else "N")
+            print(f"{what:<13} {f'{M}x{N}x{K} {op}':>18} {gf['attn']:8.1f} {gf['torch']:9.1f} "
+                  f"{gf['attn'] / gf['torch']:9.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
