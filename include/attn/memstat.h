@@ -15,8 +15,9 @@ void reset_peak_rss();     // restart the high-water mark at the current RSS (cl
 uint64_t physical_memory_bytes();
 // An Error before any allocation when `bytes` exceed the physical memory: "Expected <what> to fit in the
 // machine's 125.8 GiB of memory, but it needs 4096.0 GiB instead". The one home of that estimate's check.
-void check_fits_in_memory(uint64_t bytes, const std::string& what);
+// A double, so an estimate never wraps; NaN (from sizes checked elsewhere) passes.
+void check_fits_in_memory(double bytes, const std::string& what);
 // "1.5 GiB": a byte count for messages.
-std::string gib(uint64_t bytes);
+std::string gib(double bytes);
 
 }  // namespace attn

@@ -36,15 +36,15 @@ uint64_t physical_memory_bytes() {
   return bytes;
 }
 
-std::string gib(uint64_t bytes) {
+std::string gib(double bytes) {
   char s[32];
-  std::snprintf(s, sizeof s, "%.1f GiB", double(bytes) / double(1ull << 30));
+  std::snprintf(s, sizeof s, "%.1f GiB", bytes / double(1ull << 30));
   return s;
 }
 
-void check_fits_in_memory(uint64_t bytes, const std::string& what) {
+void check_fits_in_memory(double bytes, const std::string& what) {
   const uint64_t have = physical_memory_bytes();
-  ATTN_CHECK(have == 0 || bytes <= have, "Expected ", what, " to fit in the machine's ", gib(have),
+  ATTN_CHECK(have == 0 || !(bytes > double(have)), "Expected ", what, " to fit in the machine's ", gib(have),
              " of memory, but it needs ", gib(bytes), " instead");
 }
 

@@ -127,7 +127,7 @@ TensorT<T>::TensorT(Shape shape) : shape_(std::move(shape)) {
   ATTN_CHECK(!__builtin_mul_overflow(n, uint64_t(sizeof(T)), &bytes) && bytes <= UINT64_MAX - 63,
              "Expected a tensor whose byte count fits in 64 bits, but got shape ", to_string(shape_), " instead");
   bytes = (bytes + 63) / 64 * 64;
-  check_fits_in_memory(bytes, cat("a tensor of shape ", to_string(shape_)));
+  check_fits_in_memory(double(bytes), cat("a tensor of shape ", to_string(shape_)));
   buf_.reset(static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64)));
   if (!buf_) throw std::bad_alloc();
   std::memset(buf_.get(), 0, bytes);
