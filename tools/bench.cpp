@@ -81,6 +81,13 @@ double read_kv_seconds(const Case& c, int reps) {
 }  // namespace
 
 int run_bench(const BenchOptions& opt) {
+  // Every length is checked before the first timing: Q, K, V and out of (1, 8, L, 64), and the reference's
+  // (L, L) scores per head up to --reference-max.
+  for (int64_t L : opt.lengths) {
+    const double inputs = 4.0 * 8 * double(L) * 64 * 4, scores = L <= opt.reference_max ? 8.0 * double(L) * double(L) * 4 : 0;
+    check_fits_in_memory(inputs + scores, cat("--lengths ", L, " (Q, K, V, out of (1, 8, L, 64)",
+                                              scores > 0 ? " and the reference's scores" : "", ")"));
+  }
   set_num_threads(opt.threads);
   double peak = sgemm_gflops(opt.repeats);
   std::printf("threads %d; OpenBLAS sgemm 2048^3: %.1f GFLOP/s (the peak below)\n", opt.threads, peak);
