@@ -25,25 +25,34 @@
 
 namespace attn::ckpt {
 namespace fs = std::filesystem;
-namespace {
-
-constexpr const char* kFormat = "attn-gpt-checkpoint";
-constexpr int kVersion = 2;  // 2: config.json carries the hash of its own content
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kConfigFile = "config.json";
-constexpr const char* kConfigHash = "config_fnv1a64";
-constexpr uint64_t kMaxConfigBytes = 64 << 20;  // a vocabulary of a million characters is 4 MB
-
-int exchange(const char* from, const char* to) { return ::renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE); }
-SwapFn g_swap = exchange;
-
-std::string os_error(int e) { return std::strerror(e); }
 
 std::string hex64(uint64_t v) {
   char s[19];
   std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
   return s;
 }
+
+// FNV-1a of the config's content without the hash itself: its compact dump (keys sorted, numbers as
+// they round-trip), so the writer's object and the reader's parse of it hash alike.
+std::string config_hash(json config) {
+  config.erase("config_fnv1a64");
+  const std::string text = config.dump(-1, ' ', false, json::error_handler_t::replace);
+  return hex64(fnv1a64(text.data(), text.size()));
+}
+
+namespace {
+
+constexpr const char* kFormat = "attn-gpt-checkpoint";
+constexpr int kVersion = 2;  // 2: config.json carries the hash of its own content
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kConfigHash = "config_fnv1a64";  // config_hash() erases this key
+constexpr uint64_t kMaxConfigBytes = 64 << 20;  // a vocabulary of a million characters is 4 MB
+
+int exchange(const char* from, const char* to) { return ::renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE); }
+SwapFn g_swap = exchange;
+
+std::string os_error(int e) { return std::strerror(e); }
 
 // Size and FNV-1a hash of a file, streamed.
 std::pair<uint64_t, uint64_t> size_and_hash(const std::string& path, const std::string& shown) {
@@ -128,14 +137,6 @@ T get(const json& j, const char* key, const std::string& where) {
   ATTN_CHECK(ok, "Expected ", where, ".", key, " to be ", want, std::is_integral_v<T> && !std::is_same_v<T, bool> ? " that fits its type" : "",
              ", but got ", v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 80), " instead");
   return v.get<T>();
-}
-
-// FNV-1a of the config's content without the hash itself: its compact dump (keys sorted, numbers as
-// they round-trip), so the writer's object and the reader's parse of it hash alike.
-std::string config_hash(json config) {
-  config.erase(kConfigHash);
-  const std::string text = config.dump(-1, ' ', false, json::error_handler_t::replace);
-  return hex64(fnv1a64(text.data(), text.size()));
 }
 
 // Hidden siblings ".NAME.tmp-PID-..." and ".NAME.old-PID-..." of a save that was killed: removed at the

@@ -44,6 +44,11 @@ TrainOptions train_options_from(const json& j, const std::string& where);
 json tokenizer_json(const CharTokenizer& t);
 CharTokenizer tokenizer_from(const json& j, const std::string& where);
 
+// "%016x" of a 64-bit hash, as checkpoints record them.
+std::string hex64(uint64_t v);
+// FNV-1a of config.json's content without its own hash field (what "config_fnv1a64" records).
+std::string config_hash(json config);
+
 // Splits "optim."-prefixed tensors (optimizer state) from the model's.
 StateDict take_prefixed(StateDict& all, const std::string& prefix);
 
