@@ -1,9 +1,10 @@
 # The two front doors: `make demo` and `make test`. Both install what is missing, then build.
+SHELL := /bin/bash
 BUILD ?= build
 PY := .venv/bin/python
 JOBS ?= 2
 
-.PHONY: demo test deps build test-cpp test-python bench clean
+.PHONY: demo test deps build test-cpp test-python bench clean fuzz fuzz-build asan
 
 demo: build
 	$(BUILD)/attn demo
@@ -28,5 +29,34 @@ test-cpp:
 test-python:
 	$(PY) -m pytest -q tests/python
 
+# libFuzzer targets (tests/fuzz/fuzz_*.cpp) with ASan + UBSan, built with clang in build-fuzz (clang is
+# installed on demand: ATTN_FUZZ=1 scripts/install-deps.sh). Each runs FUZZ_SECONDS on a copy of its seed
+# corpus (tests/fuzz/corpus/NAME), niced so a shared machine stays usable; a finding fails the target.
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD ?= build-fuzz
+FUZZERS := safetensors checkpoint
+fuzz-build:
+	@ATTN_FUZZ=1 scripts/install-deps.sh
+	@[ -f $(FUZZ_BUILD)/CMakeCache.txt ] || CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DATTN_FUZZ=ON \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_BUILD) -j$(JOBS)
+
+fuzz: fuzz-build
+	@for f in $(FUZZERS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$f && cp -n tests/fuzz/corpus/$$f/* $(FUZZ_BUILD)/corpus/$$f/ ; \
+	  echo "fuzz_$$f: $(FUZZ_SECONDS) s"; \
+	  nice -n 10 $(FUZZ_BUILD)/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=10 -rss_limit_mb=4096 \
+	    -artifact_prefix=$(FUZZ_BUILD)/crash-$$f- -print_final_stats=1 $(FUZZ_BUILD)/corpus/$$f > $(FUZZ_BUILD)/fuzz_$$f.log 2>&1; \
+	  rc=$$?; grep -E "DONE|stat::number_of_executed_units|stat::peak_rss_mb|INFO: Seed" $(FUZZ_BUILD)/fuzz_$$f.log; \
+	  if [ $$rc -ne 0 ]; then tail -n 60 $(FUZZ_BUILD)/fuzz_$$f.log; echo "fuzz_$$f: a finding (exit $$rc)"; exit 1; fi; \
+	done
+
+# The C++ tests once under ASan + UBSan (any report aborts the test), in build-asan.
+ASAN_BUILD ?= build-asan
+asan: deps
+	@[ -f $(ASAN_BUILD)/CMakeCache.txt ] || cmake -S . -B $(ASAN_BUILD) -DATTN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j$(JOBS) $(ASAN_CTEST_ARGS)
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(ASAN_BUILD)

@@ -14,7 +14,7 @@ using namespace attn;
 namespace {
 
 template <typename T>
-void gemm_arrays(const py::array& a, const py::array& b, const py::array& c, bool ta, bool tb, double alpha,
+void gemm_arrays(py::array a, py::array b, py::array c, bool ta, bool tb, double alpha,
                  double beta) {
   View<const T> A = py_util::view_of<const T>(a, "a"), B = py_util::view_of<const T>(b, "b");
   View<T> C = py_util::view_of<T>(c, "c");

@@ -42,7 +42,8 @@ py::class_<L, Extra...> layer(py::module_& m, const char* name) {
             StateDict sd;
             for (auto [k, v] : d) {
               std::string name = py::str(k);
-              sd.emplace(name, Tensor::copy_of(view_of<const float>(py::array::ensure(v), name.c_str())));
+              py::array a = py::array::ensure(v);
+              sd.emplace(name, Tensor::copy_of(view_of<const float>(a, name.c_str())));
             }
             self.load_state_dict(sd);
           },

@@ -26,9 +26,9 @@ void bind_mha(py::module_& m) {
            py::arg("vdim") = 0, py::arg("batch_first") = false, py::arg("num_kv_heads") = 0, py::arg("seed") = 0)
       .def(
           "forward",
-          [](MultiheadAttention& self, const py::array& query, const py::array& key, const py::array& value,
-             const py::object& key_padding_mask, bool need_weights,
-             const py::object& attn_mask, bool average_attn_weights, bool is_causal, bool trace) {
+          [](MultiheadAttention& self, py::array& query, py::array& key, py::array& value,
+             py::object& key_padding_mask, bool need_weights,
+             py::object& attn_mask, bool average_attn_weights, bool is_causal, bool trace) {
             std::ostringstream text;
             MhaArgs args{py_util::nn_mask(key_padding_mask, "key_padding_mask"), need_weights, py_util::nn_mask(attn_mask, "attn_mask"),
                          average_attn_weights, is_causal, trace ? &text : nullptr};
@@ -47,7 +47,7 @@ void bind_mha(py::module_& m) {
           py::arg("is_causal") = false, py::arg("trace") = false, "(output, weights or None, trace text or None)")
       .def(
           "backward",
-          [](MultiheadAttention& self, const py::array& grad_output) {
+          [](MultiheadAttention& self, py::array& grad_output) {
             View<const float> d = view_of<const float>(grad_output, "grad_output");
             MhaGrads g;
             {

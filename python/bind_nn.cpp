@@ -15,16 +15,16 @@ using py_util::view_of;
 
 namespace {
 
-View<const float> in(const py::array& a, const char* arg) { return view_of<const float>(a, arg); }
+View<const float> in(py::array& a, const char* arg) { return view_of<const float>(a, arg); }
 
 // forward(x) -> y and backward(dout) -> dx for one-input layers.
 template <class L>
 void unary(py::class_<L>& c) {
-  c.def("forward", [](L& self, const py::array& x) {
+  c.def("forward", [](L& self, py::array& x) {
      View<const float> v = in(x, "input");
      return run([&] { return self.forward(v); });
    }, py::arg("input"))
-      .def("backward", [](L& self, const py::array& d) {
+      .def("backward", [](L& self, py::array& d) {
         View<const float> v = in(d, "grad_output");
         return run([&] { return self.backward(v); });
       }, py::arg("grad_output"));
@@ -75,7 +75,7 @@ void bind_nn(py::module_& m) {
            [](Embedding& self, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& ids) {
              return to_numpy(self.forward(ids.data(), Shape(ids.shape(), ids.shape() + ids.ndim())));
            }, py::arg("input"))
-      .def("backward", [](Embedding& self, const py::array& d) { self.backward(in(d, "grad_output")); },
+      .def("backward", [](Embedding& self, py::array& d) { self.backward(in(d, "grad_output")); },
            py::arg("grad_output"));
 
   auto ff = layer<FeedForward>(m, "FeedForward");
@@ -91,8 +91,8 @@ void bind_nn(py::module_& m) {
       .def(transformer_init<TransformerEncoderLayer>(), TRANSFORMER_ARGS)
       .def(
           "forward",
-          [](TransformerEncoderLayer& self, const py::array& src, const py::object& src_mask,
-             const py::object& src_key_padding_mask, bool is_causal) {
+          [](TransformerEncoderLayer& self, py::array& src, py::object& src_mask,
+             py::object& src_key_padding_mask, bool is_causal) {
             EncoderArgs a{nn_mask(src_mask, "src_mask"), nn_mask(src_key_padding_mask, "src_key_padding_mask"),
                           is_causal};
             View<const float> x = in(src, "src");
@@ -100,7 +100,7 @@ void bind_nn(py::module_& m) {
           },
           py::arg("src"), py::arg("src_mask") = py::none(), py::arg("src_key_padding_mask") = py::none(),
           py::arg("is_causal") = false)
-      .def("backward", [](TransformerEncoderLayer& self, const py::array& d) {
+      .def("backward", [](TransformerEncoderLayer& self, py::array& d) {
         View<const float> v = in(d, "grad_output");
         return run([&] { return self.backward(v); });
       }, py::arg("grad_output"));
@@ -109,9 +109,9 @@ void bind_nn(py::module_& m) {
       .def(transformer_init<TransformerDecoderLayer>(), TRANSFORMER_ARGS)
       .def(
           "forward",
-          [](TransformerDecoderLayer& self, const py::array& tgt, const py::array& memory, const py::object& tgt_mask,
-             const py::object& memory_mask, const py::object& tgt_key_padding_mask,
-             const py::object& memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
+          [](TransformerDecoderLayer& self, py::array& tgt, py::array& memory, py::object& tgt_mask,
+             py::object& memory_mask, py::object& tgt_key_padding_mask,
+             py::object& memory_key_padding_mask, bool tgt_is_causal, bool memory_is_causal) {
             DecoderArgs a{nn_mask(tgt_mask, "tgt_mask"), nn_mask(memory_mask, "memory_mask"),
                           nn_mask(tgt_key_padding_mask, "tgt_key_padding_mask"),
                           nn_mask(memory_key_padding_mask, "memory_key_padding_mask"), tgt_is_causal, memory_is_causal};
@@ -121,7 +121,7 @@ void bind_nn(py::module_& m) {
           py::arg("tgt"), py::arg("memory"), py::arg("tgt_mask") = py::none(), py::arg("memory_mask") = py::none(),
           py::arg("tgt_key_padding_mask") = py::none(), py::arg("memory_key_padding_mask") = py::none(),
           py::arg("tgt_is_causal") = false, py::arg("memory_is_causal") = false)
-      .def("backward", [](TransformerDecoderLayer& self, const py::array& d) {
+      .def("backward", [](TransformerDecoderLayer& self, py::array& d) {
         View<const float> v = in(d, "grad_output");
         DecoderGrads g;
         {

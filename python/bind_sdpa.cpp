@@ -38,8 +38,8 @@ py::tuple run(const SdpaArgs<T>& a, bool want_weights, bool want_lse, const Sdpa
 void bind_sdpa(py::module_& m) {
   m.def(
       "sdpa",
-      [](const py::array& q, const py::array& k, const py::array& v, const std::optional<py::array>& mask,
-         const std::string& mask_kind, const std::optional<py::array>& key_padding,
+      [](py::array& q, py::array& k, py::array& v, std::optional<py::array>& mask,
+         const std::string& mask_kind, std::optional<py::array>& key_padding,
          const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
          double dropout_p, uint64_t seed, bool want_weights, bool want_lse, const std::string& backend,
          bool strict, bool explain_only) {

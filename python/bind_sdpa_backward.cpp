@@ -16,9 +16,9 @@ using py_util::parse_backend;
 namespace {
 
 template <typename T>
-py::tuple run(const py::array& q, const py::array& k, const py::array& v, const py::array& out,
-              const py::array& lse, const py::array& dout, const std::optional<py::array>& mask,
-              const std::string& mask_kind, const std::optional<py::array>& key_padding,
+py::tuple run(py::array& q, py::array& k, py::array& v, py::array& out,
+              py::array& lse, py::array& dout, std::optional<py::array>& mask,
+              const std::string& mask_kind, std::optional<py::array>& key_padding,
               const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
               double dropout_p, uint64_t seed, const SdpaOptions& opt) {
   SdpaArgs<T> a = make_args<T>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale, dropout_p, seed);
@@ -41,9 +41,9 @@ py::tuple run(const py::array& q, const py::array& k, const py::array& v, const 
 void bind_sdpa_backward(py::module_& m) {
   m.def(
       "sdpa_backward",
-      [](const py::array& q, const py::array& k, const py::array& v, const py::array& out, const py::array& lse,
-         const py::array& dout, const std::optional<py::array>& mask, const std::string& mask_kind,
-         const std::optional<py::array>& key_padding, const std::string& padding_kind, const std::string& causal,
+      [](py::array& q, py::array& k, py::array& v, py::array& out, py::array& lse,
+         py::array& dout, std::optional<py::array>& mask, const std::string& mask_kind,
+         std::optional<py::array>& key_padding, const std::string& padding_kind, const std::string& causal,
          std::optional<double> scale, double dropout_p, uint64_t seed, const std::string& backend, bool strict) {
         SdpaOptions opt{parse_backend(backend), strict};
         auto call = [&]<typename T>(T) {

@@ -12,7 +12,7 @@ using py_util::view_of;
 void bind_viz(py::module_& m) {
   m.def(
       "viz_heatmap",
-      [](const std::string& path, const py::array& weights, const std::vector<std::string>& query_tokens,
+      [](const std::string& path, py::array& weights, const std::vector<std::string>& query_tokens,
          const std::vector<std::string>& key_tokens, const std::string& title, float vmax, int max_px, bool grid) {
         View<const float> w = view_of<const float>(weights, "weights");
         viz::HeatmapOptions opt;
@@ -33,7 +33,7 @@ void bind_viz(py::module_& m) {
       "PNG heatmap of weights (L, S), or a grid of all heads (H, L, S); returns the layout.");
   m.def(
       "viz_html",
-      [](const std::string& path, const std::vector<py::array>& layers, const std::vector<std::string>& query_tokens,
+      [](const std::string& path, std::vector<py::array>& layers, const std::vector<std::string>& query_tokens,
          const std::vector<std::string>& key_tokens, const std::vector<std::string>& layer_names,
          const std::string& title, int top_k) {
         viz::AttentionRecord rec{query_tokens, key_tokens, {}, layer_names};

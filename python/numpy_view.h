@@ -11,7 +11,7 @@
 namespace attn::py_util {
 namespace py = pybind11;
 
-inline std::string dtype_name(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
+inline std::string dtype_name(py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
 
 template <typename T>
 const char* type_name() {
@@ -20,20 +20,34 @@ const char* type_name() {
   else return "bool";
 }
 
-// A view of `a` (which must hold T); `arg` names it in the error.
+// A view of `a` (which must hold T); `arg` names it in the error. The one place numpy arrays are viewed,
+// so the one place their layout is made safe for the kernels, which load T through aligned pointers
+// (UBSan: misaligned loads in LoadQ and the reference kernel):
+// - an array at an address or with strides that are not whole, aligned elements of T (a frombuffer of
+//   a bytearray at offset 1) is copied once into aligned, C-contiguous storage, and `a` is replaced by
+//   the copy so it lives as long as the caller's array does; read-only views only (a writable view
+//   must be the caller's memory);
+// - an empty array's strides are meaningless (numpy gives 0s): the view gets contiguous ones.
 template <typename T>
-View<T> view_of(const py::array& a, const char* arg) {
+View<T> view_of(py::array& a, const char* arg) {
   bool ok = std::is_same_v<std::remove_const_t<T>, uint8_t>
                 ? a.dtype().kind() == 'b' || a.dtype().is(py::dtype::of<uint8_t>())
                 : a.dtype().is(py::dtype::of<std::remove_const_t<T>>());
   ATTN_CHECK(ok, "Expected ", arg, " of dtype ", type_name<std::remove_const_t<T>>(), ", but got ",
              dtype_name(a), " instead");
-  Shape shape(a.shape(), a.shape() + a.ndim()), strides(a.ndim());
-  for (int i = 0; i < a.ndim(); ++i) {
-    ATTN_CHECK(a.strides(i) % static_cast<py::ssize_t>(sizeof(T)) == 0, "Expected ", arg,
-               " strides that are whole elements, but got ", a.strides(i), " bytes instead");
-    strides[i] = a.strides(i) / static_cast<py::ssize_t>(sizeof(T));
+  auto aligned = [](const py::array& x) {
+    bool whole = reinterpret_cast<uintptr_t>(x.data()) % alignof(T) == 0;
+    for (int i = 0; i < x.ndim(); ++i) whole = whole && x.strides(i) % static_cast<py::ssize_t>(sizeof(T)) == 0;
+    return whole;
+  };
+  if (!aligned(a)) {
+    ATTN_CHECK(std::is_const_v<T>, "Expected ", arg, " at an address and with strides that are whole ",
+               type_name<std::remove_const_t<T>>(), " elements, but got a misaligned array instead");
+    a = a.attr("copy")();  // C order, in numpy's aligned allocation
   }
+  Shape shape(a.shape(), a.shape() + a.ndim()), strides(a.ndim());
+  for (int i = 0; i < a.ndim(); ++i) strides[i] = a.strides(i) / static_cast<py::ssize_t>(sizeof(T));
+  if (a.size() == 0) strides = contiguous_strides(shape);
   T* data = static_cast<T*>(const_cast<void*>(a.data()));
   if constexpr (!std::is_const_v<T>) {
     ATTN_CHECK(a.writeable(), "Expected ", arg, " to be writeable, but got a read-only array instead");
@@ -50,15 +64,18 @@ inline py::array to_numpy(Tensor&& t) {
 }
 
 // A torch.nn-style mask (nn.MultiheadAttention, Transformer layers): bool True = masked out
-// (Mask::drop), float32 = added to the scores; None = no mask. Read in place.
-inline Mask<float> nn_mask(const py::object& m, const char* arg) {
+// (Mask::drop), float32 = added to the scores; None = no mask. Read in place (or from the aligned copy
+// view_of makes, which `m` then holds).
+inline Mask<float> nn_mask(py::object& m, const char* arg) {
   if (m.is_none()) return {};
   // A view must not outlive its array: take the caller's array itself, never a converted temporary.
   ATTN_CHECK(py::isinstance<py::array>(m), "Expected ", arg, " to be a numpy array, but got ",
              std::string(py::str(py::type::of(m))), " instead");
   py::array a = m.cast<py::array>();
-  if (a.dtype().kind() == 'b') return Mask<float>::drop(view_of<const uint8_t>(a, arg));
-  return Mask<float>::additive(view_of<const float>(a, arg));
+  Mask<float> mask = a.dtype().kind() == 'b' ? Mask<float>::drop(view_of<const uint8_t>(a, arg))
+                                             : Mask<float>::additive(view_of<const float>(a, arg));
+  m = a;  // the caller's object now holds what the view reads (an aligned copy, if one was made)
+  return mask;
 }
 
 // A new C-contiguous numpy array and a view of it.

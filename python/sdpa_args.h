@@ -27,7 +27,7 @@ inline Backend parse_backend(const std::string& s) {
 
 // kind: "keep" (bool, True = attend), "drop" (bool, True = masked out) or "additive" (float).
 template <typename T>
-Mask<T> make_mask(const std::optional<py::array>& m, const std::string& kind, const char* arg) {
+Mask<T> make_mask(std::optional<py::array>& m, const std::string& kind, const char* arg) {
   if (!m) return {};
   if (kind == "additive") return Mask<T>::additive(view_of<const T>(*m, arg));
   if (kind == "keep") return Mask<T>::keep(view_of<const uint8_t>(*m, arg));
@@ -37,9 +37,9 @@ Mask<T> make_mask(const std::optional<py::array>& m, const std::string& kind, co
 
 // SdpaArgs over numpy arrays (read in place) and the Python spelling of the options.
 template <typename T>
-SdpaArgs<T> make_args(const py::array& q, const py::array& k, const py::array& v,
-                      const std::optional<py::array>& mask, const std::string& mask_kind,
-                      const std::optional<py::array>& key_padding, const std::string& padding_kind,
+SdpaArgs<T> make_args(py::array& q, py::array& k, py::array& v,
+                      std::optional<py::array>& mask, const std::string& mask_kind,
+                      std::optional<py::array>& key_padding, const std::string& padding_kind,
                       const std::string& causal, std::optional<double> scale, double dropout_p, uint64_t seed) {
   SdpaArgs<T> a;
   a.q = view_of<const T>(q, "query");

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(g++ cmake make pkg-config ccache libopenblas-dev libopenblas-openmp-dev libhwy-dev libgtest-dev libgmock-dev
   libbenchmark-dev libcli11-dev nlohmann-json3-dev libcairo2-dev chromium)
+# Fuzzing only (make fuzz sets ATTN_FUZZ=1): clang with libFuzzer and its OpenMP, ~250 MB that the
+# normal build does not need.
+[ -z "${ATTN_FUZZ:-}" ] || APT_PACKAGES+=(clang libclang-rt-14-dev libomp-14-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,6 +19,8 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+[ -z "${ATTN_FUZZ:-}" ] || exit 0  # the fuzz build needs no Python
 
 # Python: torch pinned to 2.13.0, the CPU build; an unpinned torch pulls a CUDA build of several GB.
 PY_REQS=(numpy pybind11 pytest hypothesis safetensors playwright "torch==2.13.0")

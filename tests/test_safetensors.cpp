@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 
+#include <sys/stat.h>
+
+#include <ctime>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -319,6 +322,54 @@ TEST(Safetensors, RejectsMissingFileAndFolders) {
   TempDir tmp;
   expect_load_error(tmp / "nope", {"readable file", "No such file"});
   expect_load_error(tmp.dir.string(), {"regular file"});
+}
+
+// FIFOs and devices are refused by name before any read: opening a FIFO for reading blocks until a
+// writer comes (forever), and /dev/zero never ends. The test would hang, not fail, without the check:
+// ctest's timeout makes that a failure.
+TEST(Safetensors, RefusesFifoDeviceAndNulPaths) {
+  TempDir tmp;
+  ASSERT_EQ(::mkfifo((tmp / "fifo").c_str(), 0600), 0);
+  expect_load_error(tmp / "fifo", {"regular file", "a FIFO"});
+  expect_load_error("/dev/zero", {"regular file", "a character device"});
+  save_safetensors(tmp / "one.safetensors", {});
+  // "one.safetensors\0junk" must not open one.safetensors.
+  const std::string nul = tmp / "one.safetensors" + std::string(1, '\0') + "junk";
+  EXPECT_NE(test::error_of([&] { load_safetensors(nul); }).find("without NUL bytes"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { save_safetensors(nul, {}); }).find("without NUL bytes"), std::string::npos);
+  EXPECT_FALSE(fs::exists(tmp / "one.safetensors.tmp"));
+}
+
+// The header parse is linear in its size: 200k zero-size entries (13 MB of header) took minutes with
+// nlohmann's callback parser, which rescans the enclosing object at each entry (24 s for 40k). The one
+// timing assertion allowed: a generous bound on CPU time (0.45 s here in Release; 40k entries took
+// 56 s before) that only the quadratic behaviour misses; sanitizer builds (ATTN_SANITIZE) are ~10x
+// slower and get 10x the bound.
+TEST(Safetensors, HeaderWith200kEntriesParsesInLinearTime) {
+  TempDir tmp;
+  constexpr int kEntries = 200'000;
+  std::string h = "{";
+  for (int i = 0; i < kEntries; ++i) h += cat(i ? "," : "", "\"t", i, "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}");
+  h += "}";
+  write_bytes(tmp / "many", make_file(h, {}));
+  // This thread's CPU time, not wall time: other work on a shared machine doesn't count against it.
+  auto cpu_seconds = [] {
+    timespec ts;
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  };
+  const double t0 = cpu_seconds();
+  StateDict sd = load_safetensors(tmp / "many");
+  const double s = cpu_seconds() - t0;
+  EXPECT_EQ(sd.size(), size_t(kEntries));
+  EXPECT_EQ(sd.at("t199999").shape(), Shape({0}));
+#ifdef ATTN_SANITIZE
+  const double bound = 10.0;
+#else
+  const double bound = 1.0;
+#endif
+  std::printf("load of %d entries: %.3f s of CPU\n", kEntries, s);
+  EXPECT_LT(s, bound) << "opening a header of " << kEntries << " entries took " << s << " s";
 }
 
 // Random flips, overwrites and truncations of a valid file: each load must succeed or throw attn::Error

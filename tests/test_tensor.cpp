@@ -43,3 +43,27 @@ TEST(Tensor, CheckedAccessNamesTheShape) {
   EXPECT_THROW(t.view().reshape({4, 2}), Error);
   EXPECT_EQ(t.view().reshape({-1}).shape, (Shape{6}));
 }
+
+// Sizes never wrap: a shape whose element or byte count overflows, or that needs more than the
+// machine's memory, is an Error before anything is allocated (it used to allocate a wrapped, small
+// buffer and write past it).
+TEST(Tensor, CheckedSizes) {
+  EXPECT_EQ(numel({0, int64_t(1) << 62, 1}), 0);  // empty, and the other sizes still fit
+  auto msg = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(msg([] { numel({int64_t(1) << 62, 4}); }).find("element count fits in 64 bits"), std::string::npos);
+  EXPECT_NE(msg([] { numel({0, int64_t(1) << 62, 4}); }).find("element count fits in 64 bits"), std::string::npos);
+  EXPECT_NE(msg([] { numel({2, -1}); }).find("non-negative sizes"), std::string::npos);
+  EXPECT_NE(msg([] { Tensor t({int64_t(1) << 62}); }).find("byte count fits in 64 bits"), std::string::npos);
+  const std::string big = msg([] { Tensor t({int64_t(1) << 40, 1024}); });  // 4 PiB
+  EXPECT_NE(big.find("Expected a tensor of shape (1099511627776, 1024) to fit in the machine's"), std::string::npos) << big;
+  EXPECT_NE(msg([] { checked_mul(int64_t(1) << 40, int64_t(1) << 40, "batch * block"); }).find("batch * block"),
+            std::string::npos);
+  EXPECT_EQ(checked_mul(3, 4, "x"), 12);
+}

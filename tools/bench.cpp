@@ -85,6 +85,13 @@ double read_kv_seconds(const Case& c, int reps) {
 }  // namespace
 
 int run_bench(const BenchOptions& opt) {
+  // Every length is checked before the first timing: Q, K, V and out of (1, 8, L, 64), and the reference's
+  // (L, L) scores per head up to --reference-max.
+  for (int64_t L : opt.lengths) {
+    const double inputs = 4.0 * 8 * double(L) * 64 * 4, scores = L <= opt.reference_max ? 8.0 * double(L) * double(L) * 4 : 0;
+    check_fits_in_memory(inputs + scores, cat("--lengths ", L, " (Q, K, V, out of (1, 8, L, 64)",
+                                              scores > 0 ? " and the reference's scores" : "", ")"));
+  }
   set_num_threads(opt.threads);
   std::fputs(to_string(runtime_info()).c_str(), stdout);
   double peak = sgemm_gflops(opt.repeats);

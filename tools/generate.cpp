@@ -8,6 +8,7 @@
 #include "attn/threads.h"
 #include "attn/train.h"
 #include "cli.h"
+#include "flags.h"
 
 namespace attn {
 
@@ -15,11 +16,13 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
   auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint of attn train");
   cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out)");
   cmd->add_option("--prompt", cli.prompt, "text to continue (default: a newline, or the first character)");
-  cmd->add_option("-n,--tokens", cli.n, "characters to generate")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", cli.seed, "sampling seed");
-  cmd->add_option("--threads", cli.threads, "threads (0: the CPUs this process may use)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--tokens", cli.n, "characters to generate")->check(number_of<int64_t>())->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")
+      ->check(number_of<double>())->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(number_of<int64_t>())->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", cli.seed, "sampling seed")->check(number_of<uint64_t>());
+  cmd->add_option("--threads", cli.threads, "threads (0: the CPUs this process may use)")->check(number_of<int>())
+      ->check(CLI::NonNegativeNumber);
   return cmd;
 }
 

@@ -14,6 +14,7 @@
 #include "attn/threads.h"
 #include "attn/train.h"
 #include "cli.h"
+#include "flags.h"
 
 namespace attn {
 namespace {
@@ -27,7 +28,7 @@ void on_sigint(int) { g_interrupted = 1; }  // SA_RESETHAND: a second Ctrl-C end
 // if it was given.
 template <typename T>
 CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, T TrainOptions::*f, const std::string& help) {
-  CLI::Option* opt = cmd->add_option(flag, cli.values.*f, help);
+  CLI::Option* opt = cmd->add_option(flag, cli.values.*f, help)->check(number_of<T>());
   cli.apply.push_back([opt, f, &cli](TrainOptions& o) {
     if (opt->count() == 0) return std::string();
     o.*f = cli.values.*f;
@@ -65,7 +66,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   cmd->add_option("--out", cli.out, "checkpoint directory (model.safetensors + config.json)");
   cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; --steps may extend it, the lr decay stays as saved)");
   cmd->add_option("--log-every", cli.log_every, "steps between progress lines when not on a terminal")
-      ->check(CLI::PositiveNumber);
+      ->check(number_of<int64_t>())->check(CLI::PositiveNumber);
   bind_option(cmd, cli, "--config", &TrainOptions::config, "model: tiny, nanogpt-cpu or gpt2-small")
       ->check(CLI::IsMember(gpt_config_names()));
   bind_option(cmd, cli, "--block", &TrainOptions::block_size, "context length (default: the configuration's)");
@@ -98,6 +99,8 @@ int run_train(TrainCli& cli) {
   if (cli.untied) o.tie_weights = false, given.push_back("--untied");
   if (cli.no_decay_embeddings) o.decay_embeddings = false, given.push_back("--no-decay-embeddings");
 
+  // --out is checked (and its folder created) now, not at the first save after the training work.
+  check_checkpoint_dir(cli.out);
   std::unique_ptr<Trainer> t;
   if (cli.resume) {
     for (const std::string& g : given)

@@ -35,6 +35,14 @@ struct GptConfig {
 GptConfig gpt_config(const std::string& name);
 std::vector<std::string> gpt_config_names();
 
+// What a configuration needs before anything is allocated, in floating point so no size can wrap:
+// its parameter count (as Gpt builds it, n_kv_head 0 meaning n_head), and the bytes one training step
+// of (B, T) tokens needs: parameters, gradients and AdamW's two moments, plus the activations kept for
+// backward (about 20·E floats per token and layer, and the logits with their gradient). Estimates for
+// refusing what can't fit (check_fits_in_memory), not an allocator's accounting.
+double gpt_parameter_estimate(const GptConfig& c);
+double gpt_training_bytes_estimate(const GptConfig& c, double B, double T);
+
 // Mean cross-entropy of logits (N, V) against targets (N) in [0, V), where target -1 is ignored (not
 // counted in the mean; PyTorch's ignore_index). If dlogits (N, V) is given it receives dLoss/dlogits
 // (0 on ignored rows). Returns 0 when every target is ignored.

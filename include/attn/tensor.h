@@ -17,7 +17,10 @@ using Shape = std::vector<int64_t>;
 
 // "(2, 8, 10, 64)", as PyTorch prints a shape.
 std::string to_string(const Shape& shape);
+// The element count; an Error for a negative size or a count that does not fit in int64 (never wraps).
 int64_t numel(const Shape& shape);
+// a * b for sizes >= 0, or an Error naming `what` when the product does not fit in int64.
+int64_t checked_mul(int64_t a, int64_t b, const char* what);
 Shape contiguous_strides(const Shape& shape);
 
 // A non-owning view: data, shape and strides in elements. An empty view (data == nullptr) means
@@ -58,7 +61,9 @@ template <typename T>
 class TensorT {
  public:
   TensorT() = default;
-  explicit TensorT(Shape shape);  // zero-filled, 64-byte aligned
+  // Zero-filled, 64-byte aligned. An Error (before allocating) for a negative size, a byte count that
+  // does not fit in 64 bits, or more bytes than the machine's physical memory.
+  explicit TensorT(Shape shape);
   static TensorT copy_of(View<const T> src);  // contiguous copy of a (possibly strided) view
   TensorT(TensorT&&) noexcept = default;
   TensorT& operator=(TensorT&&) noexcept = default;

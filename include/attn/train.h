@@ -141,6 +141,10 @@ struct LoadedModel {
 // The model and vocabulary of a checkpoint (optimizer state is ignored). Errors name the file and the
 // problem: missing, truncated, corrupt (hash), half-replaced pair (id), bad JSON or config.
 LoadedModel load_model(const std::string& dir);
+// What a save into `dir` checks, done now (before any training): a name without NUL bytes that is not
+// "", "." or "/", its folder (created if missing), `dir` missing, empty or a checkpoint, and writable.
+// Also removes hidden .DIR.tmp-* / .DIR.old-* siblings that a killed save left. An Error otherwise.
+void check_checkpoint_dir(const std::string& dir);
 // A checkpoint of the model alone (no optimizer state, not resumable).
 void save_model(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer);
 

@@ -59,6 +59,9 @@ View<float> grad_rows(Tensor& t, int64_t begin, int64_t n) {
 // their rows with one stride, else one gemm per batch. Copies x once if gemm can't read it in place.
 void project(View<const float> x, View<const float> w, View<const float> bias, View<float> y) {
   const int64_t B = x.size(0), T = x.size(1), in = x.size(2), out = y.size(2);
+  // No rows: nothing to write. (An empty view's strides may be anything: a contiguous (0, T, in) has
+  // stride 0 in dim 0, which rows_ok rejects, and copying it again would never end.)
+  if (B * T == 0) return;
   auto rows_ok = [](const auto& v) {  // unit last stride, row strides gemm accepts (lda >= columns)
     return v.stride(2) == 1 && (v.size(0) == 1 || v.stride(0) >= v.size(2)) &&
            (v.size(1) == 1 || v.stride(1) >= v.size(2));
@@ -86,6 +89,7 @@ void project(View<const float> x, View<const float> w, View<const float> bias, V
 void project_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx, View<float> dw,
                       View<float> db) {
   const int64_t B = x.size(0), T = x.size(1);
+  if (B * T == 0) return;  // no rows: dx is empty and nothing adds into dW, db
   auto collapses = [](const auto& v, int outer, int inner) { return v.stride(outer) == v.size(inner) * v.stride(inner); };
   auto matrix = [](auto v, int64_t n, int64_t row_stride) {  // (n, C)
     return decltype(v){v.data, {n, v.size(2)}, {row_stride, 1}};

@@ -49,6 +49,20 @@ MaskRef<T> resolve(const char* arg, const char* dims, const Mask<T>& m, const Sh
   return r;
 }
 
+// Writes 0 to every element of a rank-4 view.
+template <typename T>
+void fill_zero(View<T> v) {
+  for (int64_t a = 0; a < v.shape[0]; ++a)
+    for (int64_t b = 0; b < v.shape[1]; ++b)
+      for (int64_t c = 0; c < v.shape[2]; ++c)
+        for (int64_t d = 0; d < v.shape[3]; ++d) v.data[a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3]] = 0;
+}
+
+// No query head in any batch (B or H is 0): out, weights and lse are empty, and the kernels (which
+// split their work by B·H) are not called.
+template <typename T>
+bool no_queries(const SdpaProblem<T>& p) { return p.B * p.H == 0; }
+
 }  // namespace
 
 const char* to_string(Backend b) {
@@ -122,10 +136,10 @@ BackendChoice explain(const SdpaArgs<T>& args, const SdpaOut<T>& out, const Sdpa
 template <typename T>
 void sdpa(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& options) {
   SdpaProblem<T> p = make_problem(args, out);
+  const Backend backend = choose(p, options).backend;  // throws where explicit flash or strict refuse fp64
+  if (no_queries(p)) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (choose(p, options).backend == Backend::flash) return flash_forward(p);
-  } else {
-    choose(p, options);  // throws where explicit flash or strict refuse fp64
+    if (backend == Backend::flash) return flash_forward(p);
   }
   reference_forward(p);
 }
@@ -155,10 +169,14 @@ void sdpa_backward(const SdpaArgs<T>& args, View<const T> out, View<const T> lse
   check_rank4("dv", "(B, Hkv, S, Dv)", grads.dv);
   check_shape("dv", "(B, Hkv, S, Dv)", grads.dv, {p.B, p.Hkv, p.S, p.Dv});
   // The forward's choice (no weights here): flash for float32, the reference for fp64 or on request.
+  const Backend backend = choose(p, options).backend;  // throws where explicit flash or strict refuse fp64
+  if (no_queries(p)) {  // dq is empty; no query reads any key, so dK = dV = 0
+    fill_zero(grads.dk);
+    fill_zero(grads.dv);
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) {
-    if (choose(p, options).backend == Backend::flash) return flash_backward(p, dout, grads);
-  } else {
-    choose(p, options);  // throws where explicit flash or strict refuse fp64
+    if (backend == Backend::flash) return flash_backward(p, dout, grads);
   }
   reference_backward(p, dout, grads);
 }

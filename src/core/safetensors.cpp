@@ -23,6 +23,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "attn/file.h"
+#include "attn/memstat.h"
+
 // Every file error names the file: "safetensors file 'x': Expected ..., but got ... instead".
 #define ST_CHECK(cond, ...)                                                                         \
   do {                                                                                              \
@@ -117,24 +120,13 @@ struct Entry {
   uint64_t begin, end;  // relative to the first byte after the header
 };
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ST_CHECK(fd >= 0, "Expected a readable file, but got '", os_error(errno), "' instead");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st;
-  ST_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), "Expected a regular file, but got something else instead");
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
-  for (size_t got = 0; got < bytes.size();) {
-    ssize_t r = ::read(fd, bytes.data() + got, bytes.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    ST_CHECK(r > 0, "Expected ", bytes.size(), " bytes, but got ", got, " before '",
-             r < 0 ? os_error(errno) : "end of file", "' instead");
-    got += size_t(r);
+std::string read_file(const std::string& path) {
+  try {
+    const uint64_t ram = physical_memory_bytes();
+    return read_regular_file(path, "safetensors file", ram ? ram : UINT64_MAX);
+  } catch (const Error& e) {
+    throw Error(printable(e.what()));
   }
-  return bytes;
 }
 
 // Parses the header into a DOM that holds only what the format defines, so memory stays near the
@@ -146,51 +138,132 @@ std::vector<uint8_t> read_file(const std::string& path) {
 //   data_offsets hold at most 64 and 2 numbers;
 // - keys are unique in the header and in each entry (JSON allows duplicates; a name that means two
 //   tensors is ambiguous, and nlohmann would silently keep the last).
-json parse_header(const std::string& path, const char* first, const char* last) {
-  using E = json::parse_event_t;
-  constexpr int kMaxDepth = 128;
-  constexpr size_t kMaxDims = 64;  // numpy's limit (NPY_MAXDIMS): no array has more
-  std::vector<std::set<std::string>> keys;  // of the header, and of the entry being read
-  std::string name, field;                  // the current key at depth 1 (a tensor or __metadata__), at depth 2
-  size_t items = 0;                         // numbers read so far of the current shape or data_offsets
-  auto on_event = [&](int depth, E ev, json& parsed) {
-    const bool meta = name == "__metadata__", start = ev == E::object_start || ev == E::array_start;
-    ST_CHECK(!start || depth < kMaxDepth, "Expected a header nested at most ", kMaxDepth,
-             " levels deep, but got deeper nesting instead");
-    const bool known = meta || field == "dtype" || field == "shape" || field == "data_offsets";
-    if (!known && (depth >= 3 || (depth == 2 && ev != E::key))) return true;  // in a skipped field
-    if (ev == E::key) {
-      const auto& k = parsed.get_ref<const std::string&>();
-      ST_CHECK(keys.back().insert(k).second, "Expected unique keys in the header, but got \"", k, "\" twice instead");
-      if (depth == 1) name = k, field.clear();
-      if (depth == 2) field = k, items = 0;
-      return depth == 1 || meta || k == "dtype" || k == "shape" || k == "data_offsets";  // false: skip it
+// A SAX handler that builds the DOM itself, in time linear in the header: nlohmann's callback parser
+// (json::parse with a callback) rescans the enclosing object at every entry's end, which took 24 s for
+// 40k entries and did not finish 200k in 300 s.
+class HeaderParser {
+ public:
+  explicit HeaderParser(const std::string& path) : path(path) {}
+  json root;
+
+  bool null() { return value(json(nullptr)); }
+  bool boolean(bool b) { return value(json(b)); }
+  bool number_integer(json::number_integer_t v) { return value(json(v)); }
+  bool number_unsigned(json::number_unsigned_t v) { return value(json(v)); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return value(json(v)); }
+  bool string(json::string_t& s) { return value(json(std::move(s))); }
+  bool binary(json::binary_t&) { return value(json(nullptr)); }  // never in JSON text
+  bool start_object(std::size_t) { return start(false); }
+  bool start_array(std::size_t) { return start(true); }
+  bool end_object() { return end(); }
+  bool end_array() { return end(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    ST_CHECK(false, "Expected a JSON header, but got '", e.what(), "' instead");
+    return false;
+  }
+
+  bool key(json::string_t& k) {
+    if (skipping_) return true;
+    // depth_ 1: a tensor name (or __metadata__) in the header; 2: a field of that entry.
+    // At depth 1 the stored object itself knows its keys; an entry's skipped fields are not stored.
+    const bool fresh = depth_ == 1 ? !open_.back()->contains(k) : entry_keys_.insert(k).second;
+    ST_CHECK(fresh, "Expected unique keys in the header, but got \"", k, "\" twice instead");
+    if (depth_ == 1) name_ = k, field_.clear();
+    if (depth_ == 2) field_ = k, items_ = 0;
+    if (depth_ == 2 && !meta() && !defined(k)) {
+      skip_value_ = true;  // skipped unstored
+      return true;
     }
-    if (ev == E::object_start && depth <= 1) keys.emplace_back();
-    if (ev == E::object_end && depth <= 1) keys.pop_back();
-    if (depth == 1)
-      ST_CHECK(ev != E::array_start, "Expected '", name, "' to be an object, but got an array instead");
-    if (depth == 2 && start) {
-      const bool want_array = !meta && field != "dtype";
-      ST_CHECK(ev == E::array_start && want_array, "Expected \"", field, "\" of '", name, "' to be ",
-               want_array ? "an array of numbers" : "a string", ", but got ", ev == E::array_start ? "an array" : "an object",
+    slot_ = &(*open_.back())[k];
+    return true;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 128;
+  static constexpr size_t kMaxDims = 64;  // numpy's limit (NPY_MAXDIMS): no array has more
+  const std::string& path;
+  std::vector<json*> open_;                  // the stored containers now open, outermost first
+  json* slot_ = nullptr;                     // where the value after the last key goes
+  int depth_ = 0;                            // containers open now, skipped ones included
+  int skipping_ = 0;                         // > 0: this many containers deep in a skipped value
+  bool skip_value_ = false;                  // the last key was skipped, and so is its value
+  std::set<std::string> entry_keys_;         // of the entry being read, skipped fields included
+  std::string name_, field_;                 // the current key at depth 1 (a tensor or __metadata__), at depth 2
+  size_t items_ = 0;                         // numbers read so far of the current shape or data_offsets
+
+  bool meta() const { return name_ == "__metadata__"; }
+  static bool defined(const std::string& f) { return f == "dtype" || f == "shape" || f == "data_offsets"; }
+
+  json* store(json&& v) {
+    if (open_.empty()) {
+      root = std::move(v);
+      return &root;
+    }
+    json& c = *open_.back();
+    if (c.is_array()) {
+      c.push_back(std::move(v));
+      return &c.back();
+    }
+    *slot_ = std::move(v);
+    return slot_;
+  }
+
+  bool value(json&& v) {
+    if (skipping_) return true;
+    if (skip_value_) {
+      skip_value_ = false;
+      return true;
+    }
+    if (depth_ == 3) {
+      const size_t most = field_ == "shape" ? kMaxDims : 2;
+      ST_CHECK(++items_ <= most, "Expected \"", field_, "\" of tensor '", name_, "' to hold at most ", most,
+               " numbers, but got more instead");
+    }
+    store(std::move(v));
+    return true;
+  }
+
+  bool start(bool array) {
+    ST_CHECK(depth_ < kMaxDepth, "Expected a header nested at most ", kMaxDepth, " levels deep, but got deeper nesting instead");
+    if (skipping_ || skip_value_) {
+      skip_value_ = false;
+      ++skipping_, ++depth_;
+      return true;
+    }
+    if (depth_ == 1) ST_CHECK(!array, "Expected '", name_, "' to be an object, but got an array instead");
+    if (depth_ == 2) {
+      const bool want_array = !meta() && field_ != "dtype";
+      ST_CHECK(array && want_array, "Expected \"", field_, "\" of '", name_, "' to be ",
+               want_array ? "an array of numbers" : "a string", ", but got ", array ? "an array" : "an object",
                " instead");
     }
-    if (depth == 3) {
-      ST_CHECK(!start, "Expected \"", field, "\" of tensor '", name, "' to hold numbers, but got a nested ",
-               ev == E::array_start ? "array" : "object", " instead");
-      const size_t most = field == "shape" ? kMaxDims : 2;
-      ST_CHECK(ev != E::value || ++items <= most, "Expected \"", field, "\" of tensor '", name, "' to hold at most ",
-               most, " numbers, but got more instead");
-    }
+    ST_CHECK(depth_ < 3, "Expected \"", field_, "\" of tensor '", name_, "' to hold numbers, but got a nested ",
+             array ? "array" : "object", " instead");
+    if (!array && depth_ == 1) entry_keys_.clear();
+    open_.push_back(store(array ? json::array() : json::object()));
+    ++depth_;
     return true;
-  };
+  }
+
+  bool end() {
+    --depth_;
+    if (skipping_) {
+      --skipping_;
+      return true;
+    }
+    open_.pop_back();
+    return true;
+  }
+};
+
+json parse_header(const std::string& path, const char* first, const char* last) {
+  HeaderParser parser(path);
   try {
-    return json::parse(first, last, on_event);
+    json::sax_parse(first, last, &parser);
   } catch (const json::exception& e) {
     ST_CHECK(false, "Expected a JSON header, but got '", e.what(), "' instead");
   }
-  return {};
+  return std::move(parser.root);
 }
 
 Entry parse_entry(const std::string& path, const std::string& name, const json& v, uint64_t data_size) {
@@ -275,7 +348,7 @@ std::string quote(const std::string& path, const std::string& s) {
 }  // namespace
 
 StateDict load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  std::vector<uint8_t> file = read_file(path);
+  const std::string file = read_file(path);
   ST_CHECK(file.size() >= 8, "Expected at least 8 bytes (the header length), but got ", file.size(), " instead");
   uint64_t n;
   std::memcpy(&n, file.data(), 8);
@@ -291,7 +364,7 @@ StateDict load_safetensors(const std::string& path, std::map<std::string, std::s
   json j = parse_header(path, header, header + n);
   ST_CHECK(j.is_object(), "Expected a JSON object as the header, but got ", brief(j), " instead");
 
-  const uint8_t* data = file.data() + 8 + n;
+  const auto* data = reinterpret_cast<const uint8_t*>(file.data()) + 8 + n;
   const uint64_t data_size = file.size() - 8 - n;
   std::map<std::string, std::string> meta;
   std::vector<Entry> entries;
@@ -322,6 +395,7 @@ StateDict load_safetensors(const std::string& path, std::map<std::string, std::s
 
 void save_safetensors(const std::string& path, const StateDict& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  check_path(path, "path");
   // The header, byte for byte as the library writes it: compact JSON, "__metadata__" first, then the
   // tensors in offset order, which for one dtype is name order (std::map compares bytes, like Rust).
   std::string h = "{";

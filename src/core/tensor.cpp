@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attn/memstat.h"
+
 namespace attn {
 
 std::string to_string(const Shape& shape) {
@@ -12,10 +14,25 @@ std::string to_string(const Shape& shape) {
   return s + (shape.size() == 1 ? ",)" : ")");
 }
 
+int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  ATTN_CHECK(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &r), "Expected ", what,
+             " to fit in 64 bits, but got ", a, " * ", b, " instead");
+  return r;
+}
+
 int64_t numel(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  // A zero anywhere makes the count 0, but a shape whose other sizes overflow is still refused, so no
+  // stride computed from it can wrap either.
+  int64_t nonzero = 1;
+  bool empty = false;
+  for (int64_t d : shape) {
+    ATTN_CHECK(d >= 0, "Expected non-negative sizes, but got ", to_string(shape), " instead");
+    ATTN_CHECK(!__builtin_mul_overflow(nonzero, d ? d : 1, &nonzero), "Expected a shape whose element count fits in ",
+               "64 bits, but got ", to_string(shape), " instead");
+    empty = empty || d == 0;
+  }
+  return empty ? 0 : nonzero;
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -105,8 +122,12 @@ void TensorT<T>::Free::operator()(T* p) const { std::free(p); }
 
 template <typename T>
 TensorT<T>::TensorT(Shape shape) : shape_(std::move(shape)) {
-  for (int64_t d : shape_) ATTN_CHECK(d >= 0, "Expected non-negative sizes, but got ", to_string(shape_), " instead");
-  size_t bytes = (static_cast<size_t>(attn::numel(shape_)) * sizeof(T) + 63) / 64 * 64;
+  const uint64_t n = uint64_t(attn::numel(shape_));  // checks the sizes
+  uint64_t bytes;
+  ATTN_CHECK(!__builtin_mul_overflow(n, uint64_t(sizeof(T)), &bytes) && bytes <= UINT64_MAX - 63,
+             "Expected a tensor whose byte count fits in 64 bits, but got shape ", to_string(shape_), " instead");
+  bytes = (bytes + 63) / 64 * 64;
+  check_fits_in_memory(double(bytes), cat("a tensor of shape ", to_string(shape_)));
   buf_.reset(static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64)));
   if (!buf_) throw std::bad_alloc();
   std::memset(buf_.get(), 0, bytes);

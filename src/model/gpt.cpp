@@ -10,6 +10,7 @@
 
 #include "attn/check.h"
 #include "attn/gemm.h"
+#include "attn/memstat.h"
 #include "attn/rng.h"
 #include "attn/threads.h"
 
@@ -43,6 +44,12 @@ GptConfig checked(GptConfig c) {
   ATTN_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, "Expected n_kv_head dividing n_head ", c.n_head,
              ", but got ", c.n_kv_head, " instead");
   ATTN_CHECK(c.dropout >= 0 && c.dropout < 1, "Expected dropout in [0, 1), but got ", c.dropout, " instead");
+  // Before any allocation (n_layer 1e8 failed in h.reserve with std::bad_alloc): the parameters and
+  // their gradients must fit.
+  check_fits_in_memory(8 * gpt_parameter_estimate(c),
+                       cat("a model of vocab_size ", c.vocab_size, ", block_size ", c.block_size, ", n_layer ",
+                           c.n_layer, ", n_embd ", c.n_embd, " (", gpt_parameter_estimate(c),
+                           " parameters and their gradients)"));
   return c;
 }
 
@@ -121,6 +128,19 @@ float cross_entropy(View<const float> logits, const int64_t* targets, View<float
   double total = 0;
   for (double l : row_loss) total += l;
   return float(total / double(count));
+}
+
+double gpt_parameter_estimate(const GptConfig& c) {
+  const double E = double(c.n_embd), H = double(c.n_head), Hkv = double(c.n_kv_head ? c.n_kv_head : c.n_head);
+  const double kv = H > 0 ? E * Hkv / H : E;
+  const double per_layer = E * (E + 2 * kv) + E * E + 8 * E * E + (E + 2 * kv) + 13 * E;  // attention, MLP, 2 LN
+  return double(c.vocab_size) * E * (c.tie_weights ? 1 : 2) + double(c.block_size) * E +
+         double(c.n_layer) * per_layer + 2 * E;
+}
+
+double gpt_training_bytes_estimate(const GptConfig& c, double B, double T) {
+  const double activations = B * T * (double(c.n_layer) * 20 * double(c.n_embd) + 2 * double(c.vocab_size));
+  return 4 * (4 * gpt_parameter_estimate(c) + activations) + 16 * B * T;  // floats, and the int64 x, y
 }
 
 // ---- Gpt ----

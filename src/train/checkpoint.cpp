@@ -4,6 +4,7 @@
 #include "checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,24 +12,19 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "attn/check.h"
+#include "attn/file.h"
 #include "attn/rng.h"
 
 namespace attn::ckpt {
 namespace fs = std::filesystem;
-namespace {
-
-constexpr const char* kFormat = "attn-gpt-checkpoint";
-constexpr int kVersion = 1;
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kConfigFile = "config.json";
-
-std::string os_error(int e) { return std::strerror(e); }
 
 std::string hex64(uint64_t v) {
   char s[19];
@@ -36,8 +32,33 @@ std::string hex64(uint64_t v) {
   return s;
 }
 
+// FNV-1a of the config's content without the hash itself: its compact dump (keys sorted, numbers as
+// they round-trip), so the writer's object and the reader's parse of it hash alike.
+std::string config_hash(json config) {
+  config.erase("config_fnv1a64");
+  const std::string text = config.dump(-1, ' ', false, json::error_handler_t::replace);
+  return hex64(fnv1a64(text.data(), text.size()));
+}
+
+namespace {
+
+constexpr const char* kFormat = "attn-gpt-checkpoint";
+constexpr int kVersion = 2;  // 2: config.json carries the hash of its own content
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kConfigHash = "config_fnv1a64";  // config_hash() erases this key
+constexpr uint64_t kMaxConfigBytes = 64 << 20;  // a vocabulary of a million characters is 4 MB
+
+int exchange(const char* from, const char* to) { return ::renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE); }
+SwapFn g_swap = exchange;
+
+std::string os_error(int e) { return std::strerror(e); }
+
 // Size and FNV-1a hash of a file, streamed.
 std::pair<uint64_t, uint64_t> size_and_hash(const std::string& path, const std::string& shown) {
+  struct stat st;
+  ATTN_CHECK(::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode), "Expected '", shown,
+             "' to be a regular file, but got something else instead");
   std::ifstream f(path, std::ios::binary);
   ATTN_CHECK(f, "Expected a readable file '", shown, "', but got '", os_error(errno), "' instead");
   std::vector<char> buf(1 << 20);
@@ -93,36 +114,53 @@ void check_replaceable(const fs::path& dir) {
   }
 }
 
-// A JSON value of type T under key in j, or an Error naming where.
+// A JSON value of type T under key in j, or an Error naming where: integers must fit T (a uint64 field
+// refuses -1 rather than wrapping it), numbers must be finite, bools and strings are themselves.
 template <typename T>
 T get(const json& j, const char* key, const std::string& where) {
   ATTN_CHECK(j.is_object() && j.contains(key), "Expected '", key, "' in ", where, ", but got none instead");
   const json& v = j.at(key);
   bool ok;
-  if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
-  else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer();
-  else if constexpr (std::is_floating_point_v<T>) ok = v.is_number();
-  else ok = v.is_string();
-  ATTN_CHECK(ok, "Expected ", where, ".", key, " of another type, but got ", v.dump(), " instead");
+  const char* want;
+  if constexpr (std::is_same_v<T, bool>) {
+    ok = v.is_boolean(), want = "a boolean";
+  } else if constexpr (std::is_integral_v<T>) {
+    want = std::is_signed_v<T> ? "an integer" : "a non-negative integer";
+    if (v.is_number_unsigned()) ok = v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
+    else if (v.is_number_integer()) ok = std::is_signed_v<T> && v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min());
+    else ok = false;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    ok = v.is_number() && std::isfinite(v.get<double>()), want = "a finite number";
+  } else {
+    ok = v.is_string(), want = "a string";
+  }
+  ATTN_CHECK(ok, "Expected ", where, ".", key, " to be ", want, std::is_integral_v<T> && !std::is_same_v<T, bool> ? " that fits its type" : "",
+             ", but got ", v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 80), " instead");
   return v.get<T>();
 }
 
-}  // namespace
+// Hidden siblings ".NAME.tmp-PID-..." and ".NAME.old-PID-..." of a save that was killed: removed at the
+// next save when process PID is gone (a live one may be saving right now).
+void remove_stale_siblings(const fs::path& parent, const std::string& name) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string f = e.path().filename().string();
+    for (const char* kind : {".tmp-", ".old-"}) {
+      const std::string prefix = "." + name + kind;
+      if (f.rfind(prefix, 0) != 0) continue;
+      const long pid = std::strtol(f.c_str() + prefix.size(), nullptr, 10);
+      if (pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno != ESRCH)) continue;  // alive (or not ours to ask)
+      fs::remove_all(e.path(), ec);
+    }
+  }
+}
 
-void write(const std::string& dir, const StateDict& tensors, json config) {
-  fs::path target = fs::path(dir).lexically_normal();
-  if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
-  ATTN_CHECK(!target.empty() && target.filename() != "." && target.filename() != "..",
-             "Expected a checkpoint directory name, but got '", dir, "' instead");
-  fs::path parent = target.parent_path();
-  if (parent.empty()) parent = ".";
-  fs::create_directories(parent);
-  check_replaceable(target);
-
+void write_checked(const fs::path& target, const StateDict& tensors, json config) {
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
   static std::atomic<uint64_t> counter{0};
   const uint64_t nonce = mix64(uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
                                (uint64_t(::getpid()) << 32) ^ counter.fetch_add(1));
-  const fs::path tmp = parent / cat(".", target.filename().string(), ".tmp-", hex64(nonce));
+  const fs::path tmp = parent / cat(".", target.filename().string(), ".tmp-", ::getpid(), "-", hex64(nonce));
   ATTN_CHECK(::mkdir(tmp.c_str(), 0777) == 0, "Expected to create the directory '", tmp.string(), "', but got '",
              os_error(errno), "' instead");
   try {
@@ -136,15 +174,16 @@ void write(const std::string& dir, const StateDict& tensors, json config) {
     config["version"] = kVersion;
     config["checkpoint_id"] = id;
     config["model_file"] = {{"name", kModelFile}, {"bytes", size}, {"fnv1a64", hex64(hash)}};
+    config[kConfigHash] = config_hash(config);
     write_file_synced((tmp / kConfigFile).string(), config.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
     fsync_path(tmp.string(), O_RDONLY | O_DIRECTORY);
 
     std::error_code ec;
     if (fs::exists(target, ec)) {
-      if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+      if (g_swap(tmp.c_str(), target.c_str()) != 0) {
         // No atomic exchange on this file system: move the old one aside, then the new one in. A crash
         // in between leaves DIR missing (the old pair is in the hidden sibling), never a mixed pair.
-        const fs::path old = parent / cat(".", target.filename().string(), ".old-", hex64(nonce));
+        const fs::path old = parent / cat(".", target.filename().string(), ".old-", ::getpid(), "-", hex64(nonce));
         fs::rename(target, old);
         fs::rename(tmp, target);
         fs::remove_all(old);
@@ -162,24 +201,106 @@ void write(const std::string& dir, const StateDict& tensors, json config) {
   }
 }
 
+// config.json's schema beyond the format fields, checked before anything is built from it: every field a
+// reader uses has its type and range, and the model config matches the tensors' shapes (so n_layer 1e8
+// or n_embd 2^40 is refused here, not in an allocation).
+void validate(const Contents& c, const std::string& where) {
+  const json& j = c.config;
+  ATTN_CHECK(get<int64_t>(j, "step", where) >= 0, "Expected ", where, ".step >= 0, but got ", j["step"].dump(), " instead");
+  ATTN_CHECK(j.contains("model") && j.contains("tokenizer"), "Expected 'model' and 'tokenizer' in '", where,
+             "', but got none instead");
+  const GptConfig m = gpt_config_from(j["model"], where + " model");
+  ATTN_CHECK(m.vocab_size > 0 && m.block_size > 0 && m.n_layer > 0 && m.n_head > 0 && m.n_embd > 0 && m.n_kv_head >= 0,
+             "Expected ", where, " model sizes > 0, but got ", j["model"].dump(), " instead");
+  tokenizer_from(j["tokenizer"], where + " tokenizer");
+  // The tensors say what the model is: embeddings (V, E) and (block, E), n_layer blocks, no more.
+  const int64_t E = m.n_embd;
+  expect_tensor(c.tensors, "transformer.wte.weight", {m.vocab_size, E});
+  expect_tensor(c.tensors, "transformer.wpe.weight", {m.block_size, E});
+  ATTN_CHECK(c.tensors.count(cat("transformer.h.", m.n_layer - 1, ".norm1.weight")) &&
+                 !c.tensors.count(cat("transformer.h.", m.n_layer, ".norm1.weight")),
+             "Expected the ", m.n_layer, " layers of ", where, " model.n_layer in ", kModelFile,
+             ", but got a different number of layers instead");
+  if (j.contains("training")) train_options_from(j["training"], where + " training");
+  if (j.contains("data")) {
+    const json& d = j["data"];
+    const std::string dw = where + " data";
+    const std::string kind = get<std::string>(d, "kind", dw);
+    ATTN_CHECK(kind == "reverse" || kind == "text", "Expected ", dw, ".kind \"reverse\" or \"text\", but got \"", kind,
+               "\" instead");
+    get<uint64_t>(d, "bytes", dw);
+    if (kind == "reverse") {
+      ATTN_CHECK(get<int64_t>(d, "task_length", dw) > 0, "Expected ", dw, ".task_length > 0, but got ",
+                 d["task_length"].dump(), " instead");
+    } else {
+      get<std::string>(d, "path", dw);
+      get<uint64_t>(d, "fnv1a64", dw);
+    }
+  }
+}
+
+}  // namespace
+
+// The checks of a save that need no tensors: a NUL-free name, its folder (created), a directory that is
+// missing, empty or a checkpoint, stale siblings removed, and a folder we can write in.
+fs::path prepare(const std::string& dir) {
+  check_path(dir, "the checkpoint directory");
+  fs::path target = fs::path(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
+  ATTN_CHECK(!target.empty() && target.filename() != "." && target.filename() != ".." && target != target.root_path(),
+             "Expected a checkpoint directory name, but got '", dir, "' instead");
+  fs::path parent = target.parent_path();
+  if (parent.empty()) parent = ".";
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  ATTN_CHECK(!ec && fs::is_directory(parent), "Expected to create the folder '", parent.string(), "' of checkpoint '", dir,
+             "', but got '", ec ? ec.message() : "not a directory", "' instead");
+  check_replaceable(target);
+  remove_stale_siblings(parent, target.filename().string());
+  // Writable: what the save will do first, tried now.
+  const fs::path probe = parent / cat(".", target.filename().string(), ".tmp-", ::getpid(), "-probe");
+  ATTN_CHECK(::mkdir(probe.c_str(), 0777) == 0, "Expected to write the checkpoint '", dir, "' in '", parent.string(),
+             "', but got '", os_error(errno), "' instead");
+  ::rmdir(probe.c_str());
+  return target;
+}
+
+void write(const std::string& dir, const StateDict& tensors, json config) {
+  try {
+    write_checked(prepare(dir), tensors, std::move(config));
+  } catch (const fs::filesystem_error& e) {  // a rename or removal the checks above could not foresee
+    throw Error(cat("Expected to write the checkpoint '", dir, "', but got '", e.what(), "' instead"));
+  }
+}
+
 Contents read(const std::string& dir) {
+  check_path(dir, "the checkpoint directory");
   // A writer that swaps DIR while we read removes the files of the directory we hold: try again then.
   for (int attempt = 0;; ++attempt) {
     const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     ATTN_CHECK(dfd >= 0, "Expected a checkpoint directory '", dir, "', but got '", os_error(errno), "' instead");
     const std::string via = cat("/proc/self/fd/", dfd, "/");
     auto shown = [&](const char* file) { return (fs::path(dir) / file).string(); };
+    // Runs f, naming the user's path in its errors instead of /proc/self/fd.
+    auto named = [&](auto f) {
+      try {
+        return f();
+      } catch (const Error& e) {
+        std::string msg = e.what();
+        for (const char* file : {kModelFile, kConfigFile})
+          for (size_t at; (at = msg.find(via + file)) != std::string::npos;)
+            msg.replace(at, via.size() + std::strlen(file), shown(file));
+        throw Error(msg);
+      }
+    };
     auto swapped = [&] {
       struct stat a, b;
       return ::fstat(dfd, &a) == 0 && (::stat(dir.c_str(), &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev);
     };
     try {
       Contents c;
-      std::ifstream f(via + kConfigFile, std::ios::binary);
-      ATTN_CHECK(f, "Expected a checkpoint config '", shown(kConfigFile), "', but got '", os_error(errno), "' instead");
-      std::stringstream text;
-      text << f.rdbuf();
-      c.config = json::parse(text.str(), nullptr, false);
+      const std::string text = named([&] { return read_regular_file(via + kConfigFile, "checkpoint config", kMaxConfigBytes); });
+      c.config = json::parse(text, nullptr, false);
       ATTN_CHECK(!c.config.is_discarded() && c.config.is_object(), "Expected a JSON object in '", shown(kConfigFile),
                  "', but got malformed or truncated JSON instead");
       const std::string where = shown(kConfigFile);
@@ -187,36 +308,38 @@ Contents read(const std::string& dir) {
       const json& version = c.config.contains("version") ? c.config["version"] : json();
       ATTN_CHECK(format == kFormat && version == kVersion, "Expected '", where, "' of format ", kFormat, " version ",
                  kVersion, ", but got format ", format.dump(), " version ", version.dump(), " instead");
+      const std::string want_config = get<std::string>(c.config, kConfigHash, where);
+      ATTN_CHECK(config_hash(c.config) == want_config, "Expected '", where, "' with the FNV-1a ", want_config,
+                 " it records of its content, but got ", config_hash(c.config), " instead: the file was edited or is corrupt");
       const std::string id = get<std::string>(c.config, "checkpoint_id", where);
       ATTN_CHECK(c.config.contains("model_file") && c.config["model_file"].is_object(), "Expected 'model_file' in ",
                  where, ", but got none instead");
       const json& mf = c.config["model_file"];
       const auto want_size = get<uint64_t>(mf, "bytes", where + " model_file");
       const auto want_hash = get<std::string>(mf, "fnv1a64", where + " model_file");
-      auto [size, hash] = size_and_hash(via + kModelFile, shown(kModelFile));
+      auto [size, hash] = named([&] { return size_and_hash(via + kModelFile, shown(kModelFile)); });
       ATTN_CHECK(size == want_size && hex64(hash) == want_hash, "Expected '", shown(kModelFile), "' of ", want_size,
                  " bytes with FNV-1a ", want_hash, " as config.json records, but got ", size, " bytes with FNV-1a ",
                  hex64(hash), " instead: the file is truncated or corrupt");
       std::map<std::string, std::string> meta;
-      try {
-        c.tensors = load_safetensors(via + kModelFile, &meta);
-      } catch (const Error& e) {  // name the user's path, not /proc/self/fd
-        std::string msg = e.what();
-        for (size_t at; (at = msg.find(via + kModelFile)) != std::string::npos;)
-          msg.replace(at, via.size() + std::strlen(kModelFile), shown(kModelFile));
-        throw Error(msg);
-      }
+      c.tensors = named([&] { return load_safetensors(via + kModelFile, &meta); });
       ATTN_CHECK(meta["checkpoint_id"] == id, "Expected '", shown(kModelFile), "' of checkpoint ", id,
                  " (config.json), but got checkpoint '", meta["checkpoint_id"], "' instead: the pair is mixed");
+      validate(c, where);
       ::close(dfd);
       return c;
     } catch (const Error&) {
       const bool retry = attempt < 3 && swapped();
       ::close(dfd);
       if (!retry) throw;
+    } catch (const json::exception& e) {  // none expected after validate(); never let one escape
+      ::close(dfd);
+      throw Error(cat("Expected a valid checkpoint config '", shown(kConfigFile), "', but got '", e.what(), "' instead"));
     }
   }
 }
+
+void set_swap_for_testing(SwapFn swap) { g_swap = swap ? swap : exchange; }
 
 // ---- JSON forms ----
 
@@ -283,3 +406,7 @@ StateDict take_prefixed(StateDict& all, const std::string& prefix) {
 }
 
 }  // namespace attn::ckpt
+
+namespace attn {
+void check_checkpoint_dir(const std::string& dir) { ckpt::prepare(dir); }
+}  // namespace attn

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "attn/check.h"
+#include "attn/file.h"
+#include "attn/memstat.h"
 #include "attn/threads.h"
 #include "attn/train.h"
 #include "checkpoint.h"
@@ -25,12 +27,10 @@ uint64_t stream_seed(uint64_t seed, Stream stream, int64_t step) {
   return mix64(mix64(seed ^ (uint64_t(stream) * 0x9E3779B97F4A7C15ull)) ^ uint64_t(step));
 }
 
+// A text of n bytes becomes about 5n bytes of token ids and splits: refuse what can't fit before reading.
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  ATTN_CHECK(f, "Expected a readable data file '", path, "', but got '", std::strerror(errno), "' instead");
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+  const uint64_t ram = physical_memory_bytes();
+  return read_regular_file(path, "data file", ram ? ram / 8 : UINT64_MAX);
 }
 
 uint64_t below(Rng& rng, uint64_t n) { return rng.next() % n; }  // bias < n / 2^64: negligible
@@ -178,6 +178,10 @@ Trainer::Trainer(const TrainOptions& options, Dataset data) : o_(options), data_
     ATTN_CHECK(data_.split_tokens(split) > T_, "Expected more than block_size + 1 = ", T_ + 1, " characters in the ",
                split ? "val" : "train", " split (90/10) of ", data_.name(), ", but got ", data_.split_tokens(split),
                " instead: use more text or a smaller --block");
+  // Before allocating (batch 2^60 wrapped batch·T and wrote past x_): the step must fit in memory.
+  check_fits_in_memory(gpt_training_bytes_estimate(c, double(o_.batch), double(T_)),
+                       cat("training batch ", o_.batch, " x block ", T_, " tokens of a model of n_layer ", c.n_layer,
+                           ", n_embd ", c.n_embd, ", vocab_size ", c.vocab_size));
   model_ = std::make_unique<Gpt>(c, o_.seed);
   const bool decay_emb = o_.decay_embeddings;
   opt_ = std::make_unique<AdamW>(model_->parameter_list(),

@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 
+#include "attn/file.h"
 #include "attn/viz.h"
 #include "colormap.h"
 
@@ -305,6 +306,7 @@ HeatmapLayout write_png(const std::string& path, View<const float> w, const std:
   ATTN_CHECK(cairo_status(cr) == CAIRO_STATUS_SUCCESS, "Expected drawing to succeed, but got Cairo error '",
              cairo_status_to_string(cairo_status(cr)), "' instead");
   cairo_surface_flush(surface.get());
+  check_path(path, "the PNG path");
   cairo_status_t st = cairo_surface_write_to_png(surface.get(), path.c_str());
   ATTN_CHECK(st == CAIRO_STATUS_SUCCESS, "Expected a writable PNG path, but got '", path, "' (",
              cairo_status_to_string(st), ") instead");

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "attn/file.h"
 #include "attn/viz.h"
 #include "colormap.h"
 #include "view_template.h"
@@ -195,6 +196,7 @@ std::string render_html(const AttentionRecord& r, const HtmlOptions& opt) {
 }
 
 void write_html(const std::string& path, const AttentionRecord& record, const HtmlOptions& options) {
+  check_path(path, "the HTML path");
   std::string page = render_html(record, options);
   std::ofstream f(path, std::ios::binary);
   ATTN_CHECK(f.good(), "Expected a writable path for the HTML page, but got '", path, "' instead");

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "attn/check.h"
+#include "attn/file.h"
 #include "attn/viz.h"
 #include "attn/viz_model.h"
 
@@ -51,6 +52,7 @@ ModelViews write_model_views(const std::string& dir, Gpt& model, const CharToken
   std::vector<std::string> tokens;  // T: one character each
   for (char32_t c : utf8_decode(text)) tokens.push_back(utf8_encode(std::u32string(1, c)));
 
+  check_path(dir, "the output directory");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   ATTN_CHECK(!ec, "Expected to create the output directory '", dir, "', but got '", ec.message(), "' instead");

@@ -1,0 +1,44 @@
+// Checks of numeric flags before CLI11 converts them: the text must be a whole T. CLI11 itself saturates
+// (--steps 99999999999999999999 became 2^63 - 1) and takes "nan" for a double. Not the range checks of
+// each option's meaning: those are the library's (check_options, SampleOptions) or CLI11's validators.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "attn/check.h"
+
+namespace attn {
+
+// A CLI11 validator for a flag of type T: integers in T's range, finite numbers for floating point;
+// anything else passes unchecked.
+template <typename T>
+CLI::Validator number_of() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if constexpr (std::is_same_v<T, bool> || !std::is_arithmetic_v<T>) {
+          return "";
+        } else {
+          T v{};
+          const char *first = s.data(), *last = s.data() + s.size();
+          auto [end, ec] = std::from_chars(first, last, v);
+          if constexpr (std::is_integral_v<T>) {
+            if (ec == std::errc::result_out_of_range || (std::is_unsigned_v<T> && !s.empty() && s[0] == '-'))
+              return cat("Expected an integer in [", std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(),
+                         "], but got ", s, " instead");
+            if (ec != std::errc() || end != last) return cat("Expected an integer, but got '", s, "' instead");
+          } else {
+            if (ec != std::errc() || end != last || !std::isfinite(v))
+              return cat("Expected a finite number, but got '", s, "' instead");
+          }
+          return "";
+        }
+      },
+      std::is_integral_v<T> ? "INT" : "NUMBER");
+}
+
+}  // namespace attn
