@@ -58,7 +58,10 @@ template <typename T>
 class TensorT {
  public:
   TensorT() = default;
-  explicit TensorT(Shape shape);  // zero-filled, 64-byte aligned
+  explicit TensorT(Shape shape, bool zero_fill = true);  // zero-filled (unless told not), 64-byte aligned
+  // Not zero-filled: for a buffer the caller writes in full before reading it (layer outputs, gradients
+  // that a GEMM with beta = 0 or a loop overwrites). Reading it first is reading garbage.
+  static TensorT uninitialized(Shape shape) { return TensorT(std::move(shape), false); }
   static TensorT copy_of(View<const T> src);  // contiguous copy of a (possibly strided) view
   TensorT(TensorT&&) noexcept = default;
   TensorT& operator=(TensorT&&) noexcept = default;

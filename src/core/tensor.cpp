@@ -104,17 +104,17 @@ template <typename T>
 void TensorT<T>::Free::operator()(T* p) const { std::free(p); }
 
 template <typename T>
-TensorT<T>::TensorT(Shape shape) : shape_(std::move(shape)) {
+TensorT<T>::TensorT(Shape shape, bool zero_fill) : shape_(std::move(shape)) {
   for (int64_t d : shape_) ATTN_CHECK(d >= 0, "Expected non-negative sizes, but got ", to_string(shape_), " instead");
   size_t bytes = (static_cast<size_t>(attn::numel(shape_)) * sizeof(T) + 63) / 64 * 64;
   buf_.reset(static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64)));
   if (!buf_) throw std::bad_alloc();
-  std::memset(buf_.get(), 0, bytes);
+  if (zero_fill) std::memset(buf_.get(), 0, bytes);
 }
 
 template <typename T>
 TensorT<T> TensorT<T>::copy_of(View<const T> src) {
-  TensorT t(src.shape);
+  TensorT t = uninitialized(src.shape);  // every element is written below
   T* dst = t.data();
   const int64_t total = t.numel();
   if (total == 0) return t;

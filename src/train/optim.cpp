@@ -7,6 +7,7 @@
 #include <numbers>
 
 #include "attn/check.h"
+#include "attn/threads.h"
 
 namespace attn {
 namespace {
@@ -63,8 +64,14 @@ void AdamW::step(double lr) {
   const float shrink = float(1 - lr * options_.weight_decay);
   for (size_t i = 0; i < params_.size(); ++i) {
     const float decay = decay_[i] ? shrink : 1.0f;  // θ·1 is exact: no branch in the loop
-    adamw_update(params_[i].value->numel(), params_[i].value->data(), params_[i].grad->data(), exp_avg_[i].data(),
-                 exp_avg_sq_[i].data(), decay, w1, b2, w2, bc2_sqrt, eps, step_size);
+    float* theta = params_[i].value->data();
+    const float* g = params_[i].grad->data();
+    float* m = exp_avg_[i].data();
+    float* v = exp_avg_sq_[i].data();
+    // Elementwise, so any split gives the same bits; ~20 operations per element.
+    parallel_for(params_[i].value->numel(), grain_for(20), [&](int64_t b, int64_t e, int) {
+      adamw_update(e - b, theta + b, g + b, m + b, v + b, decay, w1, b2, w2, bc2_sqrt, eps, step_size);
+    });
   }
 }
 
