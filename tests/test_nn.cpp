@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -737,3 +738,75 @@ TEST(Dropout, ReseedRestartsTheStream) {
   }
   EXPECT_LT(same12, y1.numel());
 }
+
+// ---- No wasted copies (issue #9): the Tensor&& entry points keep buffers, and give the View path's bits ----
+
+namespace {
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)) == 0;
+}
+
+TEST(NoCopies, DropoutApplyIsTheIdentityWithoutACopy) {
+  Rng rng(51);
+  Dropout off(0.0, 1), on(0.5, 1);
+  Tensor x = init::randn({4, 8}, rng);
+  const float* p = x.data();
+  Tensor y = off.apply(std::move(x));  // p = 0: the same buffer back
+  EXPECT_EQ(y.data(), p);
+  Tensor g = off.apply_backward(std::move(y));
+  EXPECT_EQ(g.data(), p);
+  on.eval();  // eval mode: the identity too
+  Tensor z = on.apply(std::move(g));
+  EXPECT_EQ(z.data(), p);
+  on.train();  // training with p > 0: forward's masked copy, the same bits as forward()
+  Dropout twin(0.5, 1);
+  Tensor want = twin.forward(z.view());
+  Tensor got = on.apply(std::move(z));
+  EXPECT_NE(got.data(), p);
+  EXPECT_TRUE(same_bits(got, want));
+}
+
+TEST(NoCopies, TemporaryInputsGiveTheSameBitsAsViews) {
+  // Linear and GELU keep a temporary input instead of copying it; GELU's backward writes over dout.
+  Rng rng(52);
+  Tensor x = init::randn({5, 7, 12}, rng), d = init::randn({5, 7, 9}, rng);
+  Linear a(12, 9, true, 3), b(12, 9, true, 3);
+  ActivationLayer ga(Activation::gelu), gb(Activation::gelu);
+  Tensor ya = ga.forward(a.forward(x.view()).view());
+  Tensor xb = Tensor::copy_of(x.view());
+  Tensor yb = gb.forward(b.forward(std::move(xb)));
+  EXPECT_TRUE(same_bits(ya, yb));
+  Tensor da = a.backward(ga.backward(d.view()).view());
+  Tensor dd = Tensor::copy_of(d.view());
+  const float* p = dd.data();
+  Tensor gd = gb.backward(std::move(dd));
+  EXPECT_EQ(gd.data(), p);  // in place
+  Tensor db = b.backward(gd.view());
+  EXPECT_TRUE(same_bits(da, db));
+  EXPECT_TRUE(same_bits(a.weight_grad, b.weight_grad));
+  EXPECT_TRUE(same_bits(a.bias_grad, b.bias_grad));
+}
+
+TEST(NoCopies, EncoderLayerTemporaryGradientGivesTheSameBits) {
+  // Pre-LN backward(Tensor&&) accumulates over dout's buffer; forward_self keeps the norm's output.
+  Rng rng(53);
+  Tensor x = init::randn({2, 9, 16}, rng), d = init::randn({2, 9, 16}, rng);
+  TransformerOptions o;
+  o.d_model = 16, o.nhead = 4, o.dim_feedforward = 24, o.dropout = 0.1, o.activation = Activation::gelu;
+  o.batch_first = true, o.norm_first = true, o.seed = 9;
+  TransformerEncoderLayer a(o), b(o);
+  EncoderArgs args;
+  args.is_causal = true;
+  EXPECT_TRUE(same_bits(a.forward(x.view(), args), b.forward(x.view(), args)));
+  Tensor da = a.backward(d.view());
+  Tensor dd = Tensor::copy_of(d.view());
+  const float* p = dd.data();
+  Tensor db = b.backward(std::move(dd));
+  EXPECT_EQ(db.data(), p);
+  EXPECT_TRUE(same_bits(da, db));
+  std::vector<Param> pa = a.parameter_list(), pb = b.parameter_list();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(same_bits(*pa[i].grad, *pb[i].grad)) << pa[i].name;
+}
+
+}  // namespace

@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 
+#include "attn/profile.h"
 #include "attn/threads.h"
 #include "attn/train.h"
 #include "cli.h"
@@ -87,6 +89,8 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   bind_option(cmd, cli, "--seed", &TrainOptions::seed, "initialisation, data sampling and dropout");
   bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads (0: the CPUs this process may use)")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--untied", cli.untied, "an output head of its own (not tied to wte)");
+  cmd->add_flag("--profile", cli.profile, "after the run, print each part's share of the step time (layers' forward "
+                "and backward, the attention kernel, the optimizer, data)");
   cmd->add_flag("--no-decay-embeddings", cli.no_decay_embeddings, "no weight decay on wte/wpe (nanoGPT decays them)");
   return cmd;
 }
@@ -144,6 +148,8 @@ int run_train(TrainCli& cli) {
   sigaction(SIGINT, &sa, &previous);
   g_interrupted = 0;
 
+  profile::reset();
+  profile::enable(cli.profile);  // only the training steps: evaluation and checkpoints are outside "step"
   const bool tty = ::isatty(STDOUT_FILENO);
   const int64_t first = t->step_count();
   const auto t0 = Clock::now();
@@ -157,7 +163,11 @@ int run_train(TrainCli& cli) {
   bool have_eval = false;
   while (t->step_count() < opt.steps) {
     const auto s0 = Clock::now();
-    StepStats s = t->step();
+    StepStats s;
+    {
+      profile::Scope part("step");
+      s = t->step();
+    }
     train_s += since(s0);
     const int64_t done = t->step_count() - first, step = t->step_count();
     const double tok_s = double(done * t->tokens_per_step()) / train_s;
@@ -195,6 +205,7 @@ int run_train(TrainCli& cli) {
       last_bar = -1;
     }
   }
+  profile::enable(false);
   ev = t->evaluate();
   save(&ev);
   clear_bar();
@@ -204,6 +215,13 @@ int run_train(TrainCli& cli) {
   std::printf("done: %lld steps in %.1f s (%.1f s training, %s tok/s); checkpoint in %s\n", (long long)done,
               since(t0), train_s, rate(done > 0 ? double(done * t->tokens_per_step()) / train_s : 0).c_str(),
               cli.out.c_str());
+  if (cli.profile) {
+    std::printf("profile of the %lld training steps (wall time on the calling thread, %d threads):\n", (long long)done,
+                num_threads());
+    std::ostringstream table;
+    profile::print(table);
+    std::fputs(table.str().c_str(), stdout);
+  }
   return 0;
 }
 

@@ -76,6 +76,9 @@ class MultiheadAttention : public Layer {
   // Any strides with a unit last stride are read in place; other inputs are copied once.
   MhaOutput forward(View<const float> query, View<const float> key, View<const float> value,
                     const MhaArgs& args = {});
+  // Self-attention forward(x, x, x, args) on a temporary: when training, x's buffer is kept as the saved
+  // input instead of a copy.
+  MhaOutput forward_self(Tensor&& x, const MhaArgs& args = {});
 
   // PyTorch's names and order: in_proj_weight (3E, E) when kdim == vdim == E and Hkv == H, else
   // q_proj_weight (E, E), k_proj_weight (Hkv·D, kdim), v_proj_weight (Hkv·D, vdim); in_proj_bias
@@ -125,6 +128,7 @@ class MultiheadAttention : public Layer {
   MhaOptions o_;
   uint64_t dropout_seed_;       // advanced by every forward that applies dropout
   Saved saved_;
+  Tensor* owner_ = nullptr;  // during forward_self: the tensor query views, to keep instead of a copy
   Tensor in_proj_weight_;       // (3E, E) packed, or empty
   Tensor q_proj_weight_;        // (E, E)          } when not packed
   Tensor k_proj_weight_;        // (Hkv·D, kdim)   }

@@ -14,6 +14,9 @@
 //
 // Shapes: x (..., F): any leading dims; a layer works on rows of its last dim. Inputs are read in place
 // when contiguous, else copied once. Outputs are new contiguous tensors of the input's leading shape.
+// A layer that saves its input for backward also takes it as a Tensor&& (a temporary nobody else reads):
+// then it keeps that buffer instead of a copy. Outputs and gradients are allocated without a zero fill
+// where every element is written.
 // MultiheadAttention (mha.h) has the same contract: backward(dout) -> {dquery, dkey, dvalue}.
 #pragma once
 #include <cstdint>
@@ -44,6 +47,7 @@ class Linear : public Layer {
   // torch.nn.Linear: weight (out, in) and bias (out) ~ U(-1/sqrt(in), 1/sqrt(in)).
   Linear(int64_t in_features, int64_t out_features, bool bias = true, uint64_t seed = 0);
   Tensor forward(View<const float> x);      // (..., in) -> (..., out)
+  Tensor forward(Tensor&& x);               // the same; when training, keeps x's buffer as the saved input
   Tensor backward(View<const float> dout);  // (..., out) -> (..., in)
   void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
 
@@ -51,6 +55,7 @@ class Linear : public Layer {
   Tensor weight_grad, bias_grad;  // same shapes
 
  private:
+  Tensor run(View<const float> x, Tensor* owner);
   Tensor x_;  // (N, in): the saved input
 };
 
@@ -79,8 +84,12 @@ class Dropout : public Layer {
   explicit Dropout(double p = 0.5, uint64_t seed = 0);
   // The next forward draws as a fresh Dropout(p, seed) would (per-step streams for a bit-exact resume).
   void reseed(uint64_t seed);
-  Tensor forward(View<const float> x);
+  Tensor forward(View<const float> x);      // a new tensor, also when it is a copy (eval mode, p = 0)
   Tensor backward(View<const float> dout);
+  // Inside a composite layer: x itself (no copy) where dropout is the identity (p = 0 or eval mode),
+  // else forward(x); and dout itself where p = 0, else backward(dout).
+  Tensor apply(Tensor&& x);
+  Tensor apply_backward(Tensor&& dout);
   void parameters(std::vector<Param>&, const std::string& = "") override {}
   double p;
 
@@ -100,11 +109,15 @@ class ActivationLayer : public Layer {
  public:
   explicit ActivationLayer(Activation kind) : kind(kind) {}
   Tensor forward(View<const float> x);
+  Tensor forward(Tensor&& x);  // when training, keeps x's buffer as the saved input
   Tensor backward(View<const float> dout);
+  Tensor backward(Tensor&& dout);  // writes dx over dout's buffer (elementwise, so in place is exact)
   void parameters(std::vector<Param>&, const std::string& = "") override {}
   Activation kind;
 
  private:
+  Tensor run(View<const float> x, Tensor* owner);
+  Tensor run_backward(View<const float> dout, Tensor* owner);
   Tensor x_;
 };
 struct ReLU : ActivationLayer {
@@ -186,6 +199,7 @@ class TransformerEncoderLayer : public Layer {
   // src (L, N, E), (N, L, E) with batch_first, or unbatched (L, E) -> same shape.
   Tensor forward(View<const float> src, const EncoderArgs& args = {});
   Tensor backward(View<const float> dout);  // -> dsrc
+  Tensor backward(Tensor&& dout);           // the same; pre-LN accumulates dsrc over dout's buffer
   // Eval-mode incremental decoding: x holds the T new tokens (layout as forward), attending to
   // themselves and every token already in cache layer `layer` (bottom-right causal); appends their K/V.
   Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer);
@@ -198,6 +212,9 @@ class TransformerEncoderLayer : public Layer {
   FeedForward ff;  // linear1, activation, dropout, linear2
   LayerNorm norm1, norm2;
   Dropout dropout1, dropout2;
+
+ private:
+  Tensor run_backward(View<const float> dout, Tensor* owner);
 };
 
 struct DecoderGrads {

@@ -61,9 +61,12 @@ template <typename T>
 class TensorT {
  public:
   TensorT() = default;
-  // Zero-filled, 64-byte aligned. An Error (before allocating) for a negative size, a byte count that
-  // does not fit in 64 bits, or more bytes than the machine's physical memory.
-  explicit TensorT(Shape shape);
+  // Zero-filled (unless told not), 64-byte aligned. An Error (before allocating) for a negative size, a
+  // byte count that does not fit in 64 bits, or more bytes than the machine's physical memory.
+  explicit TensorT(Shape shape, bool zero_fill = true);
+  // Not zero-filled: for a buffer the caller writes in full before reading it (layer outputs, gradients
+  // that a GEMM with beta = 0 or a loop overwrites). Reading it first is reading garbage.
+  static TensorT uninitialized(Shape shape) { return TensorT(std::move(shape), false); }
   static TensorT copy_of(View<const T> src);  // contiguous copy of a (possibly strided) view
   TensorT(TensorT&&) noexcept = default;
   TensorT& operator=(TensorT&&) noexcept = default;

@@ -11,6 +11,7 @@
 
 #include "attn/gemm.h"
 #include "attn/param.h"
+#include "attn/profile.h"
 #include "attn/rng.h"
 #include "attn/sdpa.h"
 
@@ -26,10 +27,11 @@ View<T> as_btc(View<T> x, bool seq_first) {
   return seq_first ? x.transpose(0, 1) : x;
 }
 
-// A zeroed buffer stored in the input's layout, (T, B, C) when seq_first else (B, T, C), so one gemm
-// covers all rows and the result is already in PyTorch's output layout.
-Tensor new_buffer(bool seq_first, int64_t B, int64_t T, int64_t C) {
-  return seq_first ? Tensor({T, B, C}) : Tensor({B, T, C});
+// A buffer stored in the input's layout, (T, B, C) when seq_first else (B, T, C), so one gemm covers all
+// rows and the result is already in PyTorch's output layout. Zeroed unless `written` says that every
+// element is written before it is read (a gemm output with beta = 0).
+Tensor new_buffer(bool seq_first, int64_t B, int64_t T, int64_t C, bool written = false) {
+  return seq_first ? Tensor({T, B, C}, !written) : Tensor({B, T, C}, !written);
 }
 View<float> btc(Tensor& t, bool seq_first) { return seq_first ? t.view().transpose(0, 1) : t.view(); }
 
@@ -305,8 +307,8 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   // bias_k / bias_v row, then (add_zero_attn) a zero row, left as the buffer's zero fill.
   const bool packed = in_proj_weight_.data() != nullptr;
   auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
-  Tensor q_buf = new_buffer(seq_first, B, L, E), k_buf = new_buffer(seq_first, B, S2, KV),
-         v_buf = new_buffer(seq_first, B, S2, KV);
+  Tensor q_buf = new_buffer(seq_first, B, L, E, true), k_buf = new_buffer(seq_first, B, S2, KV, extra == 0),
+         v_buf = new_buffer(seq_first, B, S2, KV, extra == 0);
   View<float> q = btc(q_buf, seq_first);  // (B, L, E)
   View<float> k = btc(k_buf, seq_first);  // (B, S', Hkv·D)
   View<float> v = btc(v_buf, seq_first);  // (B, S', Hkv·D)
@@ -356,10 +358,13 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     BackendChoice choice = explain(args, out);
     t << "sdpa backend: " << to_string(choice.backend) << " (" << choice.reason << ")\n";
   }
-  sdpa(args, out);
+  {
+    profile::Scope p("sdpa kernel");
+    sdpa(args, out);
+  }
 
   // 5. Output projection, into PyTorch's layout.
-  Tensor output = new_buffer(seq_first, B, L, E);
+  Tensor output = new_buffer(seq_first, B, L, E, true);
   project(ctx, out_proj_weight_.view(), out_proj_bias_.data() ? out_proj_bias_.view() : View<const float>{},
           btc(output, seq_first));
 
@@ -395,7 +400,7 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     Saved& s = saved_;
     s.seq_first = seq_first;
     s.query_shape = query.shape, s.key_shape = key.shape, s.value_shape = value.shape;
-    s.xq = Tensor::copy_of(query);
+    s.xq = owner_ && query.is_contiguous() ? std::move(*owner_) : Tensor::copy_of(query);
     if (!same_view(key, query)) s.xk = Tensor::copy_of(key);
     if (!same_view(value, query)) s.xv = Tensor::copy_of(value);
     s.q = std::move(q_buf), s.k = std::move(k_buf), s.v = std::move(v_buf);
@@ -406,6 +411,15 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     s.valid = true;
   }
   return {std::move(output), std::move(weights)};
+}
+
+MhaOutput MultiheadAttention::forward_self(Tensor&& x, const MhaArgs& a) {
+  owner_ = &x;
+  struct Reset {
+    Tensor*& p;
+    ~Reset() { p = nullptr; }
+  } reset{owner_};  // also when forward throws
+  return forward(x.view(), x.view(), x.view(), a);
 }
 
 // ---- Training: backward ----
@@ -422,11 +436,11 @@ MhaGrads MultiheadAttention::backward(View<const float> dout) {
   const int64_t B = xq.size(0), L = xq.size(1), S = xk.size(1), E = o_.embed_dim, H = o_.num_heads,
                 Hkv = o_.num_kv_heads, KV = Hkv * head_dim();
   const int64_t S2 = S + int64_t(o_.add_bias_kv) + int64_t(o_.add_zero_attn);  // S'
-  Tensor dy_buf = Tensor::copy_of(dout);
-  const View<const float> dy = as_btc(dy_buf.view(), sf);  // (B, L, E)
+  Tensor dy_buf = dout.is_contiguous() ? Tensor() : Tensor::copy_of(dout);  // read in place when contiguous
+  const View<const float> dy = as_btc(dy_buf.data() ? dy_buf.view() : dout, sf);  // (B, L, E)
 
   // 1. Output projection: dctx = dy · W_out, dW_out += dyᵀ · ctx, db_out += Σ dy.
-  Tensor dctx_buf = new_buffer(sf, B, L, E);
+  Tensor dctx_buf = new_buffer(sf, B, L, E, true);
   View<float> dctx = btc(dctx_buf, sf);  // (B, L, E)
   project_backward(btc(s.ctx, sf), out_proj_weight_.view(), dy, dctx, out_proj_weight_grad_.view(),
                    grad_rows(out_proj_bias_grad_, 0, E));
@@ -443,15 +457,19 @@ MhaGrads MultiheadAttention::backward(View<const float> dout) {
   args.seed = s.seed;
   Tensor dq_buf = new_buffer(sf, B, L, E), dk_buf = new_buffer(sf, B, S2, KV), dv_buf = new_buffer(sf, B, S2, KV);
   View<float> dq = btc(dq_buf, sf), dk = btc(dk_buf, sf), dv = btc(dv_buf, sf);  // (B, L, E), (B, S', Hkv·D) ×2
-  sdpa_backward<float>(args, split_heads(btc(s.ctx, sf), H), s.lse.view(), split_heads<const float>(dctx, H),
-                       {split_heads(dq, H), split_heads(dk, Hkv), split_heads(dv, Hkv)});
+  {
+    profile::Scope p("sdpa kernel");
+    sdpa_backward<float>(args, split_heads(btc(s.ctx, sf), H), s.lse.view(), split_heads<const float>(dctx, H),
+                         {split_heads(dq, H), split_heads(dk, Hkv), split_heads(dv, Hkv)});
+  }
 
   // 3. In-projections over the S projected rows of dK, dV; row S (bias_k / bias_v) sums over the batch,
   // the add_zero_attn row has no parameter.
   const bool packed = in_proj_weight_.data() != nullptr;
   auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
   auto weight_grad = [&](int i, Tensor& separate) { return packed ? grad_rows(in_proj_weight_grad_, i * E, E) : separate.view(); };
-  MhaGrads g{Tensor(s.query_shape), Tensor(s.key_shape), Tensor(s.value_shape)};
+  MhaGrads g{Tensor::uninitialized(s.query_shape), Tensor::uninitialized(s.key_shape),
+             Tensor::uninitialized(s.value_shape)};  // every row written by project_backward's beta = 0 gemm
   View<float> dk_rows = dk, dv_rows = dv;  // (B, S, Hkv·D)
   dk_rows.shape[1] = dv_rows.shape[1] = S;
   project_backward(xq, weight(0, q_proj_weight_), dq, as_btc(g.dquery.view(), sf), weight_grad(0, q_proj_weight_grad_),

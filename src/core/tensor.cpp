@@ -121,7 +121,7 @@ template <typename T>
 void TensorT<T>::Free::operator()(T* p) const { std::free(p); }
 
 template <typename T>
-TensorT<T>::TensorT(Shape shape) : shape_(std::move(shape)) {
+TensorT<T>::TensorT(Shape shape, bool zero_fill) : shape_(std::move(shape)) {
   const uint64_t n = uint64_t(attn::numel(shape_));  // checks the sizes
   uint64_t bytes;
   ATTN_CHECK(!__builtin_mul_overflow(n, uint64_t(sizeof(T)), &bytes) && bytes <= UINT64_MAX - 63,
@@ -130,12 +130,12 @@ TensorT<T>::TensorT(Shape shape) : shape_(std::move(shape)) {
   check_fits_in_memory(double(bytes), cat("a tensor of shape ", to_string(shape_)));
   buf_.reset(static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64)));
   if (!buf_) throw std::bad_alloc();
-  std::memset(buf_.get(), 0, bytes);
+  if (zero_fill) std::memset(buf_.get(), 0, bytes);
 }
 
 template <typename T>
 TensorT<T> TensorT<T>::copy_of(View<const T> src) {
-  TensorT t(src.shape);
+  TensorT t = uninitialized(src.shape);  // every element is written below
   T* dst = t.data();
   const int64_t total = t.numel();
   if (total == 0) return t;

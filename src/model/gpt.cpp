@@ -11,6 +11,7 @@
 #include "attn/check.h"
 #include "attn/gemm.h"
 #include "attn/memstat.h"
+#include "attn/profile.h"
 #include "attn/rng.h"
 #include "attn/threads.h"
 
@@ -33,6 +34,17 @@ TransformerOptions block_options(const GptConfig& c, uint64_t seed) {
   return o;
 }
 
+// The model's random streams by name. The constructor derives each from the model seed as
+// mix64(seed ^ k), reseed() each dropout stream from the step's seed as seed ^ k. The values are the ones
+// every checkpoint and golden run was made with: renaming is free, renumbering changes every stream.
+namespace streams {
+constexpr uint64_t kWte = 1, kWpe = 2, kEmbedDropout = 3, kLmHead = 4, kInit = 5, kFirstReseed = 6;
+constexpr uint64_t kBlock0 = 100;  // block i's TransformerOptions::seed: kBlock0 + i
+// reseed(seed): the embedding dropout seed ^ 1; block i's streams seed ^ (kPerBlock·i + k) for these k
+constexpr uint64_t kReseedEmbedDropout = 1, kPerBlock = 16;
+constexpr uint64_t kReseedDropout1 = 2, kReseedDropout2 = 3, kReseedMlpDropout = 4, kReseedAttention = 5;
+}  // namespace streams
+
 GptConfig checked(GptConfig c) {
   ATTN_CHECK(c.vocab_size > 0, "Expected vocab_size > 0, but got ", c.vocab_size, " instead");
   ATTN_CHECK(c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
@@ -52,6 +64,9 @@ GptConfig checked(GptConfig c) {
                            " parameters and their gradients)"));
   return c;
 }
+
+// The profile's name of block i ("block 0"), interned once.
+const char* block_name(size_t i) { return profile::part_name(cat("block ", i)); }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -146,17 +161,17 @@ double gpt_training_bytes_estimate(const GptConfig& c, double B, double T) {
 // ---- Gpt ----
 
 Gpt::Gpt(const GptConfig& config, uint64_t seed)
-    : wte(checked(config).vocab_size, config.n_embd, mix64(seed ^ 1)),
-      wpe(config.block_size, config.n_embd, mix64(seed ^ 2)),
-      drop(config.dropout, mix64(seed ^ 3)),
+    : wte(checked(config).vocab_size, config.n_embd, mix64(seed ^ streams::kWte)),
+      wpe(config.block_size, config.n_embd, mix64(seed ^ streams::kWpe)),
+      drop(config.dropout, mix64(seed ^ streams::kEmbedDropout)),
       ln_f(config.n_embd, 1e-5, true, config.bias),
       lm_head(config.tie_weights ? 1 : config.n_embd, config.tie_weights ? 1 : config.vocab_size, false,
-              mix64(seed ^ 4)),
+              mix64(seed ^ streams::kLmHead)),
       c_(checked(config)) {
   h.reserve(size_t(c_.n_layer));
-  for (int64_t i = 0; i < c_.n_layer; ++i) h.emplace_back(block_options(c_, mix64(seed ^ (100 + uint64_t(i)))));
+  for (int64_t i = 0; i < c_.n_layer; ++i) h.emplace_back(block_options(c_, mix64(seed ^ (streams::kBlock0 + uint64_t(i)))));
   // nanoGPT's _init_weights and its scaled init of c_proj (our out_proj and linear2).
-  Rng rng(mix64(seed ^ 5));
+  Rng rng(mix64(seed ^ streams::kInit));
   const double std_resid = 0.02 / std::sqrt(2.0 * double(c_.n_layer));
   for (const Param& p : parameter_list()) {
     if (p.value->shape().size() >= 2) {
@@ -166,7 +181,7 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed)
       std::fill_n(p.value->data(), p.value->numel(), 0.0f);
     }
   }
-  reseed(mix64(seed ^ 6));
+  reseed(mix64(seed ^ streams::kFirstReseed));
 }
 
 void Gpt::parameters(std::vector<Param>& out, const std::string& prefix) {
@@ -192,12 +207,14 @@ int64_t Gpt::num_parameters() {
 
 void Gpt::reseed(uint64_t seed) {
   // Every dropout stream restarts from f(seed, which layer), so a resumed run draws an uninterrupted run's masks.
-  drop.reseed(seed ^ 1);
+  using namespace streams;
+  drop.reseed(seed ^ kReseedEmbedDropout);
   for (size_t i = 0; i < h.size(); ++i) {
-    h[i].dropout1.reseed(seed ^ (16 * i + 2));
-    h[i].dropout2.reseed(seed ^ (16 * i + 3));
-    h[i].ff.dropout.reseed(seed ^ (16 * i + 4));
-    h[i].self_attn.reseed(seed ^ (16 * i + 5));
+    const uint64_t block = kPerBlock * i;
+    h[i].dropout1.reseed(seed ^ (block + kReseedDropout1));
+    h[i].dropout2.reseed(seed ^ (block + kReseedDropout2));
+    h[i].ff.dropout.reseed(seed ^ (block + kReseedMlpDropout));
+    h[i].self_attn.reseed(seed ^ (block + kReseedAttention));
   }
 }
 
@@ -215,13 +232,26 @@ Tensor Gpt::embed(const int64_t* idx, int64_t B, int64_t T, int64_t pos0) {
 }
 
 Tensor Gpt::forward(const int64_t* idx, int64_t B, int64_t T) {
-  Tensor x = embed(idx, B, T, 0);
+  profile::Scope part("forward");
+  Tensor x;
+  {
+    profile::Scope p("embed");
+    x = embed(idx, B, T, 0);
+  }
   EncoderArgs args;
   args.is_causal = true;
-  for (auto& block : h) x = block.forward(x.view(), args);
-  Tensor y = ln_f.forward(x.view());  // (B, T, E)
+  for (size_t i = 0; i < h.size(); ++i) {
+    profile::Scope p(block_name(i));
+    x = h[i].forward(x.view(), args);
+  }
   const int64_t V = c_.vocab_size, E = c_.n_embd;
-  Tensor logits({B, T, V});
+  Tensor y;
+  {
+    profile::Scope p("ln_f");
+    y = ln_f.forward(x.view());  // (B, T, E)
+  }
+  profile::Scope p("lm_head");
+  Tensor logits = Tensor::uninitialized({B, T, V});  // the gemm's beta = 0 writes every element
   linear<float>(y.view().reshape({B * T, E}), head_weight(), {}, logits.view().reshape({B * T, V}));
   if (training_) {
     y_ = std::move(y);
@@ -235,15 +265,27 @@ void Gpt::backward(View<const float> dlogits) {
   const int64_t B = B_, T = T_, V = c_.vocab_size, E = c_.n_embd;
   ATTN_CHECK(dlogits.shape == Shape({B, T, V}), "Expected dlogits of shape ", to_string({B, T, V}), ", but got ",
              to_string(dlogits.shape), " instead");
+  profile::Scope part("backward");
   Tensor dlog = dlogits.is_contiguous() ? Tensor() : Tensor::copy_of(dlogits);
   const float* dl = dlog.data() ? dlog.data() : dlogits.data;
   // The head: logits = y · Wᵀ, so dy = dlogits · W and dW += dlogitsᵀ · y.
-  Tensor dy({B, T, E});
+  Tensor dy = Tensor::uninitialized({B, T, E});  // the gemm's beta = 0 writes every element
   Tensor& dw = c_.tie_weights ? wte.weight_grad : lm_head.weight_grad;
-  linear_backward(y_.view().reshape({B * T, E}), head_weight(), View<const float>(dl, {B * T, V}),
-                  dy.view().reshape({B * T, E}), dw.view(), {});
-  Tensor dx = ln_f.backward(dy.view());
-  for (size_t i = h.size(); i-- > 0;) dx = h[i].backward(dx.view());
+  {
+    profile::Scope p("lm_head");
+    linear_backward(y_.view().reshape({B * T, E}), head_weight(), View<const float>(dl, {B * T, V}),
+                    dy.view().reshape({B * T, E}), dw.view(), {});
+  }
+  Tensor dx;
+  {
+    profile::Scope p("ln_f");
+    dx = ln_f.backward(dy.view());
+  }
+  for (size_t i = h.size(); i-- > 0;) {
+    profile::Scope p(block_name(i));
+    dx = h[i].backward(std::move(dx));  // the block accumulates over dx's buffer
+  }
+  profile::Scope p("embed");
   if (c_.dropout > 0) dx = drop.backward(dx.view());
   wte.backward(dx.view());
   wpe.backward(sum_batch(dx.view()).view());
@@ -255,7 +297,11 @@ float Gpt::forward_backward(const int64_t* idx, const int64_t* targets, int64_t 
   Tensor logits = forward(idx, B, T);
   const int64_t V = c_.vocab_size;
   View<float> rows = logits.view().reshape({B * T, V});
-  const float loss = cross_entropy(rows, targets, rows);  // dlogits overwrite the logits in place
+  float loss;
+  {
+    profile::Scope p("cross_entropy");
+    loss = cross_entropy(rows, targets, rows);  // dlogits overwrite the logits in place
+  }
   backward(logits.view());
   return loss;
 }

@@ -81,19 +81,23 @@ void Linear::parameters(std::vector<Param>& out, const std::string& prefix) {
   if (bias.data()) out.push_back({prefix + "bias", &bias, &bias_grad});
 }
 
-Tensor Linear::forward(View<const float> x) {
+Tensor Linear::forward(View<const float> x) { return run(x, nullptr); }
+Tensor Linear::forward(Tensor&& x) { return run(x.view(), &x); }
+
+// owner: the tensor x views, which may be kept as the saved input instead of a copy (nullptr: copy).
+Tensor Linear::run(View<const float> x, Tensor* owner) {
   const int64_t in = weight.size(1), out = weight.size(0);
   ATTN_CHECK(x.rank() >= 1 && x.size(-1) == in, "Expected input (..., in_features) with in_features = ", in,
              ", but got shape ", to_string(x.shape), " instead");
   Tensor storage;
   View<const float> rows = as_rows(x, storage);  // (N, in)
   if (training_) {
-    x_ = storage.data() ? std::move(storage) : Tensor::copy_of(x);
+    x_ = storage.data() ? std::move(storage) : owner ? std::move(*owner) : Tensor::copy_of(x);
     rows = {x_.data(), rows.shape};
   } else {
     x_ = Tensor();
   }
-  Tensor y(with_last(x.shape, out));  // (..., out)
+  Tensor y = Tensor::uninitialized(with_last(x.shape, out));  // (..., out): linear() writes every element
   linear<float>(rows, weight.view(), bias.data() ? bias.view() : View<const float>{}, y.view().reshape({rows.size(0), out}));
   return y;
 }
@@ -104,7 +108,7 @@ Tensor Linear::backward(View<const float> dout) {
   check_dout(dout, with_last(x_.shape(), out), "Linear");
   Tensor storage;
   View<const float> dy = as_rows(dout, storage);  // (N, out)
-  Tensor dx(x_.shape());                          // (..., in)
+  Tensor dx = Tensor::uninitialized(x_.shape());  // (..., in): the gemm's beta = 0 overwrites it
   linear_backward({x_.data(), {N, in}}, weight.view(), dy, dx.view().reshape({N, in}), weight_grad.view(),
                   opt(bias_grad));
   return dx;
@@ -135,10 +139,10 @@ Tensor LayerNorm::forward(View<const float> x) {
   const int64_t N = rows.size(0), F = rows.size(1);
   ATTN_CHECK(!weight.data() || F == weight.size(0), "Expected input (..., F) with F = ", weight.size(0),
              ", but got shape ", to_string(x.shape), " instead");
-  Tensor y(x.shape);
+  Tensor y = Tensor::uninitialized(x.shape);  // y, xhat and rstd: every row is written below
   if (training_) {
-    xhat_ = Tensor(x.shape);
-    rstd_ = Tensor({N});
+    xhat_ = Tensor::uninitialized(x.shape);
+    rstd_ = Tensor::uninitialized({N});
   } else {
     xhat_ = Tensor();
     rstd_ = Tensor();
@@ -176,7 +180,7 @@ Tensor LayerNorm::backward(View<const float> dout) {
   const int64_t N = dy.size(0), F = dy.size(1);
   const float* xhat = xhat_.data();
   const float* w = weight.data();
-  Tensor dx(xhat_.shape());
+  Tensor dx = Tensor::uninitialized(xhat_.shape());  // every row written below
   // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · weight
   parallel_for(N, grain_for(4 * F), [&](int64_t r0, int64_t r1, int) {
   for (int64_t r = r0; r < r1; ++r) {
@@ -220,9 +224,9 @@ namespace {
 Tensor apply_dropout(View<const float> x, double p, uint64_t seed) {
   Tensor storage;
   View<const float> rows = as_rows(x, storage);
-  Tensor y(x.shape);
+  if (p >= 1) return Tensor(x.shape);  // everything dropped (zeros); 1/(1 - p) would be inf
+  Tensor y = Tensor::uninitialized(x.shape);
   const int64_t n = y.numel();
-  if (p >= 1) return y;  // everything dropped; 1/(1 - p) would be inf
   const uint32_t threshold = dropout_threshold(p);
   const float scale = float(1.0 / (1.0 - p));
   const float* px = rows.data;
@@ -251,6 +255,10 @@ Tensor Dropout::backward(View<const float> dout) {
   return apply_dropout(dout, p, last_seed_);
 }
 
+// The identity costs nothing: no copy, and the seed stream does not advance (as in forward()).
+Tensor Dropout::apply(Tensor&& x) { return training_ && p > 0 ? forward(x.view()) : std::move(x); }
+Tensor Dropout::apply_backward(Tensor&& dout) { return p > 0 ? backward(dout.view()) : std::move(dout); }
+
 // ---- Activations ----
 
 Activation parse_activation(const std::string& name) {
@@ -276,10 +284,16 @@ GELU::GELU(const std::string& approximate)
              approximate, "' instead");
 }
 
-Tensor ActivationLayer::forward(View<const float> x) {
+Tensor ActivationLayer::forward(View<const float> x) { return run(x, nullptr); }
+Tensor ActivationLayer::forward(Tensor&& x) { return run(x.view(), &x); }
+Tensor ActivationLayer::backward(View<const float> dout) { return run_backward(dout, nullptr); }
+Tensor ActivationLayer::backward(Tensor&& dout) { return run_backward(dout.view(), &dout); }
+
+// owner: the tensor x views, kept as the saved input instead of a copy (nullptr: copy).
+Tensor ActivationLayer::run(View<const float> x, Tensor* owner) {
   Tensor storage;
   View<const float> rows = as_rows(x, storage);
-  Tensor y(x.shape);
+  Tensor y = Tensor::uninitialized(x.shape);  // every element written below
   const int64_t n = y.numel();
   const float* px = rows.data;
   float* py = y.data();
@@ -291,16 +305,17 @@ Tensor ActivationLayer::forward(View<const float> x) {
     const bool approx = kind == Activation::gelu_tanh;
     parallel_for(n, grain_for(16), [&](int64_t b, int64_t e, int) { gelu_forward(px + b, py + b, e - b, approx); });
   }
-  x_ = training_ ? (storage.data() ? std::move(storage) : Tensor::copy_of(x)) : Tensor();
+  x_ = !training_ ? Tensor() : storage.data() ? std::move(storage) : owner ? std::move(*owner) : Tensor::copy_of(x);
   return y;
 }
 
-Tensor ActivationLayer::backward(View<const float> dout) {
+// owner: the tensor dout views; dx is written over it when it is contiguous (nullptr: a new dx).
+Tensor ActivationLayer::run_backward(View<const float> dout, Tensor* owner) {
   check_saved(x_.data() != nullptr, to_string(kind));
   check_dout(dout, x_.shape(), to_string(kind));
   Tensor storage;
   View<const float> dy = as_rows(dout, storage);
-  Tensor dx(x_.shape());
+  Tensor dx = owner && !storage.data() ? std::move(*owner) : Tensor::uninitialized(x_.shape());  // all written
   const int64_t n = dx.numel();
   const float* px = x_.data();
   const float* pg = dy.data;
@@ -338,7 +353,7 @@ Tensor Embedding::forward(const int64_t* ids, const Shape& shape) {
                " at position ", i, " instead");
   Shape out_shape = shape;
   out_shape.push_back(E);
-  Tensor y(out_shape);  // (shape..., E)
+  Tensor y = Tensor::uninitialized(out_shape);  // (shape..., E): every row copied below
   for (int64_t i = 0; i < n; ++i) std::memcpy(y.data() + i * E, weight.data() + ids[i] * E, sizeof(float) * size_t(E));
   ids_.clear();
   saved_shape_.clear();
@@ -364,12 +379,18 @@ void Embedding::backward(View<const float> dout) {
 
 // ---- FeedForward ----
 
+namespace {
+constexpr uint64_t kLinear1Stream = 1, kLinear2Stream = 2, kDropoutStream = 3;
+}  // namespace
+
 FeedForward::FeedForward(int64_t d_model, int64_t dim_feedforward, Activation act_kind, double p, bool has_bias,
                          uint64_t seed)
-    : linear1(d_model, dim_feedforward, has_bias, mix64(seed ^ 1)),
-      linear2(dim_feedforward, d_model, has_bias, mix64(seed ^ 2)),
+    // The children's streams, mix64(seed ^ k) for k = 1 (linear1), 2 (linear2), 3 (dropout): values as
+    // first released, so every initialisation stays.
+    : linear1(d_model, dim_feedforward, has_bias, mix64(seed ^ kLinear1Stream)),
+      linear2(dim_feedforward, d_model, has_bias, mix64(seed ^ kLinear2Stream)),
       activation(act_kind),
-      dropout(p, mix64(seed ^ 3)) {}
+      dropout(p, mix64(seed ^ kDropoutStream)) {}
 
 void FeedForward::parameters(std::vector<Param>& out, const std::string& prefix) {
   linear1.parameters(out, prefix + "linear1.");
@@ -381,17 +402,13 @@ void FeedForward::train(bool on) {
   for (Layer* l : std::initializer_list<Layer*>{&linear1, &linear2, &activation, &dropout}) l->train(on);
 }
 
+// Each intermediate is handed on as a temporary, so the layer that saves it keeps it (no copies).
 Tensor FeedForward::forward(View<const float> x) {
-  Tensor h = linear1.forward(x);
-  h = activation.forward(h.view());
-  h = dropout.forward(h.view());
-  return linear2.forward(h.view());
+  return linear2.forward(dropout.apply(activation.forward(linear1.forward(x))));
 }
 
 Tensor FeedForward::backward(View<const float> dout) {
-  Tensor g = linear2.backward(dout);
-  g = dropout.backward(g.view());
-  g = activation.backward(g.view());
+  Tensor g = activation.backward(dropout.apply_backward(linear2.backward(dout)));  // in place
   return linear1.backward(g.view());
 }
 

@@ -3,9 +3,18 @@
 // layers only wire them together; the backward is the forward read bottom-up, a residual passing its
 // gradient to both sides. No attention or matrix math here.
 #include "attn/nn.h"
+#include "attn/profile.h"
 
 namespace attn {
 namespace {
+
+// The layers' random streams by name: child seeds are mix64(options.seed ^ k). Values as first released
+// (renumbering changes every initialisation and dropout mask).
+namespace streams {
+constexpr uint64_t kEncSelfAttn = 11, kEncFeedForward = 12, kEncDropout1 = 13, kEncDropout2 = 14;
+constexpr uint64_t kDecSelfAttn = 21, kDecCrossAttn = 22, kDecFeedForward = 23;
+constexpr uint64_t kDecDropout1 = 24, kDecDropout2 = 25, kDecDropout3 = 26;
+}  // namespace streams
 
 MhaOptions attention_options(const TransformerOptions& o, uint64_t seed) {
   MhaOptions m;
@@ -19,21 +28,39 @@ MhaOptions attention_options(const TransformerOptions& o, uint64_t seed) {
   return m;
 }
 
-Tensor attend(MultiheadAttention& mha, View<const float> q, View<const float> kv, const Mask<float>& mask,
-              const Mask<float>& padding, bool causal) {
+MhaArgs attend_args(const Mask<float>& mask, const Mask<float>& padding, bool causal) {
   MhaArgs a;
   a.key_padding_mask = padding;
   a.need_weights = false;
   a.attn_mask = mask;
   a.is_causal = causal;
-  return std::move(mha.forward(q, kv, kv, a).output);
+  return a;
 }
 
-// x + y, the residual connection, into a new tensor.
-Tensor plus(View<const float> x, const Tensor& y) {
-  Tensor r = Tensor::copy_of(x);
-  add_(r.view(), y.view());
-  return r;
+Tensor attend(MultiheadAttention& mha, View<const float> q, View<const float> kv, const Mask<float>& mask,
+              const Mask<float>& padding, bool causal) {
+  return std::move(mha.forward(q, kv, kv, attend_args(mask, padding, causal)).output);
+}
+
+// Self-attention on a temporary x (a norm's output), which the attention keeps instead of a copy.
+Tensor attend_self(MultiheadAttention& mha, Tensor&& x, const Mask<float>& mask, const Mask<float>& padding,
+                   bool causal) {
+  return std::move(mha.forward_self(std::move(x), attend_args(mask, padding, causal)).output);
+}
+
+// x + y, the residual connection, written over the branch's output y (no copy of x). Float addition
+// commutes exactly, so y + x has the bits of x + y.
+Tensor plus(View<const float> x, Tensor&& y) {
+  add_(y.view(), x);
+  return std::move(y);
+}
+
+// The gradient through a branch's dropout: g itself where the dropout is the identity (p = 0: no copy),
+// else the masked gradient, kept in `storage`.
+View<const float> through(Dropout& d, const Tensor& g, Tensor& storage) {
+  if (d.p == 0) return g.view();
+  storage = d.backward(g.view());
+  return storage.view();
 }
 
 // Self-attention gets one input three times: its gradient is the sum of the three.
@@ -52,12 +79,12 @@ void accumulate(Tensor& g, const Tensor& branch) { add_(g.view(), branch.view())
 
 TransformerEncoderLayer::TransformerEncoderLayer(const TransformerOptions& o)
     : options(o),
-      self_attn(attention_options(o, mix64(o.seed ^ 11))),
-      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.bias, mix64(o.seed ^ 12)),
+      self_attn(attention_options(o, mix64(o.seed ^ streams::kEncSelfAttn))),
+      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.bias, mix64(o.seed ^ streams::kEncFeedForward)),
       norm1(o.d_model, o.layer_norm_eps, true, o.bias),
       norm2(o.d_model, o.layer_norm_eps, true, o.bias),
-      dropout1(o.dropout, mix64(o.seed ^ 13)),
-      dropout2(o.dropout, mix64(o.seed ^ 14)) {}
+      dropout1(o.dropout, mix64(o.seed ^ streams::kEncDropout1)),
+      dropout2(o.dropout, mix64(o.seed ^ streams::kEncDropout2)) {}
 
 void TransformerEncoderLayer::parameters(std::vector<Param>& out, const std::string& prefix) {
   self_attn.parameters(out, prefix + "self_attn.");
@@ -73,11 +100,18 @@ void TransformerEncoderLayer::train(bool on) {
 
 Tensor TransformerEncoderLayer::forward(View<const float> src, const EncoderArgs& a) {
   auto sa = [&](View<const float> x) {  // dropout1(self_attn(x, x, x))
-    return dropout1.forward(attend(self_attn, x, x, a.src_mask, a.src_key_padding_mask, a.is_causal).view());
+    return dropout1.apply(attend(self_attn, x, x, a.src_mask, a.src_key_padding_mask, a.is_causal));
   };
-  auto ffb = [&](View<const float> x) { return dropout2.forward(ff.forward(x).view()); };
+  auto ffb = [&](View<const float> x) { return dropout2.apply(ff.forward(x)); };
   if (options.norm_first) {  // x = x + sa(norm1(x)); x = x + ff(norm2(x))
-    Tensor x1 = plus(src, sa(norm1.forward(src).view()));
+    Tensor x1;
+    {
+      profile::Scope p("attention");
+      // x1 = src + dropout1(self_attn(norm1(src))), the norm's output handed to the attention to keep
+      x1 = plus(src, dropout1.apply(attend_self(self_attn, norm1.forward(src), a.src_mask, a.src_key_padding_mask,
+                                                a.is_causal)));
+    }
+    profile::Scope p("mlp");
     return plus(x1.view(), ffb(norm2.forward(x1.view()).view()));
   }
   // x = norm1(x + sa(x)); x = norm2(x + ff(x))
@@ -85,12 +119,26 @@ Tensor TransformerEncoderLayer::forward(View<const float> src, const EncoderArgs
   return norm2.forward(plus(x1.view(), ffb(x1.view())).view());
 }
 
-Tensor TransformerEncoderLayer::backward(View<const float> dout) {
-  auto sa = [&](const Tensor& g) { return sum3(self_attn.backward(dropout1.backward(g.view()).view())); };
-  auto ffb = [&](const Tensor& g) { return ff.backward(dropout2.backward(g.view()).view()); };
+Tensor TransformerEncoderLayer::backward(View<const float> dout) { return run_backward(dout, nullptr); }
+Tensor TransformerEncoderLayer::backward(Tensor&& dout) { return run_backward(dout.view(), &dout); }
+
+// owner: the tensor dout views, whose buffer pre-LN may take as the residual stream's gradient.
+Tensor TransformerEncoderLayer::run_backward(View<const float> dout, Tensor* owner) {
+  auto sa = [&](const Tensor& g) {
+    Tensor t;
+    return sum3(self_attn.backward(through(dropout1, g, t)));
+  };
+  auto ffb = [&](const Tensor& g) {
+    Tensor t;
+    return ff.backward(through(dropout2, g, t));
+  };
   if (options.norm_first) {
-    Tensor g1 = Tensor::copy_of(dout);                       // d x1
-    accumulate(g1, norm2.backward(ffb(g1).view()));
+    Tensor g1 = owner ? std::move(*owner) : Tensor::copy_of(dout);  // d x1, accumulated in place
+    {
+      profile::Scope p("mlp");
+      accumulate(g1, norm2.backward(ffb(g1).view()));
+    }
+    profile::Scope p("attention");
     accumulate(g1, norm1.backward(sa(g1).view()));  // d src
     return g1;
   }
@@ -116,15 +164,15 @@ Tensor TransformerEncoderLayer::forward_cached(View<const float> x, KVCache& cac
 
 TransformerDecoderLayer::TransformerDecoderLayer(const TransformerOptions& o)
     : options(o),
-      self_attn(attention_options(o, mix64(o.seed ^ 21))),
-      multihead_attn(attention_options(o, mix64(o.seed ^ 22))),
-      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.bias, mix64(o.seed ^ 23)),
+      self_attn(attention_options(o, mix64(o.seed ^ streams::kDecSelfAttn))),
+      multihead_attn(attention_options(o, mix64(o.seed ^ streams::kDecCrossAttn))),
+      ff(o.d_model, o.dim_feedforward, o.activation, o.dropout, o.bias, mix64(o.seed ^ streams::kDecFeedForward)),
       norm1(o.d_model, o.layer_norm_eps, true, o.bias),
       norm2(o.d_model, o.layer_norm_eps, true, o.bias),
       norm3(o.d_model, o.layer_norm_eps, true, o.bias),
-      dropout1(o.dropout, mix64(o.seed ^ 24)),
-      dropout2(o.dropout, mix64(o.seed ^ 25)),
-      dropout3(o.dropout, mix64(o.seed ^ 26)) {}
+      dropout1(o.dropout, mix64(o.seed ^ streams::kDecDropout1)),
+      dropout2(o.dropout, mix64(o.seed ^ streams::kDecDropout2)),
+      dropout3(o.dropout, mix64(o.seed ^ streams::kDecDropout3)) {}
 
 void TransformerDecoderLayer::parameters(std::vector<Param>& out, const std::string& prefix) {
   self_attn.parameters(out, prefix + "self_attn.");
@@ -144,13 +192,12 @@ void TransformerDecoderLayer::train(bool on) {
 
 Tensor TransformerDecoderLayer::forward(View<const float> tgt, View<const float> memory, const DecoderArgs& a) {
   auto sa = [&](View<const float> x) {
-    return dropout1.forward(attend(self_attn, x, x, a.tgt_mask, a.tgt_key_padding_mask, a.tgt_is_causal).view());
+    return dropout1.apply(attend(self_attn, x, x, a.tgt_mask, a.tgt_key_padding_mask, a.tgt_is_causal));
   };
   auto mha = [&](View<const float> x) {
-    return dropout2.forward(
-        attend(multihead_attn, x, memory, a.memory_mask, a.memory_key_padding_mask, a.memory_is_causal).view());
+    return dropout2.apply(attend(multihead_attn, x, memory, a.memory_mask, a.memory_key_padding_mask, a.memory_is_causal));
   };
-  auto ffb = [&](View<const float> x) { return dropout3.forward(ff.forward(x).view()); };
+  auto ffb = [&](View<const float> x) { return dropout3.apply(ff.forward(x)); };
   if (options.norm_first) {  // x += sa(norm1(x)); x += mha(norm2(x), memory); x += ff(norm3(x))
     Tensor x1 = plus(tgt, sa(norm1.forward(tgt).view()));
     Tensor x2 = plus(x1.view(), mha(norm2.forward(x1.view()).view()));
@@ -163,15 +210,22 @@ Tensor TransformerDecoderLayer::forward(View<const float> tgt, View<const float>
 }
 
 DecoderGrads TransformerDecoderLayer::backward(View<const float> dout) {
-  auto sa = [&](const Tensor& g) { return sum3(self_attn.backward(dropout1.backward(g.view()).view())); };
+  auto sa = [&](const Tensor& g) {
+    Tensor t;
+    return sum3(self_attn.backward(through(dropout1, g, t)));
+  };
   Tensor dmemory;
   auto mha = [&](const Tensor& g) {  // d query; d key + d value go to memory
-    MhaGrads m = multihead_attn.backward(dropout2.backward(g.view()).view());
+    Tensor t;
+    MhaGrads m = multihead_attn.backward(through(dropout2, g, t));
     add_(m.dkey.view(), m.dvalue.view());
     dmemory = std::move(m.dkey);
     return std::move(m.dquery);
   };
-  auto ffb = [&](const Tensor& g) { return ff.backward(dropout3.backward(g.view()).view()); };
+  auto ffb = [&](const Tensor& g) {
+    Tensor t;
+    return ff.backward(through(dropout3, g, t));
+  };
   if (options.norm_first) {
     Tensor g = Tensor::copy_of(dout);  // d x2
     accumulate(g, norm3.backward(ffb(g).view()));

@@ -7,26 +7,10 @@
 #include <numbers>
 
 #include "attn/check.h"
+#include "attn/threads.h"
+#include "adamw_update.h"
 
 namespace attn {
-namespace {
-
-// The elementwise AdamW update of n parameters. (Scalar code: without -fno-math-errno GCC keeps sqrt behind
-// an errno branch; at ~3% of a nanogpt-cpu step it is not worth intrinsics.)
-void adamw_update(int64_t n, float* __restrict theta, const float* __restrict g, float* __restrict m,
-                  float* __restrict v, float decay, float w1, float b2, float w2, float bc2_sqrt, float eps,
-                  float step_size) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float t = theta[j] * decay;                      // param.mul_(1 - lr·wd)
-    m[j] = m[j] + w1 * (g[j] - m[j]);                      // exp_avg.lerp_(grad, 1 - β1), weight < 0.5 branch
-    v[j] = v[j] * b2 + (w2 * g[j]) * g[j];                 // exp_avg_sq.mul_(β2).addcmul_(g, g, value=1 - β2)
-    const float denom = std::sqrt(v[j]) / bc2_sqrt + eps;  // (sqrt(v) / sqrt(bc2)).add_(eps)
-    theta[j] = t + (-step_size * m[j]) / denom;            // param.addcdiv_(m, denom, value=-step_size)
-  }
-}
-
-}  // namespace
-
 bool nanogpt_decays(const Param& p, bool decay_embeddings) {
   if (p.value->shape().size() < 2) return false;
   if (!decay_embeddings && (p.name.find("wte") != std::string::npos || p.name.find("wpe") != std::string::npos))
@@ -63,8 +47,15 @@ void AdamW::step(double lr) {
   const float shrink = float(1 - lr * options_.weight_decay);
   for (size_t i = 0; i < params_.size(); ++i) {
     const float decay = decay_[i] ? shrink : 1.0f;  // θ·1 is exact: no branch in the loop
-    adamw_update(params_[i].value->numel(), params_[i].value->data(), params_[i].grad->data(), exp_avg_[i].data(),
-                 exp_avg_sq_[i].data(), decay, w1, b2, w2, bc2_sqrt, eps, step_size);
+    float* theta = params_[i].value->data();
+    const float* g = params_[i].grad->data();
+    float* m = exp_avg_[i].data();
+    float* v = exp_avg_sq_[i].data();
+    // Elementwise, so any split gives the same bits; ~20 operations per element.
+    const AdamWScalars sc{decay, w1, b2, w2, bc2_sqrt, eps, step_size};
+    parallel_for(params_[i].value->numel(), grain_for(20), [&](int64_t b, int64_t e, int) {
+      adamw_update(e - b, theta + b, g + b, m + b, v + b, sc);  // SIMD (adamw_update.cpp)
+    });
   }
 }
 

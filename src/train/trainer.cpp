@@ -12,6 +12,7 @@
 #include "attn/check.h"
 #include "attn/file.h"
 #include "attn/memstat.h"
+#include "attn/profile.h"
 #include "attn/threads.h"
 #include "attn/train.h"
 #include "checkpoint.h"
@@ -194,15 +195,25 @@ Trainer::Trainer(const TrainOptions& options, Dataset data) : o_(options), data_
 LrSchedule Trainer::schedule() const { return {o_.lr, o_.min_lr, o_.warmup, o_.lr_decay_steps}; }
 
 StepStats Trainer::step() {
-  Rng rng(stream_seed(o_.seed, kTrainBatch, step_));
-  data_.batch(0, o_.batch, T_, rng, x_.data(), y_.data());
+  {
+    profile::Scope p("data");
+    Rng rng(stream_seed(o_.seed, kTrainBatch, step_));
+    data_.batch(0, o_.batch, T_, rng, x_.data(), y_.data());
+  }
   model_->train();
   model_->reseed(stream_seed(o_.seed, kDropout, step_));
-  opt_->zero_grad();
+  {
+    profile::Scope p("zero_grad");
+    opt_->zero_grad();
+  }
   StepStats s;
-  s.loss = model_->forward_backward(x_.data(), y_.data(), o_.batch, T_);
-  s.grad_norm = clip_grad_norm(opt_->params(), o_.grad_clip);
+  s.loss = model_->forward_backward(x_.data(), y_.data(), o_.batch, T_);  // profiled inside
+  {
+    profile::Scope p("clip_grad_norm");
+    s.grad_norm = clip_grad_norm(opt_->params(), o_.grad_clip);
+  }
   s.lr = schedule().at(step_);
+  profile::Scope p("optimizer");
   opt_->step(s.lr);
   ++step_;
   return s;
