@@ -3,6 +3,7 @@
 
 #include "attn/check.h"
 #include "attn/threads.h"
+#include "attn/version.h"
 
 namespace py = pybind11;
 
@@ -16,6 +17,7 @@ void bind_gpt(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
+  m.attr("__version__") = ATTN_VERSION;
   py::register_exception<attn::Error>(m, "AttnError", PyExc_ValueError);
   m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads for attn kernels and OpenBLAS.");
   m.def("get_num_threads", &attn::num_threads);

@@ -18,7 +18,8 @@ if ((${#missing[@]})); then
 fi
 
 # Python: torch pinned to 2.13.0, the CPU build; an unpinned torch pulls a CUDA build of several GB.
-PY_REQS=(numpy pybind11 pytest hypothesis safetensors playwright "torch==2.13.0")
+# scikit-build-core: pyproject.toml's build backend, for `pip install .` (tests/python/test_packaging.py).
+PY_REQS=(numpy pybind11 scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0")
 [ -x .venv/bin/python ] || python3 -m venv .venv
 if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
