@@ -3,17 +3,20 @@
 #include <cstdio>
 
 #include "attn/check.h"
+#include "attn/version.h"
 #include "cli.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: multi-head attention from the formula to a trained model"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "attn " ATTN_VERSION);
+  app.option_defaults()->always_capture_default();  // every --help shows each option's default
   auto* demo = app.add_subcommand("demo", "walk through attention on the seed's configuration");
 
   attn::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench", "time reference vs flash attention over growing L");
-  bench->add_option("--threads", bench_opt.threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
-  bench->add_option("--repeats", bench_opt.repeats, "timed runs per row (median)")->check(CLI::PositiveNumber);
+  bench->add_option("--threads", bench_opt.threads, "threads for attn and OpenBLAS")->check(attn::positive());
+  bench->add_option("--repeats", bench_opt.repeats, "timed runs per row (median)")->check(attn::positive());
   bench->add_option("--lengths", bench_opt.lengths, "sequence lengths L = S")->delimiter(',');
   bench->add_option("--reference-max", bench_opt.reference_max, "largest L for the reference backend");
 
@@ -24,7 +27,11 @@ int main(int argc, char** argv) {
   attn::VizCli viz_opt;
   auto* viz = attn::add_viz_command(app, viz_opt);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return attn::report_parse_error(app, e, argc, argv);
+  }
   try {
     if (*demo) return attn::run_demo();
     if (*bench) return attn::run_bench(bench_opt);

@@ -13,13 +13,13 @@ namespace attn {
 
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
   auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint of attn train");
-  cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out)");
+  cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out)")->required();
   cmd->add_option("--prompt", cli.prompt, "text to continue (default: a newline, or the first character)");
-  cmd->add_option("-n,--tokens", cli.n, "characters to generate")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--tokens", cli.n, "characters to generate")->check(non_negative());
+  cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")->check(non_negative());
+  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(non_negative());
   cmd->add_option("--seed", cli.seed, "sampling seed");
-  cmd->add_option("--threads", cli.threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", cli.threads, "threads for attn and OpenBLAS")->check(positive());
   return cmd;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "attn/threads.h"
@@ -28,6 +29,12 @@ void on_sigint(int) { g_interrupted = 1; }  // SA_RESETHAND: a second Ctrl-C end
 template <typename T>
 CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, T TrainOptions::*f, const std::string& help) {
   CLI::Option* opt = cmd->add_option(flag, cli.values.*f, help);
+  const T with_data = TrainOptions{}.*f, builtin = synthetic_defaults().*f;
+  if (!(with_data == builtin)) {  // --help shows both defaults: nanoGPT-like with --data, the task's without
+    std::ostringstream d;
+    d << with_data << " with --data, " << builtin << " without";
+    opt->default_str(d.str());
+  }
   cli.apply.push_back([opt, f, &cli](TrainOptions& o) {
     if (opt->count() == 0) return std::string();
     o.*f = cli.values.*f;
@@ -63,9 +70,9 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   auto* cmd = app.add_subcommand("train", "train the character-level GPT (no --data: a built-in reversal task)");
   cmd->add_option("--data", cli.data, "UTF-8 text file (90% train, 10% val); none: the synthetic task");
   cmd->add_option("--out", cli.out, "checkpoint directory (model.safetensors + config.json)");
-  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; --steps may extend it, the lr decay stays as saved)");
+  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; a larger --steps extends the cosine decay with it, or give --lr-decay-steps)");
   cmd->add_option("--log-every", cli.log_every, "steps between progress lines when not on a terminal")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   bind_option(cmd, cli, "--config", &TrainOptions::config, "model: tiny, nanogpt-cpu or gpt2-small")
       ->check(CLI::IsMember(gpt_config_names()));
   bind_option(cmd, cli, "--block", &TrainOptions::block_size, "context length (default: the configuration's)");
@@ -84,7 +91,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   bind_option(cmd, cli, "--eval-every", &TrainOptions::eval_every, "steps between evaluations and checkpoints (0: end only)");
   bind_option(cmd, cli, "--eval-iters", &TrainOptions::eval_iters, "batches per split per evaluation");
   bind_option(cmd, cli, "--seed", &TrainOptions::seed, "initialisation, data sampling and dropout");
-  bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads for attn and OpenBLAS")->check(CLI::PositiveNumber);
+  bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads for attn and OpenBLAS")->check(positive());
   cmd->add_flag("--untied", cli.untied, "an output head of its own (not tied to wte)");
   cmd->add_flag("--no-decay-embeddings", cli.no_decay_embeddings, "no weight decay on wte/wpe (nanoGPT decays them)");
   return cmd;
@@ -101,11 +108,13 @@ int run_train(TrainCli& cli) {
   std::unique_ptr<Trainer> t;
   if (cli.resume) {
     for (const std::string& g : given)
-      ATTN_CHECK(g == "--steps" || g == "--threads", "Expected only --steps and --threads with --resume (the run's ",
+      ATTN_CHECK(g == "--steps" || g == "--threads" || g == "--lr-decay-steps",
+                 "Expected only --steps, --lr-decay-steps and --threads with --resume (the run's ",
                  "own options are used), but got ", g, " instead");
     auto data = cli.data.empty() ? nullptr : std::make_unique<Dataset>(Dataset::text_file(cli.data));
     const bool steps_given = std::find(given.begin(), given.end(), "--steps") != given.end();
-    t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0);
+    const bool decay_given = std::find(given.begin(), given.end(), "--lr-decay-steps") != given.end();
+    t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0, decay_given ? o.lr_decay_steps : 0);
     if (std::find(given.begin(), given.end(), "--threads") != given.end()) set_num_threads(o.threads);
   } else {
     ATTN_CHECK(!holds_checkpoint(cli.out), "Expected a new or empty --out directory (or --resume to continue), but ",
@@ -126,10 +135,11 @@ int run_train(TrainCli& cli) {
   else
     std::printf("data: %s, %llu bytes, %lld train / %lld val tokens\n", d.name().c_str(),
                 (unsigned long long)d.bytes(), (long long)d.split_tokens(0), (long long)d.split_tokens(1));
-  std::printf("training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld), "
+  std::printf("training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld, cosine decay "
+              "to step %lld), "
               "weight decay %g, grad clip %g, dropout %g, seed %llu, threads %d\n",
               (long long)opt.steps, (long long)t->step_count(), (long long)opt.batch, (long long)t->seq_len(), opt.lr,
-              opt.min_lr, (long long)opt.warmup, opt.weight_decay, opt.grad_clip, opt.dropout,
+              opt.min_lr, (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
               (unsigned long long)opt.seed, num_threads());
   std::fflush(stdout);
 

@@ -105,8 +105,10 @@ class Trainer {
 
   // Continues the run saved in `dir` (its options, with `steps` replaced if > 0). The data is reloaded
   // from the saved path unless `data` is given; either way it must be the same text (hash checked).
+  // A larger `steps` re-plans a cosine decay that ended at the old last step to end at the new one;
+  // lr_decay_steps > 0 sets the decay's length instead.
   static std::unique_ptr<Trainer> resume(const std::string& dir, std::unique_ptr<Dataset> data = nullptr,
-                                         int64_t steps = 0);
+                                         int64_t steps = 0, int64_t lr_decay_steps = 0);
 
   StepStats step();      // one optimizer step on the batch of step_count()
   EvalStats evaluate();  // mean loss over eval_iters batches of each split (fixed per step, eval mode)

@@ -234,13 +234,19 @@ void Trainer::save(const std::string& dir, const EvalStats* last_eval) {
   ckpt::write(dir, tensors, std::move(config));
 }
 
-std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr<Dataset> data, int64_t steps) {
+std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr<Dataset> data, int64_t steps,
+                                         int64_t lr_decay_steps) {
   ckpt::Contents c = ckpt::read(dir);
   const std::string where = dir + "/config.json";
   ATTN_CHECK(c.config.contains("training") && c.config.contains("data"), "Expected training options in '", where,
              "' (a checkpoint from attn train), but got a model-only checkpoint instead");
   TrainOptions o = ckpt::train_options_from(c.config["training"], where + " training");
-  if (steps > 0) o.steps = steps;
+  if (steps > 0) {
+    // A longer run re-plans a decay that ended with the old run; a shorter one keeps the schedule it followed.
+    if (steps > o.steps && o.lr_decay_steps == o.steps) o.lr_decay_steps = steps;
+    o.steps = steps;
+  }
+  if (lr_decay_steps > 0) o.lr_decay_steps = lr_decay_steps;
   const json& dj = c.config["data"];
   if (!data) {
     if (dj.value("kind", "") == "reverse") {
