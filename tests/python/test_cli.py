@@ -51,3 +51,14 @@ def test_resume_with_more_steps_replans_the_decay(tmp_path):
     assert r.returncode == 0 and "cosine decay to step 9)" in r.stdout, r.stdout + r.stderr
     r = run("train", "--out", out, "--resume", "--steps", "12", "--lr-decay-steps", "100")
     assert r.returncode == 0 and "cosine decay to step 100)" in r.stdout, r.stdout + r.stderr
+
+
+def test_train_prints_its_memory_and_refuses_a_run_larger_than_memory(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefgh ijklmnop\n" * 500)
+    r = run("train", "--data", str(text), "--out", str(tmp_path / "ck"), "--batch", "100000000")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Expected a run that fits in memory, but got about" in r.stderr and "use a smaller --batch" in r.stderr
+    assert not (tmp_path / "ck").exists()
+    r = run("train", "--out", str(tmp_path / "ok"), "--steps", "1", "--eval-iters", "1")
+    assert r.returncode == 0 and re.search(r"memory: about [0-9.]+ MB \(parameters", r.stdout), r.stdout
