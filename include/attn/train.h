@@ -13,7 +13,6 @@
 // reader sees the old pair or the new pair, never a mix; loading checks the id and the hash.
 #pragma once
 #include <cstdint>
-#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -145,11 +144,5 @@ struct LoadedModel {
 LoadedModel load_model(const std::string& dir);
 // A checkpoint of the model alone (no optimizer state, not resumable).
 void save_model(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer);
-
-// ---- Demo ----
-
-// Trains the tiny model on the synthetic task for about `seconds`, printing the loss as it falls, then
-// shows a few reversals sampled greedily through the KV cache. For `attn demo`.
-void train_demo(std::ostream& out, double seconds = 5.0, int threads = 1);
 
 }  // namespace attn
