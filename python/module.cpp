@@ -5,6 +5,7 @@
 #include "attn/info.h"
 #include "attn/simd.h"
 #include "attn/threads.h"
+#include "attn/version.h"
 
 namespace py = pybind11;
 
@@ -19,6 +20,7 @@ void bind_gemm(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
+  m.attr("__version__") = ATTN_VERSION;
   py::register_exception<attn::Error>(m, "AttnError", PyExc_ValueError);
   m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads of attn's pool (every kernel and layer).");
   m.def("get_num_threads", &attn::num_threads);

@@ -23,7 +23,8 @@ fi
 [ -z "${ATTN_FUZZ:-}" ] || exit 0  # the fuzz build needs no Python
 
 # Python: torch pinned to 2.13.0, the CPU build; an unpinned torch pulls a CUDA build of several GB.
-PY_REQS=(numpy pybind11 pytest hypothesis safetensors playwright "torch==2.13.0")
+# scikit-build-core: pyproject.toml's build backend, for `pip install .` (tests/python/test_packaging.py).
+PY_REQS=(numpy pybind11 scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0")
 [ -x .venv/bin/python ] || python3 -m venv .venv
 if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md

@@ -6,12 +6,15 @@
 #include "attn/info.h"
 #include "attn/simd.h"
 #include "attn/threads.h"
+#include "attn/version.h"
 #include "cli.h"
 #include "flags.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: multi-head attention from the formula to a trained model"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "attn " ATTN_VERSION);
+  app.option_defaults()->always_capture_default();  // every --help shows each option's default
   auto* demo = app.add_subcommand("demo", "walk through attention on the seed's configuration");
 
   bool info_strict = false;
@@ -24,11 +27,11 @@ int main(int argc, char** argv) {
   attn::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench", "time reference vs flash attention over growing L");
   bench->add_option("--threads", bench_opt.threads, "threads (0: the CPUs this process may use)")
-      ->check(attn::number_of<int>())->check(CLI::NonNegativeNumber);
+      ->check(attn::number_of<int>())->check(attn::non_negative());
   bench->add_option("--repeats", bench_opt.repeats, "timed runs per row (median)")->check(attn::number_of<int>())
-      ->check(CLI::PositiveNumber);
+      ->check(attn::positive());
   bench->add_option("--lengths", bench_opt.lengths, "sequence lengths L = S")->delimiter(',')
-      ->check(attn::number_of<int64_t>())->check(CLI::PositiveNumber);
+      ->check(attn::number_of<int64_t>())->check(attn::positive());
   bench->add_option("--reference-max", bench_opt.reference_max, "largest L for the reference backend")
       ->check(attn::number_of<int64_t>());
 
@@ -46,13 +49,8 @@ int main(int argc, char** argv) {
   };
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);
-    return fail(e.what());
+    return attn::report_parse_error(app, e, argc, argv);
   }
   try {
     if (*demo) return attn::run_demo();

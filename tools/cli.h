@@ -1,19 +1,38 @@
 // Options of the CLI subcommands, shared by tools/attn.cpp (parsing) and each subcommand's file.
 #pragma once
+#include <CLI/CLI.hpp>
+
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "attn/train.h"
 
-namespace CLI {
-class App;
-}
-
 namespace attn {
 
 int run_demo();
+
+// Range checks with a readable message (CLI11's own print the largest double, 309 digits). NaN fails both.
+inline CLI::Validator at_least(double lo, bool strict) {
+  return CLI::Validator(
+      [lo, strict](std::string& s) -> std::string {
+        double v = 0;
+        if (CLI::detail::lexical_cast(s, v) && (strict ? v > lo : v >= lo)) return {};
+        char bound[32];
+        std::snprintf(bound, sizeof bound, "%s %g", strict ? ">" : ">=", lo);
+        return "Expected a number " + std::string(bound) + ", but got " + s + " instead";
+      },
+      strict ? "POSITIVE" : "NONNEGATIVE");
+}
+inline CLI::Validator positive() { return at_least(0, true); }
+inline CLI::Validator non_negative() { return at_least(0, false); }
+
+// tools/suggest.cpp: the known name nearest to `word` (a prefix of it, or a few edits away), or "".
+std::string nearest(const std::string& word, const std::vector<std::string>& known);
+// Prints CLI11's parse error, or "did you mean" for an unknown subcommand or flag; returns the exit code.
+int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char** argv);
 
 struct BenchOptions {
   int threads = 0;  // the CPUs this process may use
@@ -37,7 +56,7 @@ int run_train(TrainCli& cli);
 
 // `attn generate` (tools/generate.cpp).
 struct GenerateCli {
-  std::string ckpt = "out", prompt;
+  std::string ckpt, prompt;  // --ckpt is required: no hidden default directory
   int64_t n = 200;
   double temperature = 0.8;
   int64_t top_k = 200;

@@ -38,7 +38,7 @@ CLI::Validator number_of() {
           return "";
         }
       },
-      std::is_integral_v<T> ? "INT" : "NUMBER");
+      "");  // no type name: CLI11 already prints INT or FLOAT, and the range validators add theirs
 }
 
 }  // namespace attn

@@ -14,15 +14,15 @@ namespace attn {
 
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
   auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint of attn train");
-  cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out)");
+  cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out)")->required();
   cmd->add_option("--prompt", cli.prompt, "text to continue (default: a newline, or the first character)");
-  cmd->add_option("-n,--tokens", cli.n, "characters to generate")->check(number_of<int64_t>())->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--tokens", cli.n, "characters to generate")->check(number_of<int64_t>())->check(non_negative());
   cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")
-      ->check(number_of<double>())->check(CLI::NonNegativeNumber);
-  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(number_of<int64_t>())->check(CLI::NonNegativeNumber);
+      ->check(number_of<double>())->check(non_negative());
+  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(number_of<int64_t>())->check(non_negative());
   cmd->add_option("--seed", cli.seed, "sampling seed")->check(number_of<uint64_t>());
   cmd->add_option("--threads", cli.threads, "threads (0: the CPUs this process may use)")->check(number_of<int>())
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   return cmd;
 }
 

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -31,6 +32,12 @@ void on_sigint(int) { g_interrupted = 1; }  // SA_RESETHAND: a second Ctrl-C end
 template <typename T>
 CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, T TrainOptions::*f, const std::string& help) {
   CLI::Option* opt = cmd->add_option(flag, cli.values.*f, help)->check(number_of<T>());
+  const T with_data = TrainOptions{}.*f, builtin = synthetic_defaults().*f;
+  if (!(with_data == builtin)) {  // --help shows both defaults: nanoGPT-like with --data, the task's without
+    std::ostringstream d;
+    d << with_data << " with --data, " << builtin << " without";
+    opt->default_str(d.str());
+  }
   cli.apply.push_back([opt, f, &cli](TrainOptions& o) {
     if (opt->count() == 0) return std::string();
     o.*f = cli.values.*f;
@@ -55,6 +62,15 @@ std::string rate(double tokens_per_s) {
   return buf;
 }
 
+std::string bytes_text(double b) {
+  char buf[32];
+  const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  for (; b >= 1000 && u < 4; ++u) b /= 1000;
+  std::snprintf(buf, sizeof buf, "%.3g %s", b, unit[u]);
+  return buf;
+}
+
 bool holds_checkpoint(const std::string& dir) {
   std::error_code ec;
   return std::filesystem::exists(std::filesystem::path(dir) / "config.json", ec);
@@ -66,9 +82,9 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   auto* cmd = app.add_subcommand("train", "train the character-level GPT (no --data: a built-in reversal task)");
   cmd->add_option("--data", cli.data, "UTF-8 text file (90% train, 10% val); none: the synthetic task");
   cmd->add_option("--out", cli.out, "checkpoint directory (model.safetensors + config.json)");
-  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; --steps may extend it, the lr decay stays as saved)");
+  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; a larger --steps extends the cosine decay with it, or give --lr-decay-steps)");
   cmd->add_option("--log-every", cli.log_every, "steps between progress lines when not on a terminal")
-      ->check(number_of<int64_t>())->check(CLI::PositiveNumber);
+      ->check(number_of<int64_t>())->check(positive());
   bind_option(cmd, cli, "--config", &TrainOptions::config, "model: tiny, nanogpt-cpu or gpt2-small")
       ->check(CLI::IsMember(gpt_config_names()));
   bind_option(cmd, cli, "--block", &TrainOptions::block_size, "context length (default: the configuration's)");
@@ -87,7 +103,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   bind_option(cmd, cli, "--eval-every", &TrainOptions::eval_every, "steps between evaluations and checkpoints (0: end only)");
   bind_option(cmd, cli, "--eval-iters", &TrainOptions::eval_iters, "batches per split per evaluation");
   bind_option(cmd, cli, "--seed", &TrainOptions::seed, "initialisation, data sampling and dropout");
-  bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads (0: the CPUs this process may use)")->check(CLI::NonNegativeNumber);
+  bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads (0: the CPUs this process may use)")->check(non_negative());
   cmd->add_flag("--untied", cli.untied, "an output head of its own (not tied to wte)");
   cmd->add_flag("--profile", cli.profile, "after the run, print each part's share of the step time (layers' forward "
                 "and backward, the attention kernel, the optimizer, data)");
@@ -108,11 +124,13 @@ int run_train(TrainCli& cli) {
   std::unique_ptr<Trainer> t;
   if (cli.resume) {
     for (const std::string& g : given)
-      ATTN_CHECK(g == "--steps" || g == "--threads", "Expected only --steps and --threads with --resume (the run's ",
+      ATTN_CHECK(g == "--steps" || g == "--threads" || g == "--lr-decay-steps",
+                 "Expected only --steps, --lr-decay-steps and --threads with --resume (the run's ",
                  "own options are used), but got ", g, " instead");
     auto data = cli.data.empty() ? nullptr : std::make_unique<Dataset>(Dataset::text_file(cli.data));
     const bool steps_given = std::find(given.begin(), given.end(), "--steps") != given.end();
-    t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0);
+    const bool decay_given = std::find(given.begin(), given.end(), "--lr-decay-steps") != given.end();
+    t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0, decay_given ? o.lr_decay_steps : 0);
     if (std::find(given.begin(), given.end(), "--threads") != given.end()) set_num_threads(o.threads);
   } else {
     ATTN_CHECK(!holds_checkpoint(cli.out), "Expected a new or empty --out directory (or --resume to continue), but ",
@@ -123,6 +141,10 @@ int run_train(TrainCli& cli) {
   const TrainOptions& opt = t->options();
   const GptConfig& c = t->model().config();
   const Dataset& d = t->data();
+  // The Trainer refused (before allocating) a run larger than the machine's memory; say what this one needs.
+  std::printf("memory: about %s (parameters, gradients, AdamW state and the activations of batch %lld x %lld)\n",
+              bytes_text(gpt_training_bytes_estimate(c, double(opt.batch), double(t->seq_len()))).c_str(),
+              (long long)opt.batch, (long long)t->seq_len());
   std::printf("model %s: %lld layers, %lld heads (%lld kv), embedding %lld, block %lld, vocab %lld, %lld parameters\n",
               opt.config.c_str(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_kv_head,
               (long long)c.n_embd, (long long)c.block_size, (long long)c.vocab_size,
@@ -133,10 +155,11 @@ int run_train(TrainCli& cli) {
   else
     std::printf("data: %s, %llu bytes, %lld train / %lld val tokens\n", d.name().c_str(),
                 (unsigned long long)d.bytes(), (long long)d.split_tokens(0), (long long)d.split_tokens(1));
-  std::printf("training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld), "
+  std::printf("training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld, cosine decay "
+              "to step %lld), "
               "weight decay %g, grad clip %g, dropout %g, seed %llu, threads %d\n",
               (long long)opt.steps, (long long)t->step_count(), (long long)opt.batch, (long long)t->seq_len(), opt.lr,
-              opt.min_lr, (long long)opt.warmup, opt.weight_decay, opt.grad_clip, opt.dropout,
+              opt.min_lr, (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
               (unsigned long long)opt.seed, num_threads());
   std::fflush(stdout);
 

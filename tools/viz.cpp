@@ -69,12 +69,12 @@ CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
                                                   "block_size); default with --builtin: ") + kExampleText);
   cmd->add_option("--out", cli.out, "output directory (created)");
   cmd->add_option("--top-k", cli.top_k, "weights kept per query row in the HTML (0: all; default: all up to 64 keys)")
-      ->check(number_of<int>())->check(CLI::NonNegativeNumber);
+      ->check(number_of<int>())->check(non_negative());
   cmd->add_option("--png-max-px", cli.png_max_px, "longest side of one head's matrix in the PNGs, pixels")
-      ->check(number_of<int>())->check(CLI::PositiveNumber);
-  cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")->check(number_of<double>())->check(CLI::PositiveNumber);
+      ->check(number_of<int>())->check(positive());
+  cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")->check(number_of<double>())->check(positive());
   cmd->add_option("--threads", cli.threads, "threads for the forward pass (one sequence: 1 is enough)")
-      ->check(number_of<int>())->check(CLI::PositiveNumber);
+      ->check(number_of<int>())->check(positive());
   return cmd;
 }
 

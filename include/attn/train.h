@@ -13,7 +13,6 @@
 // reader sees the old pair or the new pair, never a mix; loading checks the id and the hash.
 #pragma once
 #include <cstdint>
-#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,8 +104,10 @@ class Trainer {
 
   // Continues the run saved in `dir` (its options, with `steps` replaced if > 0). The data is reloaded
   // from the saved path unless `data` is given; either way it must be the same text (hash checked).
+  // A larger `steps` re-plans a cosine decay that ended at the old last step to end at the new one;
+  // lr_decay_steps > 0 sets the decay's length instead.
   static std::unique_ptr<Trainer> resume(const std::string& dir, std::unique_ptr<Dataset> data = nullptr,
-                                         int64_t steps = 0);
+                                         int64_t steps = 0, int64_t lr_decay_steps = 0);
 
   StepStats step();      // one optimizer step on the batch of step_count()
   EvalStats evaluate();  // mean loss over eval_iters batches of each split (fixed per step, eval mode)
@@ -147,11 +148,5 @@ LoadedModel load_model(const std::string& dir);
 void check_checkpoint_dir(const std::string& dir);
 // A checkpoint of the model alone (no optimizer state, not resumable).
 void save_model(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer);
-
-// ---- Demo ----
-
-// Trains the tiny model on the synthetic task for about `seconds`, printing the loss as it falls, then
-// shows a few reversals sampled greedily through the KV cache. For `attn demo`.
-void train_demo(std::ostream& out, double seconds = 5.0, int threads = 1);
 
 }  // namespace attn

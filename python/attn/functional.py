@@ -1,9 +1,13 @@
-"""scaled_dot_product_attention with the semantics of torch.nn.functional's function of that name."""
+"""scaled_dot_product_attention with the semantics of torch.nn.functional's function of that name, on numpy
+arrays or CPU torch tensors (read in place; torch in, torch out). No autograd: attn.torch has that."""
 import numpy as np
 
 import _attn
 
+from ._interop import as_array, torch_io
 
+
+@torch_io
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, *, causal_alignment="top_left",
                                  return_weights=False, return_lse=False, seed=0, backend="auto",
@@ -43,6 +47,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 
+@torch_io
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False, *,
                                           causal_alignment="top_left", seed=0, backend="auto", strict=False):
@@ -54,7 +59,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     row gets zero gradient.
     """
     (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
-    out, lse, grad_out = (np.asarray(x, dtype=query.dtype) for x in (out, lse, grad_out))
+    out, lse, grad_out = (np.asarray(as_array(x, n), dtype=query.dtype)
+                          for x, n in ((out, "out"), (lse, "lse"), (grad_out, "grad_out")))
     causal = causal_alignment if is_causal else "none"
     dq, dk, dv = _attn.sdpa_backward(_as4(query), _as4(key), _as4(value), _as4(out), _as4(lse[..., None])[..., 0],
                                      _as4(grad_out), mask, kind, None, "drop", causal, scale, float(dropout_p),
@@ -69,7 +75,7 @@ def _as4(x):
 
 def _prepare(query, key, value, attn_mask, enable_gqa):
     """Checked numpy inputs of one dtype, and the mask with its kind ("keep" or "additive") folded like them."""
-    query, key, value = (np.asarray(x) for x in (query, key, value))
+    query, key, value = (as_array(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
     if query.dtype not in (np.float32, np.float64) or key.dtype != query.dtype or value.dtype != query.dtype:
         raise _attn.AttnError(
             f"Expected query, key and value of one dtype, float32 or float64, but got {query.dtype}, "
@@ -89,7 +95,7 @@ def _prepare(query, key, value, attn_mask, enable_gqa):
             f"(S, Dv) like key's, but got key {key.shape} and value {value.shape} instead")
     mask, kind = None, "keep"
     if attn_mask is not None:
-        mask = np.asarray(attn_mask)
+        mask = as_array(attn_mask, "attn_mask")
         if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.floating):
             raise _attn.AttnError(
                 f"Expected attn_mask of dtype bool or float, but got {mask.dtype} of shape {mask.shape} instead")

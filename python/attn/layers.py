@@ -1,6 +1,7 @@
-"""The nn layers with PyTorch's constructor arguments and state_dict names, on numpy float32 arrays.
+"""The nn layers with PyTorch's constructor arguments and state_dict names, on numpy float32 arrays or CPU
+torch tensors (torch in, torch out; state_dict() gives numpy, load_state_dict takes either).
 
-Not torch.nn.Modules and no autograd: backprop is explicit. In training mode (the default) forward()
+Not torch.nn.Modules and no autograd (attn.torch.MultiheadAttention is one): backprop is explicit. In training mode (the default) forward()
 keeps what backward() needs; backward(grad_output) returns the input gradient(s) and ADDS the parameter
 gradients into grads() (zero_grad() clears them), as PyTorch's .grad accumulates.
 
@@ -17,24 +18,31 @@ import numpy as np
 
 import _attn
 
+from ._interop import as_array, torch_io
+
 __all__ = ["MultiheadAttention", "Linear", "LayerNorm", "Dropout", "ReLU", "GELU", "Embedding", "FeedForward",
            "TransformerEncoderLayer", "TransformerDecoderLayer"]
 
 
-def _array(x):
-    return np.asarray(x, dtype=np.float32)  # no copy for float32 input; strides are kept
+def _array(x, name="input"):
+    return np.asarray(as_array(x, name), dtype=np.float32)  # no copy for float32 input; strides are kept
 
 
 def _mask(m, name):
     """torch.nn's masks: bool True = masked out, float = added to the scores."""
     if m is None:
         return None
-    m = np.asarray(m)
+    m = as_array(m, name)
     if m.dtype == np.bool_:
         return m
     if m.dtype.kind != "f":
         raise _attn.AttnError(f"Expected {name} of dtype bool or float, but got {m.dtype} instead")
     return m.astype(np.float32, copy=False)
+
+
+class HeadAveragedWeights(np.ndarray):
+    """MultiheadAttention's default weights, (N, L, S) or (L, S): the mean over heads of each batch item. A
+    plain ndarray in every way but its type, which lets attn.viz.html refuse them where (H, L, S) belongs."""
 
 
 def _seed(seed):
@@ -49,9 +57,11 @@ class _Layer:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    @torch_io
     def forward(self, input):
         return self._native.forward(_array(input))
 
+    @torch_io
     def backward(self, grad_output):
         return self._native.backward(_array(grad_output))
 
@@ -96,6 +106,7 @@ class MultiheadAttention(_Layer):
             int(embed_dim), int(num_heads), float(dropout), bool(bias), bool(add_bias_kv), bool(add_zero_attn),
             int(kdim or 0), int(vdim or 0), bool(batch_first), int(num_kv_heads or 0), self.seed)
 
+    @torch_io
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, trace=False):
         """Returns (output, weights or None) in PyTorch's shapes; trace=True prints each stage's shape.
@@ -109,8 +120,11 @@ class MultiheadAttention(_Layer):
             bool(trace))
         if trace:
             print(text, end="")
+        if weights is not None and average_attn_weights:
+            weights = weights.view(HeadAveragedWeights)
         return out, weights
 
+    @torch_io
     def backward(self, grad_output):
         """(dquery, dkey, dvalue) after a training-mode forward; adds into grads(). Self-attention's input
         gradient is their sum."""
@@ -178,6 +192,7 @@ class Embedding(_Layer):
     def __init__(self, num_embeddings, embedding_dim, seed=None):
         self._native = _attn.Embedding(int(num_embeddings), int(embedding_dim), _seed(seed))
 
+    @torch_io
     def forward(self, input):
         return self._native.forward(np.asarray(input, dtype=np.int64))
 
@@ -212,6 +227,7 @@ class TransformerEncoderLayer(_Layer):
             d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
             num_kv_heads, seed))
 
+    @torch_io
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         return self._native.forward(_array(src), _mask(src_mask, "src_mask"),
                                     _mask(src_key_padding_mask, "src_key_padding_mask"), bool(is_causal))
@@ -229,6 +245,7 @@ class TransformerDecoderLayer(_Layer):
             d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
             num_kv_heads, seed))
 
+    @torch_io
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
         return self._native.forward(_array(tgt), _array(memory), _mask(tgt_mask, "tgt_mask"),

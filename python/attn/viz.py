@@ -16,6 +16,8 @@ import numpy as np
 
 import _attn
 
+from ._interop import as_array
+
 __all__ = ["heatmap", "html", "gpt"]
 
 
@@ -28,7 +30,21 @@ def _tokens(tokens):
 
 
 def _weights(a):
-    return np.ascontiguousarray(np.asarray(a), dtype=np.float32)
+    return np.ascontiguousarray(as_array(a, "weights"), dtype=np.float32)
+
+
+def _layer(a, i):
+    """Layer i of html()'s list: (H, L, S), and not MultiheadAttention's head-averaged (N, L, S) batch."""
+    from .layers import HeadAveragedWeights
+    if isinstance(a, HeadAveragedWeights):
+        raise _attn.AttnError(
+            f"Expected layer {i} of weights (H, L, S), but got MultiheadAttention's head-averaged weights of shape "
+            f"{a.shape} (N, L, S: one row per batch item, not per head) instead: call it with "
+            f"average_attn_weights=False and pass w[n], the (H, L, S) weights of batch item n")
+    w = _weights(a)
+    if w.ndim != 3:
+        raise _attn.AttnError(f"Expected layer {i} of weights (H, L, S), but got shape {w.shape} instead")
+    return w
 
 
 def heatmap(path, weights, query_tokens, key_tokens=None, title=None, *, vmax=None, max_px=1024):
@@ -55,13 +71,12 @@ def html(path, layers, query_tokens, key_tokens=None, top_k=None, *, title="atte
     weights were dropped. Returns path.
     """
     if isinstance(layers, (list, tuple)):
-        arrays = [_weights(x) for x in layers]
+        arrays = [_layer(x, i) for i, x in enumerate(layers)]
+    elif getattr(layers, "ndim", None) in (3, 4):
+        arrays = [_layer(x, i) for i, x in enumerate(layers if layers.ndim == 4 else [layers])]
     else:
-        a = _weights(layers)
-        if a.ndim not in (3, 4):
-            raise _attn.AttnError(
-                f"Expected layers of shape (num_layers, H, L, S) or (H, L, S), but got {a.shape} instead")
-        arrays = list(a) if a.ndim == 4 else [a]
+        raise _attn.AttnError(f"Expected layers of shape (num_layers, H, L, S) or (H, L, S), or a list of (H, L, S), "
+                              f"but got {getattr(layers, 'shape', type(layers).__name__)} instead")
     _attn.viz_html(os.fspath(path), arrays, _tokens(query_tokens), _tokens(key_tokens),
                    [str(n) for n in layer_names or []], title, -1 if top_k is None else int(top_k))
     return path

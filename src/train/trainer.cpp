@@ -249,13 +249,19 @@ void Trainer::save(const std::string& dir, const EvalStats* last_eval) {
   ckpt::write(dir, tensors, std::move(config));
 }
 
-std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr<Dataset> data, int64_t steps) {
+std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr<Dataset> data, int64_t steps,
+                                         int64_t lr_decay_steps) {
   ckpt::Contents c = ckpt::read(dir);
   const std::string where = dir + "/config.json";
   ATTN_CHECK(c.config.contains("training") && c.config.contains("data"), "Expected training options in '", where,
              "' (a checkpoint from attn train), but got a model-only checkpoint instead");
   TrainOptions o = ckpt::train_options_from(c.config["training"], where + " training");
-  if (steps > 0) o.steps = steps;
+  if (steps > 0) {
+    // A longer run re-plans a decay that ended with the old run; a shorter one keeps the schedule it followed.
+    if (steps > o.steps && o.lr_decay_steps == o.steps) o.lr_decay_steps = steps;
+    o.steps = steps;
+  }
+  if (lr_decay_steps > 0) o.lr_decay_steps = lr_decay_steps;
   const json& dj = c.config["data"];
   if (!data) {
     if (dj.value("kind", "") == "reverse") {
@@ -309,70 +315,6 @@ void save_model(const std::string& dir, Gpt& model, const CharTokenizer& tokeniz
              " instead");
   json config = {{"step", 0}, {"model", ckpt::to_json(model.config())}, {"tokenizer", ckpt::tokenizer_json(tokenizer)}};
   ckpt::write(dir, model.state_dict(), std::move(config));
-}
-
-// ---- Demo ----
-
-void train_demo(std::ostream& out, double seconds, int threads) {
-  using Clock = std::chrono::steady_clock;
-  TrainOptions o = synthetic_defaults();
-  o.threads = threads;
-  Trainer t(o, Dataset::reverse_task());
-  const int64_t k = t.data().task_length();
-  out << "Training the tiny GPT (" << t.model().num_parameters() << " parameters) to reverse " << k
-      << " letters, e.g. abcdefgh|hgfedcba, for about " << seconds << " s.\n"
-      << "Loss on the reversed half; guessing scores ln(26) = " << std::log(26.0) << ".\n";
-  const auto t0 = Clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
-  double shown = -1;
-  while (t.step_count() < o.steps && elapsed() < seconds) {
-    StepStats s = t.step();
-    if ((t.step_count() <= 20 && t.step_count() % 4 == 0) || elapsed() - shown >= 0.5) {
-      char line[64];
-      std::snprintf(line, sizeof line, "  step %4lld  loss %.4f\n", (long long)t.step_count(), s.loss);
-      out << line << std::flush;
-      shown = elapsed();
-    }
-  }
-  out << "Reversals sampled greedily, one token at a time through the KV cache:\n";
-  Rng rng(7);
-  std::vector<int64_t> x(size_t(2 * k)), y(size_t(2 * k));
-  const CharTokenizer& tok = t.data().tokenizer();
-  auto text = [&](const std::vector<int64_t>& ids) { return tok.decode(std::vector<int32_t>(ids.begin(), ids.end())); };
-  for (int i = 0; i < 4; ++i) {
-    t.data().batch(1, 1, 2 * k, rng, x.data(), y.data());
-    std::vector<int64_t> prompt(x.begin(), x.begin() + k + 1);  // letters and '|'
-    SampleOptions greedy;
-    greedy.max_new_tokens = k;
-    greedy.temperature = 0;
-    std::vector<int64_t> got = generate(t.model(), prompt, greedy);
-    std::vector<int64_t> want(prompt.rbegin() + 1, prompt.rend());
-    out << "  " << text(prompt) << text(got) << (got == want ? "  correct" : "  (want " + text(want) + ")") << "\n";
-  }
-  // The head that attends most to the mirrored letter: query t (from '|' on) reading key 2k-1-t.
-  std::vector<Tensor> w = t.model().attention_weights(x.data(), 1, 2 * k);  // per layer (1, H, T, T)
-  const int64_t T = 2 * k, H = w[0].size(1);
-  double best = -1;
-  int64_t bl = 0, bh = 0;
-  for (int64_t l = 0; l < int64_t(w.size()); ++l)
-    for (int64_t h = 0; h < H; ++h) {
-      double score = 0;
-      for (int64_t q = k; q < T; ++q) score += w[size_t(l)].data()[(h * T + q) * T + (T - 1 - q)] / double(k);
-      if (score > best) best = score, bl = l, bh = h;
-    }
-  out << "Attention of layer " << bl << ", head " << bh << " (rows: queries, columns: keys; darker = more):\n";
-  const char* shades = " .:-=+*#%@";
-  const std::string s = text(x);
-  for (int64_t q = 0; q < T; ++q) {
-    out << "  " << s[size_t(q)] << " |";
-    for (int64_t c = 0; c < T; ++c) {
-      const float v = w[size_t(bl)].data()[(bh * T + q) * T + c];
-      out << shades[std::min(9, int(v * 9.999f))];
-    }
-    out << "|\n";
-  }
-  out << "    " << s << "\n  On average " << int(best * 100 + 0.5)
-      << "% of this head's attention, from '|' on, falls on the letter it must copy: the anti-diagonal.\n";
 }
 
 }  // namespace attn

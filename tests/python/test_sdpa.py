@@ -236,7 +236,7 @@ def test_non_contiguous_inputs():
 
 
 def test_torch_tensors_and_dropout_seed():
-    """CPU torch tensors work as inputs; dropout is a pure function of the seed."""
+    """CPU torch tensors work as inputs and come back as torch tensors; dropout is a pure function of the seed."""
     rng = np.random.default_rng(4)
     q, k, v = (torch.from_numpy(rng.standard_normal((1, 2, 5, 8))) for _ in range(3))
     np.testing.assert_allclose(attn.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v),
@@ -244,7 +244,8 @@ def test_torch_tensors_and_dropout_seed():
     a = attn.scaled_dot_product_attention(q, k, v, dropout_p=0.5, seed=1)
     np.testing.assert_array_equal(a, attn.scaled_dot_product_attention(q, k, v, dropout_p=0.5, seed=1))
     assert np.abs(a - attn.scaled_dot_product_attention(q, k, v, dropout_p=0.5, seed=2)).max() > 1e-3
-    assert np.all(attn.scaled_dot_product_attention(q, k, v, dropout_p=1.0) == 0)
+    assert isinstance(a, torch.Tensor) and a.dtype == torch.float64
+    assert bool((attn.scaled_dot_product_attention(q, k, v, dropout_p=1.0) == 0).all())
 
 
 def r(*shape, dtype=np.float64):

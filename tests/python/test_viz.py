@@ -192,3 +192,16 @@ def test_html_errors_are_clear(tmp_path):
         attn.viz.html(tmp_path / "e.html", [np.ones((2, 3, 5), np.float32)], list("abc"), list("abcd"))
     with pytest.raises(attn.AttnError, match="num_layers"):
         attn.viz.html(tmp_path / "e.html", np.ones((3, 5), np.float32), list("abc"))
+
+
+def test_html_refuses_a_head_averaged_batch_and_wrong_ranks(tmp_path):
+    mha = attn.MultiheadAttention(8, 2, batch_first=True, seed=0)
+    x = np.random.default_rng(0).standard_normal((2, 5, 8), dtype=np.float32)
+    _, w = mha(x, x, x)  # (N, L, S): averaged over heads, one matrix per batch item
+    with pytest.raises(attn.AttnError, match=r"head-averaged weights of shape \(2, 5, 5\) \(N, L, S.*"
+                                             r"average_attn_weights=False and pass w\[n\]"):
+        attn.viz.html(tmp_path / "v.html", [w], list("hello"))
+    with pytest.raises(attn.AttnError, match=r"Expected layer 1 of weights \(H, L, S\), but got shape \(5, 5\)"):
+        attn.viz.html(tmp_path / "v.html", [np.ones((2, 5, 5)), np.ones((5, 5))], list("hello"))
+    _, w = mha(x, x, x, average_attn_weights=False)  # (N, H, L, S): w[0] is one layer's heads
+    assert attn.viz.html(tmp_path / "v.html", [w[0]], list("hello")) == tmp_path / "v.html"

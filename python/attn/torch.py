@@ -1,0 +1,142 @@
+"""attn's attention inside PyTorch autograd, on CPU tensors read in place (no copies, no build against torch):
+
+    import attn.torch
+    y = attn.torch.scaled_dot_product_attention(q, k, v, is_causal=True)   # torch.nn.functional's signature
+    mha = attn.torch.MultiheadAttention(512, 8, batch_first=True)          # torch.nn.MultiheadAttention's
+
+Forward and backward are attn's C++ kernels (sdpa / sdpa_backward, MultiheadAttention.forward/backward);
+everything around them stays torch's. Not a GPU path, and not bf16/fp16 (a clear error names the dtypes).
+Importing this module imports torch; `import attn` does not.
+"""
+
+import numpy as np
+import torch
+
+import _attn
+
+from . import functional as _F
+from ._interop import as_array
+from .layers import _mask
+
+__all__ = ["scaled_dot_product_attention", "MultiheadAttention"]
+
+
+def _draw_seed():
+    return int(torch.randint(0, 2**62, (1,)).item())  # torch.manual_seed makes attn's dropout repeat
+
+
+class _Sdpa(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+        q, k, v = (as_array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+        mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+        out, lse = _F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
+                                                   return_lse=True, seed=seed)
+        out, lse = torch.from_numpy(out), torch.from_numpy(lse)
+        ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+        ctx.args = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, seed=seed)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, out, lse, attn_mask = ctx.saved_tensors
+        mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+        dq, dk, dv = _F.scaled_dot_product_attention_backward(
+            as_array(grad_out.contiguous(), "grad_out"), as_array(query, "query"), as_array(key, "key"),
+            as_array(value, "value"), out.numpy(), lse.numpy(), mask, **ctx.args)
+        return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv), None, None, None, None, None, None
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
+
+    float32 or float64 CPU tensors; attn_mask bool (True = may attend) or float (added), no gradient. One
+    difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded
+    from torch's generator.
+    """
+    seed = _draw_seed() if dropout_p > 0 else 0
+    return _Sdpa.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa), seed)
+
+
+class _Mha(torch.autograd.Function):
+    """One call of a fresh native MultiheadAttention: its saved activations belong to this call alone."""
+
+    @staticmethod
+    def forward(ctx, module, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
+                is_causal, *params):
+        native = _attn.MultiheadAttention(*module._native_args(), _draw_seed())
+        native.load_state_dict({n: as_array(p, n) for n, p in zip(module._names, params)})
+        native.train(True)  # training mode keeps what backward needs; dropout is set by module.training
+        q, k, v = (np.asarray(as_array(t, n, ("float32",))) for t, n in ((query, "query"), (key, "key"),
+                                                                          (value, "value")))
+        out, weights, _ = native.forward(q, k, v, _mask(key_padding_mask, "key_padding_mask"), bool(need_weights),
+                                         _mask(attn_mask, "attn_mask"), bool(average_attn_weights),
+                                         bool(is_causal), False)
+        ctx.native, ctx.names = native, module._names
+        weights = torch.from_numpy(weights) if weights is not None else torch.empty(0)
+        ctx.mark_non_differentiable(weights)  # attn's backward takes dL/doutput only
+        return torch.from_numpy(out), weights
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_weights):
+        dq, dk, dv = ctx.native.backward(as_array(grad_out.contiguous(), "grad_output", ("float32",)))
+        grads = ctx.native.grads()
+        ctx.native = None
+        return (None, torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv), None, None, None, None, None,
+                *(torch.from_numpy(grads[n]) for n in ctx.names))
+
+
+class MultiheadAttention(torch.nn.Module):
+    """torch.nn.MultiheadAttention on attn's forward and backward: same constructor, forward, parameter
+    names, state_dict and initialisation (torch's RNG), plus num_kv_heads (grouped-query attention).
+
+    float32 CPU tensors. The returned weights carry no gradient (attn's backward is for the output).
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, num_kv_heads=None):
+        super().__init__()
+        if dtype not in (None, torch.float32) or torch.device(device or "cpu").type != "cpu":
+            raise _attn.AttnError(f"Expected dtype float32 on the CPU, but got dtype {dtype}, device {device} instead")
+        self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.head_dim = embed_dim // num_heads
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self._ctor = (int(embed_dim), int(num_heads), float(dropout), bool(bias), bool(add_bias_kv),
+                      bool(add_zero_attn), int(kdim or 0), int(vdim or 0), bool(batch_first), int(num_kv_heads or 0))
+        self.add_zero_attn = add_zero_attn
+        shapes = {n: a.shape for n, a in _attn.MultiheadAttention(*self._ctor, 0).state_dict().items()}
+        self._names = list(shapes)  # the native layer's order: the order of _Mha's gradients
+        for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
+                     "bias_k", "bias_v"):
+            self.register_parameter(name, torch.nn.Parameter(torch.empty(shapes[name])) if name in shapes else None)
+        self.out_proj = torch.nn.modules.linear.NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias)
+        self._reset_parameters()
+
+    def _reset_parameters(self):  # torch.nn.MultiheadAttention's, in its order, so one seed gives one model
+        for w in (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+            if w is not None:
+                torch.nn.init.xavier_uniform_(w)
+        if self.in_proj_bias is not None:
+            torch.nn.init.constant_(self.in_proj_bias, 0.0)
+            torch.nn.init.constant_(self.out_proj.bias, 0.0)
+        for b in (self.bias_k, self.bias_v):
+            if b is not None:
+                torch.nn.init.xavier_normal_(b)
+
+    def _native_args(self):
+        ctor = list(self._ctor)
+        ctor[2] = ctor[2] if self.training else 0.0  # dropout only in training mode
+        return ctor
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        params = dict(self.named_parameters())
+        out, weights = _Mha.apply(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                                  average_attn_weights, is_causal, *(params[n] for n in self._names))
+        return out, (weights if need_weights else None)
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}"

@@ -1,0 +1,64 @@
+"""What the `attn` command says to a user who gets a command line wrong, and what its --help and
+--version show: "did you mean" for subcommands and flags, readable range errors, --ckpt required where
+it is read, defaults in every --help, and --resume with a larger --steps re-planning the cosine decay.
+Not the training or the views themselves (test_gpt.py, test_viz_cli.py).
+"""
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import _attn
+
+CMAKE = (Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
+
+
+def run(*args):
+    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["trian"], "unknown command 'trian' (did you mean 'train'?); the commands are demo, info, bench, train, generate, viz"),
+    ([], "a command is required; the commands are demo, info, bench, train, generate, viz"),
+    (["train", "--step", "10"], "attn train has no option --step (did you mean --steps?)"),
+    (["generate", "--temprature", "1"], "(did you mean --temperature?)"),
+    (["bench", "--threads", "-1"], "--threads: Expected a number >= 0, but got -1 instead"),
+    (["generate", "--ckpt", "x", "--temperature", "-1"], "--temperature: Expected a number >= 0, but got -1 instead"),
+    (["generate", "--prompt", "x"], "--ckpt is required"),
+])
+def test_errors_say_what_to_do(args, message):
+    r = run(*args)
+    assert r.returncode != 0 and message in r.stderr, r.stderr
+    assert len(r.stderr) < 400, r.stderr  # one readable message, no 309-digit range
+
+
+def test_version_and_defaults_in_help():
+    version = re.search(r"project\(attn VERSION ([0-9.]+)", CMAKE).group(1)
+    assert run("--version").stdout.strip() == f"attn {version}"
+    assert "--threads INT:NONNEGATIVE=0" in run("generate", "--help").stdout
+    train = run("train", "--help").stdout
+    assert "--steps INT=2000 with --data, 200 without" in train and "--out TEXT=out" in train
+
+
+def test_resume_with_more_steps_replans_the_decay(tmp_path):
+    out = str(tmp_path / "ck")
+    r = run("train", "--out", out, "--steps", "6", "--eval-every", "0", "--eval-iters", "1")
+    assert r.returncode == 0 and "cosine decay to step 6)" in r.stdout, r.stdout + r.stderr
+    r = run("train", "--out", out, "--resume", "--steps", "9")
+    assert r.returncode == 0 and "cosine decay to step 9)" in r.stdout, r.stdout + r.stderr
+    r = run("train", "--out", out, "--resume", "--steps", "12", "--lr-decay-steps", "100")
+    assert r.returncode == 0 and "cosine decay to step 100)" in r.stdout, r.stdout + r.stderr
+
+
+def test_train_prints_its_memory_and_refuses_a_run_larger_than_memory(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("abcdefgh ijklmnop\n" * 500)
+    r = run("train", "--data", str(text), "--out", str(tmp_path / "ck"), "--batch", "100000000")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Expected training batch 100000000 x block" in r.stderr and "to fit in the machine's" in r.stderr
+    assert not (tmp_path / "ck").exists()
+    r = run("train", "--out", str(tmp_path / "ok"), "--steps", "1", "--eval-iters", "1")
+    assert r.returncode == 0 and re.search(r"memory: about [0-9.]+ [KM]B \(parameters", r.stdout), r.stdout

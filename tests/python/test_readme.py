@@ -1,0 +1,49 @@
+"""The README is a test: every ```sh and ```python block runs, in order, as written, in one empty temp
+directory (shell blocks with bash -e, `build/` there linking to the build being tested; Python blocks
+with this interpreter, which imports the attn under test). Not run: the set-up block, whose `make`
+commands are what runs this test, and ```cpp fragments (examples/quickstart.cpp is the built program).
+Links to files of the repo must point at files that exist.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import _attn
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+
+
+def blocks():
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w+)\n(.*?)^```$", README, re.M | re.S)]
+
+
+def test_readme_blocks_run_in_order(tmp_path):
+    build = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn").parent
+    assert (build / "attn").is_file(), f"no attn binary in {build}"
+    (tmp_path / "build").symlink_to(build)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    ran = {"sh": 0, "python": 0}
+    for lang, code in blocks():
+        if lang == "sh" and re.search(r"^make ", code, re.M):
+            continue  # the set-up block
+        if lang not in ran:
+            continue
+        cmd = ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
+        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, f"README {lang} block failed:\n{code}\n--- stdout\n{r.stdout[-3000:]}\n" \
+                                  f"--- stderr\n{r.stderr[-3000:]}"
+        ran[lang] += 1
+    assert ran["sh"] >= 2 and ran["python"] >= 2, ran
+    for f in ("views/attention.html", "views.html", "gpt.html", "mha.safetensors", "rev/config.json"):
+        assert (tmp_path / f).is_file(), f"the README's tour did not write {f}"
+
+
+def test_readme_links_exist():
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if "://" not in target:
+            assert (REPO / target).exists(), f"README links {target}, which is not in the repo"
+    for path in re.findall(r"`((?:examples|tests|docs|include|python)/[\w./]+)`", README):
+        assert (REPO / path).exists(), f"README names {path}, which is not in the repo"

@@ -1,0 +1,220 @@
+"""attn.torch against PyTorch's autograd: scaled_dot_product_attention and MultiheadAttention outputs and
+gradients (query, key, value, every MHA parameter) for masks, causal, GQA, dropout 0; a nanoGPT-shaped
+model trained 50 steps on attn's attention follows the same model on torch's; torch in gives torch out and
+numpy in numpy out for the plain functions; bf16 and requires_grad inputs.
+
+Tolerance, derived (FlashAttention's rule): PyTorch in float64 is the truth; attn's float32 error against
+it may be at most 2x PyTorch's own float32 error plus ATOL, the float32 rounding of unit-scale values.
+"""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attn
+import attn.torch
+
+ATOL = 1e-6  # ~8 float32 ulps at 1.0: what a different but correct summation order may add
+
+
+def check(ours, torch32, truth, what):
+    err, ref = (ours.double() - truth).abs().max().item(), (torch32.double() - truth).abs().max().item()
+    assert err <= 2 * ref + ATOL, f"{what}: attn error {err:.3g} vs torch float32 error {ref:.3g}"
+
+
+def sdpa_case(kind, gqa, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    N, H, L, S, D = 2, 4, 7, 9, 8
+    Hkv = 2 if gqa else H
+    q, k, v = (torch.randn(*s, generator=g) for s in ((N, H, L, D), (N, Hkv, S, D), (N, Hkv, S, D)))
+    mask = None
+    if kind == "bool":
+        mask = torch.rand(L, S, generator=g) > 0.3
+        mask[:, 0] = True  # no fully masked row: torch gives NaN there, attn zeros (on purpose)
+    elif kind == "float":
+        mask = torch.randn(N, 1, L, S, generator=g)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("kind", [None, "bool", "float", "causal"])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_sdpa_matches_torch_autograd(kind, gqa):
+    q, k, v, mask = sdpa_case(kind, gqa)
+    causal = kind == "causal"
+    dout = torch.randn(q.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(1))
+
+    def run(fn, dtype):
+        x = [t.detach().to(dtype, copy=True).requires_grad_() for t in (q, k, v)]
+        m = mask.to(dtype) if mask is not None and mask.is_floating_point() else mask
+        out = fn(*x, attn_mask=m, is_causal=causal, enable_gqa=gqa)
+        out.backward(dout.to(dtype))
+        return [out.detach()] + [t.grad for t in x]
+
+    truth = run(F.scaled_dot_product_attention, torch.float64)
+    for name, a, t, r in zip(("out", "dq", "dk", "dv"), run(attn.torch.scaled_dot_product_attention, torch.float32),
+                             run(F.scaled_dot_product_attention, torch.float32), truth):
+        check(a, t, r, name)
+    for a, r in zip(run(attn.torch.scaled_dot_product_attention, torch.float64), truth):  # float64 end to end
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
+
+
+def mha_pair(seed, **kw):
+    torch.manual_seed(seed)
+    ref = torch.nn.MultiheadAttention(16, 4, **kw)
+    torch.manual_seed(seed)
+    ours = attn.torch.MultiheadAttention(16, 4, **kw)
+    return ref, ours
+
+
+def test_mha_same_parameters_state_dict_and_init():
+    ref, ours = mha_pair(0, bias=True, add_bias_kv=True)
+    assert [(n, p.shape) for n, p in ref.named_parameters()] == [(n, p.shape) for n, p in ours.named_parameters()]
+    for (n, a), b in zip(ref.state_dict().items(), ours.state_dict().values()):
+        assert torch.equal(a, b), n  # torch's initialisation, in torch's order
+    ours.load_state_dict(ref.state_dict())
+    assert ours.to(torch.float32) is ours and len(list(ours.parameters())) == len(list(ref.parameters()))
+
+
+@pytest.mark.parametrize("case", ["plain", "padding", "bool_mask", "float_mask", "causal", "kdim", "bias_kv"])
+def test_mha_matches_torch_autograd(case):
+    kw = dict(batch_first=True)
+    if case == "kdim":
+        kw.update(kdim=12, vdim=10)
+    if case == "bias_kv":
+        kw.update(add_bias_kv=True)
+    ref, ours = mha_pair(3, **kw)
+    with torch.no_grad():
+        ref.in_proj_bias.normal_() if ref.in_proj_bias is not None else None
+        ref.out_proj.bias.normal_()
+    ours.load_state_dict(ref.state_dict())
+    g = torch.Generator().manual_seed(4)
+    N, L, S = 2, 5, 6
+    q = torch.randn(N, L, 16, generator=g)
+    k = torch.randn(N, S, kw.get("kdim", 16), generator=g)
+    v = torch.randn(N, S, kw.get("vdim", 16), generator=g)
+    masks = {}
+    if case == "padding":
+        masks["key_padding_mask"] = torch.tensor([[False] * S, [False] * (S - 2) + [True] * 2])
+    if case == "bool_mask":
+        m = torch.rand(L, S, generator=g) < 0.3
+        m[:, 0] = False  # True = masked out here (nn.MultiheadAttention's convention)
+        masks["attn_mask"] = m
+    if case == "float_mask":
+        masks["attn_mask"] = torch.randn(L, S, generator=g)
+    if case == "causal":
+        masks["attn_mask"] = torch.triu(torch.ones(L, S, dtype=torch.bool), 1)
+    dout = torch.randn(N, L, 16, generator=g)
+
+    def run(module, dtype):
+        module = module.to(dtype)
+        module.zero_grad()
+        x = [t.detach().to(dtype, copy=True).requires_grad_() for t in (q, k, v)]
+        m = {n: (t.to(dtype) if t.is_floating_point() else t) for n, t in masks.items()}
+        out, w = module(*x, need_weights=True, **m)
+        out.backward(dout.to(dtype))
+        return ([("out", out.detach()), ("weights", w.detach())] + [(n, t.grad) for n, t in zip("qkv", x)] +
+                [(n, p.grad.clone()) for n, p in module.named_parameters()])
+
+    truth = run(ref.double(), torch.float64)
+    torch32 = run(ref.float(), torch.float32)
+    mine = run(ours, torch.float32)
+    assert [n for n, _ in mine] == [n for n, _ in truth]
+    for (name, a), (_, t), (_, r) in zip(mine, torch32, truth):
+        check(a, t, r, name)
+
+
+def test_mha_self_attention_grads_sum_and_calls_are_independent():
+    ref, ours = mha_pair(5, batch_first=True)
+    x = torch.randn(2, 4, 16)
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    for module, xi in zip((ref, ours), xs):
+        y1, _ = module(xi, xi, xi, need_weights=False)
+        y2, _ = module(2 * xi, 2 * xi, 2 * xi, need_weights=False)  # a second call before backward
+        (y1.square().sum() + y2.sum()).backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=1e-4, atol=1e-5)
+    for (n, a), b in zip(ref.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+class TinyGPT(torch.nn.Module):
+    """nanoGPT's shape (tied embeddings, pre-norm blocks, causal self-attention); `attention` is the one line."""
+
+    def __init__(self, attention, vocab=32, T=16, E=32, H=4, layers=2):
+        super().__init__()
+        self.attention, self.H = attention, H
+        self.wte, self.wpe = torch.nn.Embedding(vocab, E), torch.nn.Embedding(T, E)
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict(dict(
+            ln1=torch.nn.LayerNorm(E), c_attn=torch.nn.Linear(E, 3 * E), c_proj=torch.nn.Linear(E, E),
+            ln2=torch.nn.LayerNorm(E), fc=torch.nn.Linear(E, 4 * E), proj=torch.nn.Linear(4 * E, E)))
+            for _ in range(layers))
+        self.ln_f = torch.nn.LayerNorm(E)
+        self.lm_head = torch.nn.Linear(E, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+        for m in self.modules():  # nanoGPT's initialisation
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                torch.nn.init.normal_(m.weight, 0.0, 0.02)
+
+    def forward(self, idx):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.blocks:
+            q, k, v = b["c_attn"](b["ln1"](x)).split(x.shape[-1], dim=2)
+            q, k, v = (t.view(B, T, self.H, -1).transpose(1, 2) for t in (q, k, v))
+            y = self.attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
+            x = x + b["c_proj"](y.transpose(1, 2).reshape(B, T, -1))
+            x = x + b["proj"](F.gelu(b["fc"](b["ln2"](x))))
+        return self.lm_head(self.ln_f(x))
+
+
+def train_losses(attention, steps=50):
+    torch.manual_seed(0)
+    model = TinyGPT(attention)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 8, (400,), generator=g)
+    data = (data.cumsum(0) % 32)  # a learnable sequence: each token is the last plus a small step
+    losses = []
+    for _ in range(steps):
+        ix = torch.randint(0, len(data) - 17, (8,), generator=g)
+        x = torch.stack([data[i:i + 16] for i in ix])
+        y = torch.stack([data[i + 1:i + 17] for i in ix])
+        loss = F.cross_entropy(model(x).view(-1, 32), y.view(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return np.array(losses)
+
+
+def test_nanogpt_shaped_model_trains_the_same_on_attn_attention():
+    ours, theirs = train_losses(attn.torch.scaled_dot_product_attention), train_losses(F.scaled_dot_product_attention)
+    assert theirs[-1] < theirs[0] - 0.5  # it learns (from ln 32 = 3.47 towards ln 8 = 2.08), so following it means something
+    assert np.abs(ours - theirs).max() <= 1e-3, np.abs(ours - theirs)
+
+
+def test_plain_functions_torch_in_torch_out_numpy_in_numpy_out():
+    q = torch.randn(1, 2, 3, 4, requires_grad=True)  # requires_grad is read through .detach()
+    out = attn.scaled_dot_product_attention(q, q, q)
+    assert isinstance(out, torch.Tensor) and out.shape == (1, 2, 3, 4)
+    assert isinstance(attn.scaled_dot_product_attention(q.detach().numpy(), q.detach().numpy(),
+                                                        q.detach().numpy()), np.ndarray)
+    mha = attn.MultiheadAttention(8, 2, batch_first=True, seed=0)
+    mha.load_state_dict(torch.nn.MultiheadAttention(8, 2, batch_first=True).state_dict())  # tensors taken as is
+    y, w = mha(torch.ones(1, 3, 8), torch.ones(1, 3, 8), torch.ones(1, 3, 8))
+    assert isinstance(y, torch.Tensor) and isinstance(w, torch.Tensor)
+
+
+def test_inputs_are_read_in_place():
+    q = torch.randn(1, 1, 4, 8)
+    a = attn._interop.as_array(q, "query")
+    assert a.ctypes.data == q.data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_is_refused_by_name(dtype):
+    q = torch.randn(1, 2, 3, 4).to(dtype)
+    for fn in (attn.scaled_dot_product_attention, attn.torch.scaled_dot_product_attention):
+        with pytest.raises(attn.AttnError, match=rf"Expected query of dtype float32 or float64, but got {dtype}"):
+            fn(q, q, q)
+    with pytest.raises(attn.AttnError, match="Expected query of dtype float32, but got"):
+        attn.torch.MultiheadAttention(4, 2)(q[0], q[0], q[0])
