@@ -22,6 +22,7 @@
 
 #include "attn/kernels/half_kv.h"
 #include "attn/kernels/problem.h"
+#include "attn/cpu.h"
 #include "attn/threads.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -42,9 +43,7 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::flash::HWY_NAMESPACE {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr int64_t kBc = 256;             // keys per tile: the (rows, kBc) score tile stays in L2
-constexpr int64_t kRowsPerTile = 256;    // query rows per tile, about: K/V tiles come from L3 once per
-                                         // query tile, so more rows amortize that (measured: 64 rows 12% slower)
+// Tile sizes: flash_tiles() (below, HWY_ONCE part), from the L2 size read at run time.
 constexpr int64_t kCutBand = 4 * kMR;     // rows per band where the causal diagonal crosses a tile
 constexpr int64_t kFewRows = 16;         // tiles of at most this many rows read K in place (no Kᵀ pack)
 constexpr int64_t kDecodeRows = 16;      // at most this many rows per KV head ...
@@ -62,6 +61,7 @@ struct Plan {
   bool pack_k = false;  // K must be copied: as Kᵀ panels (!few), or as rows (few, column stride != 1)
   bool pack_v = false;  // V rows can't be read in place (column stride != 1 or Dv % N != 0)
   float qscale = 0;     // scale·log2(e), folded into Q
+  int64_t bc = 0;       // keys per tile (flash_tiles().keys): the (Br, bc) score tile stays in L2
 };
 
 Plan MakePlan(const SdpaProblem<float>& p) {
@@ -69,9 +69,11 @@ Plan MakePlan(const SdpaProblem<float>& p) {
   pl.N = static_cast<int64_t>(hn::Lanes(DF()));
   pl.Dvp = round_up(p.Dv, pl.N);
   pl.decode = p.L * p.G <= kDecodeRows && p.S >= kDecodeMinS;
-  // lq·G about kRowsPerTile and a multiple of kMR where it can be, so no microkernel runs short.
+  const FlashTiles tiles = flash_tiles();
+  pl.bc = tiles.keys;
+  // lq·G about tiles.rows and a multiple of kMR where it can be, so no microkernel runs short.
   const int64_t step = kMR / std::gcd<int64_t>(p.G, kMR);
-  pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(kRowsPerTile) / double(step * p.G))));
+  pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(tiles.rows) / double(step * p.G))));
   pl.Br = pl.lq * p.G;
   pl.few = pl.Br <= kFewRows;
   pl.pack_k = !pl.few || p.args.k.strides[3] != 1;
@@ -84,20 +86,20 @@ Plan MakePlan(const SdpaProblem<float>& p) {
 struct Tile {
   hwy::AlignedFreeUniquePtr<float[]> buf;
   float* q;      // (Br, D) Q rows times scale·log2(e)
-  float* s;      // (Br, kBc) scores, then probabilities P
+  float* s;      // (Br, bc) scores, then probabilities P
   float* o;      // (Br, Dvp) unnormalised output
   float* m;      // (Br,) running max, log2 domain
   float* l;      // (Br,) running sum of P (before dropout)
   float* alpha;  // (Br,) rescale factor of this key tile
   float* qt;     // few rows only: (D, Brp) Qᵀ panels of q, Brp = Br rounded up to N
-  float* st;     // few rows only: (kBc, Brp) scores transposed, as K·Qᵀ gives them
+  float* st;     // few rows only: (bc, Brp) scores transposed, as K·Qᵀ gives them
   int64_t b = 0, kvh = 0, l0 = 0, rows = 0;
 
   explicit Tile(const Plan& pl) : buf(nullptr, hwy::AlignedFreer(nullptr, nullptr)) {
     const int64_t Br = pl.Br, a = 16;  // 64-byte aligned parts
     const int64_t Brp = pl.few ? round_up(Br, pl.N) : 0;
-    const int64_t nq = round_up(Br * pl.p.D, a), ns = round_up(Br * kBc, a), no = round_up(Br * pl.Dvp, a),
-                  nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = kBc * Brp;
+    const int64_t nq = round_up(Br * pl.p.D, a), ns = round_up(Br * pl.bc, a), no = round_up(Br * pl.Dvp, a),
+                  nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = pl.bc * Brp;
     buf = hwy::AllocateAligned<float>(static_cast<size_t>(nq + ns + no + 3 * nr + nqt + nst));
     q = buf.get(), s = q + nq, o = s + ns, m = o + no, l = m + nr, alpha = l + nr, qt = alpha + nr, st = qt + nqt;
   }
@@ -130,20 +132,20 @@ void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t 
 bool FillMask(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n, int64_t npad) {
   bool live = false;
   for (int64_t r = r0; r < r0 + nr; ++r)
-    live |= FillMaskRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, npad, t.s + r * kBc);
+    live |= FillMaskRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc);
   return live;
 }
 
 // Without masks, only the causal edge: S = -inf from each row's edge (and from n, where the last panel
 // pads) to npad. Rows [r0, r0 + nr), keys [s0, s0 + n); costs the triangle, not the tile.
 void MaskEdge(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n, int64_t npad) {
-  for (int64_t r = r0; r < r0 + nr; ++r) MaskEdgeRow(pl.p, t.row_l(pl.p, r), s0, n, npad, t.s + r * kBc);
+  for (int64_t r = r0; r < r0 + nr; ++r) MaskEdgeRow(pl.p, t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc);
 }
 
 // Dropout on P of rows [r0, r0 + nr), keys [s0, s0 + n), after the row statistics (l and LSE stay
 // pre-dropout): DropRow, the function the backward drops with too.
 void Dropout(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n) {
-  for (int64_t r = r0; r < r0 + nr; ++r) DropRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, 1, t.s + r * kBc);
+  for (int64_t r = r0; r < r0 + nr; ++r) DropRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, 1, t.s + r * pl.bc);
 }
 
 // S (rows, n) = Q·Kᵀ (+ S if add) for the few-rows tile, from K rows (ldk apart): Sᵀ = K·Qᵀ with the
@@ -156,7 +158,7 @@ void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t n,
       QK(std::min<int64_t>(kMR, n - s), std::min<int64_t>(kNV, np - j), k + s * ldk, ldk, t.qt + j * D * pl.N,
          D * pl.N, D, t.st + s * ldst + j * pl.N, ldst, false);
   for (int64_t r = 0; r < t.rows; ++r) {
-    float* row = t.s + r * kBc;
+    float* row = t.s + r * pl.bc;
     if (add)
       for (int64_t s = 0; s < n; ++s) row[s] += t.st[s * ldst + r];
     else
@@ -172,8 +174,8 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
   const auto& p = pl.p;
   const bool causal = p.args.causal != Causal::none;
   const int64_t first_end = p.key_end(t.l0);  // the causal edge of the tile's first, most limited row
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += kBc) {
-    const int64_t n = std::min(kBc, s_end - s0);
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += pl.bc) {
+    const int64_t n = std::min(pl.bc, s_end - s0);
     // Across the causal diagonal, bands of kCutBand rows stop at their last row's causal edge, so the
     // triangle above it costs next to nothing; elsewhere the tile is one band. Keys a band skips
     // would be -inf, so each row's result is the same bits either way.
@@ -192,12 +194,12 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
       if (pl.few)  // one band: rows <= kFewRows < kCutBand
         QKFromRows(pl, t, k + (s0 - s_begin) * ldk, ldk, nb, bias);
       else
-        QKTile(t.q + r0 * p.D, nr, p.D, k + (s0 - s_begin) * p.D, nbp / pl.N, t.s + r0 * kBc, kBc, bias);
+        QKTile(t.q + r0 * p.D, nr, p.D, k + (s0 - s_begin) * p.D, nbp / pl.N, t.s + r0 * pl.bc, pl.bc, bias);
       if (!bias && (nbp != nb || (cut && p.key_end(t.row_l(pl.p, r0)) < s0 + nb))) MaskEdge(pl, t, r0, nr, s0, nb, nbp);
       // m_new = max(m, rowmax(S)); P = 2^(S - m_new); l = 2^(m - m_new)·l + rowsum(P)
       bool rescale = false;
       for (int64_t r = r0; r < r0 + nr; ++r) {
-        float* row = t.s + r * kBc;
+        float* row = t.s + r * pl.bc;
         const float m_new = std::max(t.m[r], RowMax(row, nbp));
         // fully masked so far: m = -inf; use 0 so 2^(-inf - -inf) is not NaN (P = 0 then)
         const float m_use = m_new == -kInf ? 0.f : m_new;
@@ -210,7 +212,7 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
       }
       if (p.dropout()) Dropout(pl, t, r0, nr, s0, nb);
       // O = α ⊙ O + P·V; the rescale only when some row's max changed
-      PVTile(t.s + r0 * kBc, nr, kBc, v + (s0 - s_begin) * ldv, ldv, nb, t.o + r0 * pl.Dvp, pl.Dvp,
+      PVTile(t.s + r0 * pl.bc, nr, pl.bc, v + (s0 - s_begin) * ldv, ldv, nb, t.o + r0 * pl.Dvp, pl.Dvp,
              rescale ? t.alpha + r0 : nullptr);
     }
   }
@@ -296,6 +298,24 @@ HWY_EXPORT(FlashForward);
 }  // namespace flash
 
 void flash_forward(const SdpaProblem<float>& p) { HWY_DYNAMIC_DISPATCH(flash::FlashForward)(p); }
+
+namespace {
+FlashTiles g_forced;  // set_flash_tiles; 0 = derived
+}  // namespace
+
+// keys: the (rows, keys) score tile plus the K and V tiles stay in half the L2: keys = L2/4 KiB rounded
+// down to a power of two in [64, 512] (256 on 1 MiB, where 256 x 256 was measured best; 512 on 2 MiB).
+// rows: 256 (K/V tiles come from L3 once per query tile; measured: 64 rows 12% slower).
+FlashTiles flash_tiles() {
+  FlashTiles t;
+  int64_t keys = 64;
+  while (keys < 512 && keys * 2 * 4096 <= cpu_info().l2) keys *= 2;
+  t.keys = g_forced.keys > 0 ? flash::round_up(g_forced.keys, 64) : keys;
+  t.rows = g_forced.rows > 0 ? g_forced.rows : 256;
+  return t;
+}
+
+void set_flash_tiles(FlashTiles t) { g_forced = t; }
 
 }  // namespace attn
 #endif

@@ -164,6 +164,14 @@ void reference_forward(const SdpaProblem<T>& p);
 // FlashAttention-2 forward, fp32 only: never materializes the weights (p.out.weights must be empty),
 // writes out and, if requested, LSE. Same result for any thread count.
 void flash_forward(const SdpaProblem<float>& p);
+// Tile sizes of flash_forward: keys per tile (a multiple of 64, the widest microkernel block) and
+// query rows per tile (about; rounded to whole GQA groups). Derived from the L2 size read at run time
+// (cpu_info()); set_flash_tiles forces a configuration (tests, benchmarks), {} derives them again.
+struct FlashTiles {
+  int64_t keys = 0, rows = 0;
+};
+FlashTiles flash_tiles();
+void set_flash_tiles(FlashTiles t);
 // The backward oracle: recomputes the weights (reads neither p.out.out nor p.out.lse), float or double.
 // dout (B, H, L, Dv); dk and dv are summed over the query heads of a GQA group.
 template <typename T>
