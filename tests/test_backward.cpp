@@ -1,7 +1,8 @@
 // SDPA backward: the reference backward against central finite differences in fp64 on tiny shapes, and
 // the flash backward (fp32) against the fp64 reference backward with the derived tolerance, over every
 // mask kind, both causal alignments, GQA ratios 1, 2, 4, dropout and odd sizes; zero gradients of fully
-// masked rows; flash bitwise the same for 1 and 2 threads; the argument checks of sdpa_backward.
+// masked rows; flash bitwise the same for 1 and 2 threads; the flash backward drops exactly the forward's
+// elements (DropRow shared); the argument checks of sdpa_backward.
 // Not a benchmark.
 #include <gtest/gtest.h>
 
