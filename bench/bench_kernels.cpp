@@ -102,6 +102,57 @@ void BM_FlashDecode(benchmark::State& state) {
   state.counters["KV_GB/s"] = bytes * state.counters["GFLOP/s"] / a.flops();
 }
 
+// The issue's decode step: L = 1, S = 16384, H = 32 over Hkv = 8, D = 128, K/V stored as arg 0 (f32,
+// f16, bf16). Reports the time, the K/V bytes read per step and their rate. BM_ReadKV is the floor: the
+// time to read the same bytes once (a vectorizable sum over them, split like the decode, 2 threads).
+constexpr int64_t kDecS = 16384, kDecH = 32, kDecHkv = 8, kDecD = 128;
+void BM_DecodeStep(benchmark::State& state) {
+  const KvDtype t = KvDtype(state.range(0));
+  Attn a(kDecH, kDecHkv, 1, kDecS, kDecD, Causal::bottom_right);
+  std::vector<uint16_t> k16(size_t(a.k.numel())), v16(size_t(a.v.numel()));
+  if (t != KvDtype::f32) {
+    to_half(t, a.k.data(), a.k.numel(), k16.data());
+    to_half(t, a.v.data(), a.v.numel(), v16.data());
+  }
+  const Shape shape = {1, kDecHkv, kDecS, kDecD};
+  HalfKV kv{t, View<const uint16_t>(k16.data(), shape), View<const uint16_t>(v16.data(), shape)};
+  SdpaArgs<float> half_args = a.args;
+  half_args.k = {}, half_args.v = {};
+  const SdpaOut<float> out{a.out, {}, {}};
+  time_flops(state, a.flops(), [&] {
+    if (t == KvDtype::f32) sdpa(a.args, out);
+    else sdpa(half_args, kv, out);
+  });
+  const double bytes = 2.0 * double(a.k.numel()) * (t == KvDtype::f32 ? 4 : 2);
+  state.counters["KV_MB"] = bytes * 1e-6;
+  state.counters["KV_GB/s"] = bytes * state.counters["GFLOP/s"] / a.flops();
+  state.SetLabel(to_string(t));
+}
+
+// Reading arg 0's bytes of K/V once (f32: 4 bytes an element, else 2), summed as 32-bit words.
+void BM_ReadKV(benchmark::State& state) {
+  const int64_t elements = 2 * kDecHkv * kDecS * kDecD;  // K and V
+  const int64_t n = state.range(0) == int(KvDtype::f32) ? elements : elements / 2;  // 32-bit words
+  std::vector<uint32_t> buf(size_t(n), 1u);
+  std::vector<uint32_t> sums(64);
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t chunk = 1 << 16;
+    parallel_items((n + chunk - 1) / chunk, chunk, [&](int64_t c, int worker) {
+      uint32_t acc = 0;
+      const uint32_t* x = buf.data() + c * chunk;
+      for (int64_t i = 0, e = std::min(chunk, n - c * chunk); i < e; ++i) acc += x[i];
+      sums[size_t(worker)] += acc;
+    });
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.counters["KV_MB"] = double(n) * 4e-6;
+  state.counters["KV_GB/s"] = double(n) * 4 * double(state.iterations()) / seconds * 1e-9;
+  state.SetLabel(to_string(KvDtype(state.range(0))));
+}
+
 // Peak memory of one flash run above its inputs and output (VmHWM growth after clear_refs resets it).
 void BM_FlashMemory(benchmark::State& state) {
   Attn a(8, 8, state.range(0), state.range(0), 64, Causal::top_left);
@@ -119,6 +170,8 @@ BENCHMARK(BM_Flash)->ArgsProduct({{1024, 4096}, {0, 1}})->ArgNames({"L", "causal
 BENCHMARK(BM_Reference)->Args({1024, 0})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_FlashGqa)->Arg(2048)->ArgName("L")->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FlashDecode)->Arg(4096)->Arg(32768)->ArgName("S")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_ReadKV)->Arg(int(KvDtype::f32))->Arg(int(KvDtype::f16))->ArgName("kv")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStep)->Arg(int(KvDtype::f32))->Arg(int(KvDtype::f16))->Arg(int(KvDtype::bf16))->ArgName("kv")->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   int threads = 2;

@@ -1,7 +1,8 @@
 // SDPA backward: the reference backward against central finite differences in fp64 on tiny shapes, and
 // the flash backward (fp32) against the fp64 reference backward with the derived tolerance, over every
 // mask kind, both causal alignments, GQA ratios 1, 2, 4, dropout and odd sizes; zero gradients of fully
-// masked rows; flash bitwise the same for 1 and 2 threads; the argument checks of sdpa_backward.
+// masked rows; flash bitwise the same for 1 and 2 threads; the flash backward drops exactly the forward's
+// elements (DropRow shared); the argument checks of sdpa_backward.
 // Not a benchmark.
 #include <gtest/gtest.h>
 
@@ -331,6 +332,42 @@ TEST(FlashBackward, StridedInputsGiveTheSameBits) {
     EXPECT_EQ(std::memcmp(got.dq.data(), want.dq.data(), want.dq.numel() * sizeof(float)), 0) << "D " << D;
     EXPECT_EQ(std::memcmp(got.dk.data(), want.dk.data(), want.dk.numel() * sizeof(float)), 0) << "D " << D;
     EXPECT_EQ(std::memcmp(got.dv.data(), want.dv.data(), want.dv.numel() * sizeof(float)), 0) << "D " << D;
+  }
+}
+
+// The dropout mask of the flash backward is the forward's on every element. With V = I (S = Dv) the
+// forward's output row l is the dropped weight row itself, out[l, s] = P_dropped[l, s]; with dO = I
+// (L = Dv) the backward's dV[s, e] = Σ_l P_dropped[l, s]·dO[l, e] = P_dropped[e, s]. So out[l, s] == 0
+// exactly where dV[s, l] == 0, and both where the reference drops (its weights output). P > 0 on every
+// kept element (unit-normal scores over 37 keys never underflow), so a single element dropped by one
+// pass and not the other fails. Several (b, h) pairs test the index, not just one row.
+TEST(FlashBackward, DropsExactlyTheForwardsElements) {
+  const int64_t B = 2, H = 2, n = 37;  // L = S = Dv = n
+  for (double p : {0.1, 0.5, 0.9}) {
+    Config c{B, H, H, n, n, 16, n, MaskCase::none, Causal::none, p};
+    Inputs<float> in(c, 41);
+    Tensor eye_v({B, H, n, n}), eye_do({B, H, n, n});  // V (B, Hkv, S, Dv) = I, dO (B, H, L, Dv) = I
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      for (int64_t i = 0; i < n; ++i) eye_v.data()[(bh * n + i) * n + i] = eye_do.data()[(bh * n + i) * n + i] = 1.f;
+    SdpaArgs<float> args = in.args;
+    args.v = eye_v.view();
+    Tensor out({B, H, n, n}), lse({B, H, n}), weights({B, H, n, n}), ref_out({B, H, n, n});
+    flash_forward(make_problem(args, SdpaOut<float>{out.view(), {}, lse.view()}));
+    reference_forward(make_problem(args, SdpaOut<float>{ref_out.view(), weights.view(), {}}));
+    Grads<float> g(c);
+    flash_backward(make_problem(args, SdpaOut<float>{out.view(), {}, lse.view()}), eye_do.view(), g.views());
+    int64_t dropped = 0;
+    for (int64_t bh = 0; bh < B * H; ++bh)
+      for (int64_t l = 0; l < n; ++l)
+        for (int64_t s = 0; s < n; ++s) {
+          const float fwd = out.data()[(bh * n + l) * n + s], bwd = g.dv.data()[(bh * n + s) * n + l];
+          const float ref = weights.data()[(bh * n + l) * n + s];
+          ASSERT_EQ(fwd == 0.f, bwd == 0.f) << "p " << p << " (b, h) " << bh << " l " << l << " s " << s;
+          ASSERT_EQ(fwd == 0.f, ref == 0.f) << "p " << p << " (b, h) " << bh << " l " << l << " s " << s;
+          dropped += fwd == 0.f;
+        }
+    // about p of the elements: the test would pass vacuously with no dropout at all
+    EXPECT_NEAR(double(dropped) / double(B * H * n * n), p, 0.05) << "p " << p;
   }
 }
 

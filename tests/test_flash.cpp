@@ -1,7 +1,7 @@
 // The flash forward kernel against the fp64 reference, with FlashAttention's derived tolerance: its
 // error may be at most 2x the error of the plain fp32 reference, plus a tiny atol. Also: bitwise the same
-// output for 1 and 2 threads, the zero policy on fully masked rows, every SIMD target compiled in, and
-// sdpa()'s backend choice (explain, strict). Not a benchmark (bench/bench_kernels.cpp is).
+// output for 1 and 2 threads, the zero policy on fully masked rows, every SIMD target compiled in,
+// forced small and large tile sizes, and sdpa()'s backend choice (explain, strict). Not a benchmark (bench/bench_kernels.cpp is).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -316,6 +316,45 @@ TEST(Flash, DecodePath) {
       c.mask = MaskKind::additive, c.mask_shape = {1, 8, L, S}, c.masked_rows = 0.3;
       check_case(c);
     }
+}
+
+// Tile sizes come from the cache sizes of the machine the tests run on; other machines get others. Force
+// a small (64 keys x 12 rows) and a large (512 x 512) configuration and check odd sizes, every mask
+// kind, both alignments across tile edges, GQA, dropout and strided layouts against the oracle in both.
+TEST(Flash, SmallAndLargeTileConfigurations) {
+  const FlashTiles derived = flash_tiles();
+  EXPECT_GE(derived.keys, 64);
+  EXPECT_EQ(derived.keys % 64, 0);
+  for (FlashTiles t : {FlashTiles{64, 12}, FlashTiles{512, 512}}) {
+    set_flash_tiles(t);
+    ASSERT_EQ(flash_tiles().keys, t.keys);
+    SCOPED_TRACE(cat("tiles ", t.keys, " keys x ", t.rows, " rows"));
+    for (int64_t L : {1, 63, 65, 513})
+      for (int64_t S : {7, 129, 700}) {
+        Case c;
+        c.L = L, c.S = S, c.D = c.Dv = (L + S) % 2 ? 63 : 64;
+        check_case(c);
+      }
+    for (Causal causal : {Causal::top_left, Causal::bottom_right})
+      for (auto [L, S] : {std::pair<int64_t, int64_t>{600, 600}, {200, 700}, {700, 200}}) {
+        Case c;
+        c.L = L, c.S = S, c.causal = causal, c.padding = MaskKind::drop, c.mask = MaskKind::additive,
+        c.masked_rows = 0.2;
+        check_case(c);
+      }
+    for (MaskKind kind : {MaskKind::keep, MaskKind::drop, MaskKind::additive}) {
+      Case c;
+      c.H = 8, c.Hkv = 2, c.L = 130, c.S = 600, c.mask = kind, c.mask_shape = {1, 8, 130, 600}, c.D = c.Dv = 128;
+      check_case(c);
+    }
+    {
+      Case c;
+      c.L = 300, c.S = 555, c.dropout_p = 0.3, c.causal = Causal::bottom_right, c.in_layout = 1, c.out_layout = 2;
+      check_case(c);
+    }
+  }
+  set_flash_tiles({});
+  EXPECT_EQ(flash_tiles().keys, derived.keys);
 }
 
 TEST(Flash, DropoutKeepsTheReferenceBits) {

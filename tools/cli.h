@@ -62,6 +62,7 @@ struct GenerateCli {
   int64_t top_k = 200;
   uint64_t seed = 1337;
   int threads = 0;  // the CPUs this process may use
+  std::string kv_dtype = "f32";  // f32, f16 or bf16: how the KV cache stores K and V
 };
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli);
 int run_generate(const GenerateCli& cli);

@@ -23,6 +23,8 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
   cmd->add_option("--seed", cli.seed, "sampling seed")->check(number_of<uint64_t>());
   cmd->add_option("--threads", cli.threads, "threads (0: the CPUs this process may use)")->check(number_of<int>())
       ->check(non_negative());
+  cmd->add_option("--kv-dtype", cli.kv_dtype, "KV cache storage: f32, or f16/bf16 (half the bytes per decode step)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   return cmd;
 }
 
@@ -44,6 +46,7 @@ int run_generate(const GenerateCli& cli) {
   o.temperature = cli.temperature;
   o.top_k = cli.top_k;
   o.seed = cli.seed;
+  o.kv_dtype = parse_kv_dtype(cli.kv_dtype.c_str());
   o.on_token = [&](int64_t tok) {
     const int32_t id = int32_t(tok);
     std::fputs(m.tokenizer.decode(&id, 1).c_str(), stdout);

@@ -67,7 +67,7 @@ class Gpt : public Layer {
   // Incremental decoding (eval mode): idx (B, T) new tokens at positions cache.length(0)...; appends
   // their keys/values to `cache` and returns logits (B, T, V). length + T must stay <= block_size.
   Tensor forward_cached(const int64_t* idx, int64_t B, int64_t T, KVCache& cache);
-  KVCache new_cache(int64_t B) const;  // n_layer layers of block_size tokens, Hkv heads
+  KVCache new_cache(int64_t B, KvDtype dtype = KvDtype::f32) const;  // n_layer layers of block_size tokens, Hkv heads
 
   // Per layer, the causal self-attention weights (B, H, T, T) for idx (B, T), computed in eval mode (the
   // mode is restored after).
@@ -105,6 +105,7 @@ struct SampleOptions {
   double temperature = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 0;
+  KvDtype kv_dtype = KvDtype::f32;  // how the KV cache stores K and V (f16/bf16: half the bytes per step)
   std::function<void(int64_t token)> on_token;  // if set, called with each new token as it is drawn
 };
 

@@ -1,18 +1,24 @@
-// KVCache: per-layer K/V buffers, append and views of the filled prefix. No attention math here.
+// KVCache: per-layer K/V buffers (fp32 or 16-bit), append and views of the filled prefix. No attention
+// math here; the rounding to 16 bits is to_half's (src/kernels/flash_decode_half.cpp).
 #include "attn/kv_cache.h"
 
 #include <cstring>
 
 namespace attn {
 
-KVCache::KVCache(int64_t layers, int64_t B, int64_t Hkv, int64_t S_max, int64_t D, int64_t Dv)
-    : B_(B), Hkv_(Hkv), S_max_(S_max), D_(D), Dv_(Dv == 0 ? D : Dv) {
+KVCache::KVCache(int64_t layers, int64_t B, int64_t Hkv, int64_t S_max, int64_t D, int64_t Dv, KvDtype dtype)
+    : B_(B), Hkv_(Hkv), S_max_(S_max), D_(D), Dv_(Dv == 0 ? D : Dv), dtype_(dtype) {
   ATTN_CHECK(layers > 0 && B > 0 && Hkv > 0 && S_max > 0 && D > 0 && Dv_ > 0,
              "Expected layers, B, Hkv, S_max, D > 0 for KVCache, but got layers = ", layers, ", B = ", B,
              ", Hkv = ", Hkv, ", S_max = ", S_max, ", D = ", D, ", Dv = ", Dv_, " instead");
   for (int64_t i = 0; i < layers; ++i) {
-    k_.emplace_back(Shape{B, Hkv, S_max, D});
-    v_.emplace_back(Shape{B, Hkv, S_max, Dv_});
+    if (dtype_ == KvDtype::f32) {
+      k_.emplace_back(Shape{B, Hkv, S_max, D});
+      v_.emplace_back(Shape{B, Hkv, S_max, Dv_});
+    } else {
+      k16_.emplace_back(size_t(B * Hkv * S_max * D), uint16_t(0));
+      v16_.emplace_back(size_t(B * Hkv * S_max * Dv_), uint16_t(0));
+    }
   }
   len_.assign(size_t(layers), 0);
 }
@@ -26,28 +32,50 @@ void KVCache::append(int64_t layer, View<const float> k, View<const float> v) {
              to_string({B_, Hkv_, T, Dv_}), " (k ", to_string(k.shape), "), but got ", to_string(v.shape), " instead");
   ATTN_CHECK(S + T <= S_max_, "Expected at most S_max = ", S_max_, " tokens in KVCache layer ", layer,
              ", but got ", S, " cached + ", T, " new instead");
-  auto copy = [&](Tensor& dst, View<const float> src, int64_t d) {  // dst (B, Hkv, S_max, d)
+  std::vector<float> row;  // one token's (d,) values, gathered from any strides
+  auto copy = [&](float* dst32, uint16_t* dst16, View<const float> src, int64_t d) {  // dst (B, Hkv, S_max, d)
+    row.resize(size_t(d));
     for (int64_t b = 0; b < B_; ++b)
       for (int64_t h = 0; h < Hkv_; ++h)
         for (int64_t t = 0; t < T; ++t) {
-          float* o = dst.data() + ((b * Hkv_ + h) * S_max_ + S + t) * d;
+          const int64_t o = ((b * Hkv_ + h) * S_max_ + S + t) * d;
           const float* i = src.data + b * src.stride(0) + h * src.stride(1) + t * src.stride(2);
-          for (int64_t e = 0; e < d; ++e) o[e] = i[e * src.stride(3)];
+          for (int64_t e = 0; e < d; ++e) row[size_t(e)] = i[e * src.stride(3)];
+          if (dst32) std::memcpy(dst32 + o, row.data(), size_t(d) * sizeof(float));
+          else to_half(dtype_, row.data(), d, dst16 + o);
         }
   };
-  copy(k_[size_t(layer)], k, D_);
-  copy(v_[size_t(layer)], v, Dv_);
-  len_[size_t(layer)] = S + T;
+  const size_t i = size_t(layer);
+  if (dtype_ == KvDtype::f32) {
+    copy(k_[i].data(), nullptr, k, D_);
+    copy(v_[i].data(), nullptr, v, Dv_);
+  } else {
+    copy(nullptr, k16_[i].data(), k, D_);
+    copy(nullptr, v16_[i].data(), v, Dv_);
+  }
+  len_[i] = S + T;
 }
 
 View<const float> KVCache::keys(int64_t layer) const {
+  ATTN_CHECK(dtype_ == KvDtype::f32, "Expected an f32 KVCache for keys(), but got ", to_string(dtype_),
+             " instead (use half())");
   const Tensor& t = k_.at(size_t(layer));
-  return {t.data(), {B_, Hkv_, len_[size_t(layer)], D_}, {Hkv_ * S_max_ * D_, S_max_ * D_, D_, 1}};
+  return {t.data(), {B_, Hkv_, len_[size_t(layer)], D_}, strides(D_)};
 }
 
 View<const float> KVCache::values(int64_t layer) const {
+  ATTN_CHECK(dtype_ == KvDtype::f32, "Expected an f32 KVCache for values(), but got ", to_string(dtype_),
+             " instead (use half())");
   const Tensor& t = v_.at(size_t(layer));
-  return {t.data(), {B_, Hkv_, len_[size_t(layer)], Dv_}, {Hkv_ * S_max_ * Dv_, S_max_ * Dv_, Dv_, 1}};
+  return {t.data(), {B_, Hkv_, len_[size_t(layer)], Dv_}, strides(Dv_)};
+}
+
+HalfKV KVCache::half(int64_t layer) const {
+  ATTN_CHECK(dtype_ != KvDtype::f32, "Expected an f16 or bf16 KVCache for half(), but got f32 instead (use keys())");
+  const size_t i = size_t(layer);
+  const int64_t S = len_.at(i);
+  return {dtype_, View<const uint16_t>(k16_[i].data(), {B_, Hkv_, S, D_}, strides(D_)),
+          View<const uint16_t>(v16_[i].data(), {B_, Hkv_, S, Dv_}, strides(Dv_))};
 }
 
 int64_t KVCache::length(int64_t layer) const { return len_.at(size_t(layer)); }

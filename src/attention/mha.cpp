@@ -504,10 +504,10 @@ Tensor MultiheadAttention::forward_cached(View<const float> x, KVCache& cache, i
                 D = head_dim(), KV = Hkv * D;
   ATTN_CHECK(xq.size(2) == E, "Expected x ", layout_name(batched, o_.batch_first), " with E = ", E, ", but got shape ",
              to_string(x.shape), " instead");
-  const View<const float> cached = cache.keys(layer);
-  ATTN_CHECK(cached.size(0) == B && cached.size(1) == Hkv && cached.size(3) == D, "Expected a KVCache of (B, Hkv, S_max, D) = ",
-             to_string({B, Hkv, cache.capacity(), D}), ", but got ", to_string({cached.size(0), cached.size(1),
-             cache.capacity(), cached.size(3)}), " instead");
+  const int64_t cached_b = cache.dtype() == KvDtype::f32 ? cache.keys(layer).size(0) : cache.half(layer).k.shape[0];
+  ATTN_CHECK(cached_b == B && cache.heads() == Hkv && cache.head_dim() == D, "Expected a KVCache of (B, Hkv, S_max, D) = ",
+             to_string({B, Hkv, cache.capacity(), D}), ", but got ", to_string({cached_b, cache.heads(),
+             cache.capacity(), cache.head_dim()}), " instead");
   // 1. Project the new tokens; their K and V join the cache.
   const bool packed = in_proj_weight_.data() != nullptr;
   auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
@@ -518,14 +518,19 @@ Tensor MultiheadAttention::forward_cached(View<const float> x, KVCache& cache, i
   project(xq, weight(2, v_proj_weight_), rows(in_proj_bias_, E + KV, KV), v);
   cache.append(layer, split_heads<const float>(k, Hkv), split_heads<const float>(v, Hkv));
   // 2. The T queries against all S cached keys, bottom-right causal: query t sees keys s <= S - T + t.
+  //    A 16-bit cache goes to the half-precision decode kernel, an fp32 one to sdpa's flash kernel.
   SdpaArgs<float> args;
   args.q = split_heads(q, H);
-  args.k = cache.keys(layer);    // (B, Hkv, S, D)
-  args.v = cache.values(layer);  // (B, Hkv, S, D)
   args.causal = Causal::bottom_right;
   Tensor ctx_buf = new_buffer(sf, B, T, E);
   View<float> ctx = btc(ctx_buf, sf);  // (B, T, E)
-  sdpa(args, SdpaOut<float>{split_heads(ctx, H), {}, {}});
+  if (cache.dtype() == KvDtype::f32) {
+    args.k = cache.keys(layer);    // (B, Hkv, S, D)
+    args.v = cache.values(layer);  // (B, Hkv, S, D)
+    sdpa(args, SdpaOut<float>{split_heads(ctx, H), {}, {}});
+  } else {
+    sdpa(args, cache.half(layer), SdpaOut<float>{split_heads(ctx, H), {}, {}});
+  }
   // 3. Output projection, in x's layout.
   Tensor output = new_buffer(sf, B, T, E);
   project(ctx, out_proj_weight_.view(), out_proj_bias_.data() ? out_proj_bias_.view() : View<const float>{},

@@ -79,8 +79,10 @@ SdpaProblem<T> make_problem(const SdpaArgs<T>& a, const SdpaOut<T>& o) {
   check_rank4("query", "(B, H, L, D)", a.q);
   check_rank4("key", "(B, Hkv, S, D)", a.k);
   check_rank4("value", "(B, Hkv, S, Dv)", a.v);
-  SdpaProblem<T> p{a, o, a.q.size(0), a.q.size(1), a.k.size(1), a.q.size(2), a.k.size(2), a.q.size(3),
-                   a.v.size(3), 0.0, {}, {}};
+  SdpaProblem<T> p;
+  p.args = a, p.out = o;
+  p.B = a.q.size(0), p.H = a.q.size(1), p.Hkv = a.k.size(1), p.L = a.q.size(2), p.S = a.k.size(2);
+  p.D = a.q.size(3), p.Dv = a.v.size(3);
   check_shape("key", "(B, Hkv, S, D)", a.k, {p.B, p.Hkv, p.S, p.D});
   ATTN_CHECK(a.v.size(0) == p.B && a.v.size(1) == p.Hkv && a.v.size(2) == p.S, "Expected value of shape ",
              dims_str("(B, Hkv, S, Dv)", {p.B, p.Hkv, p.S, a.v.size(3)}), " to match key ",
@@ -89,6 +91,7 @@ SdpaProblem<T> make_problem(const SdpaArgs<T>& a, const SdpaOut<T>& o) {
              " to be a multiple of the key/value heads Hkv = ", p.Hkv, " (query ", to_string(a.q.shape),
              ", key ", to_string(a.k.shape), "), but got a remainder of ", p.Hkv ? p.H % p.Hkv : p.H,
              " instead");
+  p.G = p.H / p.Hkv;
   check_rank4("out", "(B, H, L, Dv)", o.out);
   check_shape("out", "(B, H, L, Dv)", o.out, {p.B, p.H, p.L, p.Dv});
   if (!o.weights.empty()) check_shape("weights", "(B, H, L, S)", o.weights, {p.B, p.H, p.L, p.S});
@@ -103,6 +106,8 @@ SdpaProblem<T> make_problem(const SdpaArgs<T>& a, const SdpaOut<T>& o) {
   ATTN_CHECK(std::isfinite(p.scale), "Expected a finite scale, but got ", p.scale, " instead");
   ATTN_CHECK(a.dropout_p >= 0 && a.dropout_p <= 1, "Expected dropout_p in [0, 1], but got ", a.dropout_p,
              " instead");
+  p.drop_threshold = dropout_threshold(a.dropout_p);
+  p.keep_scale = a.dropout_p < 1 ? T(1) / T(1 - a.dropout_p) : T(0);  // p = 1 drops every weight
   return p;
 }
 
@@ -150,6 +155,28 @@ template BackendChoice explain(const SdpaArgs<float>&, const SdpaOut<float>&, co
 template BackendChoice explain(const SdpaArgs<double>&, const SdpaOut<double>&, const SdpaOptions&);
 template void sdpa(const SdpaArgs<float>&, const SdpaOut<float>&, const SdpaOptions&);
 template void sdpa(const SdpaArgs<double>&, const SdpaOut<double>&, const SdpaOptions&);
+
+void sdpa(const SdpaArgs<float>& args, const HalfKV& kv, const SdpaOut<float>& out, const SdpaOptions& options) {
+  ATTN_CHECK(kv.dtype == KvDtype::f16 || kv.dtype == KvDtype::bf16, "Expected a half KV dtype f16 or bf16, but got ",
+             to_string(kv.dtype), " instead (fp32 K/V go through sdpa(args, out))");
+  ATTN_CHECK(args.k.empty() && args.v.empty(), "Expected args.k and args.v empty when K and V come from a half KV "
+             "cache, but got key ", to_string(args.k.shape), " and value ", to_string(args.v.shape), " instead");
+  check_rank4("half key", "(B, Hkv, S, D)", kv.k);
+  check_rank4("half value", "(B, Hkv, S, Dv)", kv.v);
+  ATTN_CHECK(kv.k.strides[3] == 1 && kv.v.strides[3] == 1, "Expected half key and value with unit column stride, ",
+             "but got strides ", to_string(kv.k.strides), " and ", to_string(kv.v.strides), " instead");
+  ATTN_CHECK(args.dropout_p == 0, "Expected dropout_p = 0 over a half KV cache (decoding is eval only), but got ",
+             args.dropout_p, " instead");
+  ATTN_CHECK(out.weights.empty(), "Expected no weights output over a half KV cache, but got weights of shape ",
+             to_string(out.weights.shape), " instead");
+  ATTN_CHECK(options.backend != Backend::reference, "Expected backend automatic or flash over a half KV cache ",
+             "(flash_decode_half is its only kernel), but got reference instead");
+  // The problem's K and V views carry the shapes only, so make_problem checks them as for fp32 K/V.
+  SdpaArgs<float> a = args;
+  a.k = View<const float>(reinterpret_cast<const float*>(kv.k.data), kv.k.shape, kv.k.strides);
+  a.v = View<const float>(reinterpret_cast<const float*>(kv.v.data), kv.v.shape, kv.v.strides);
+  flash_decode_half(make_problem(a, out), kv);
+}
 
 // ---- Backward ----
 

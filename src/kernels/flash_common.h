@@ -1,9 +1,9 @@
-// FlashAttention building blocks shared by the CPU flash kernels (forward now, backward later): the
+// FlashAttention building blocks shared by the CPU flash kernels (forward and backward): the
 // packing of K (as Kᵀ panels) and V, the register-blocked microkernels for S = Q·Kᵀ and O = α⊙O + P·V,
 // and a vectorized exp2. Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
 // these over tiles) and not a general GEMM (sizes are those of attention tiles).
 //
-// Two parts. The target-independent part (packing, constants) has a plain include guard. The SIMD part
+// The target-independent part (packing, constants) is flash_pack.h. This SIMD part
 // is compiled once per Highway target: include this header after <hwy/highway.h> in a translation unit
 // that re-includes itself through <hwy/foreach_target.h>; it defines attn::flash::HWY_NAMESPACE.
 //
@@ -12,43 +12,7 @@
 //             head lie D*N floats apart, keys past the end are 0.
 //   V rows:   (S, ldv) rows, read as is when they have unit column stride and Dv % N == 0, otherwise
 //             packed to (S, Dvp) with Dvp = Dv rounded up to N and zero columns past Dv.
-#ifndef ATTN_FLASH_COMMON_ONCE
-#define ATTN_FLASH_COMMON_ONCE
-#include <cmath>
-#include <cstdint>
-
-namespace attn::flash {
-
-inline constexpr float kLog2e = 1.44269504088896340736f;  // scores live in the log2 domain: exp(x) = exp2(x·log2 e)
-inline constexpr float kLn2 = 0.69314718055994530942f;
-
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// Kᵀ panels of rows [0, n) of a (n, D) matrix with strides (rs, cs): ceil(n/N) panels of (D, N).
-// Used for K (and, for the backward, V as Vᵀ).
-inline void pack_panels(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, int64_t N, float* dst) {
-  for (int64_t s0 = 0; s0 < n; s0 += N, dst += D * N) {
-    const int64_t w = n - s0 < N ? n - s0 : N;
-    for (int64_t j = 0; j < w; ++j) {
-      const float* row = src + (s0 + j) * rs;
-      for (int64_t d = 0; d < D; ++d) dst[d * N + j] = row[d * cs];
-    }
-    for (int64_t j = w; j < N; ++j)
-      for (int64_t d = 0; d < D; ++d) dst[d * N + j] = 0.f;
-  }
-}
-
-// Rows [0, n) of a (n, cols) matrix with strides (rs, cs) into (n, ld) rows, zero past cols.
-inline void pack_rows(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t cols, int64_t ld, float* dst) {
-  for (int64_t s = 0; s < n; ++s, dst += ld) {
-    const float* row = src + s * rs;
-    for (int64_t e = 0; e < cols; ++e) dst[e] = row[e * cs];
-    for (int64_t e = cols; e < ld; ++e) dst[e] = 0.f;
-  }
-}
-
-}  // namespace attn::flash
-#endif  // ATTN_FLASH_COMMON_ONCE
+#include "flash_pack.h"
 
 // ---- Per-target SIMD part ----
 #if defined(ATTN_FLASH_COMMON_TOGGLE) == defined(HWY_TARGET_TOGGLE)

@@ -9,9 +9,10 @@
 // Scores are kept in the log2 domain: Q is scaled by scale·log2(e) when packed, masks are multiplied
 // by log2(e), and exp2 replaces exp; LSE is converted back to natural log at the end.
 //
-// Threads: attn's pool over independent (batch, KV head, query tile) items, each reduced in a fixed order
-// by one thread, so any thread count gives bitwise the same output. Decoding (few query rows, long S)
-// splits S into chunks of a fixed size instead and merges their (m, l, O) triples in chunk order.
+// Threads: attn's pool (parallel_items) over independent (batch, KV head, query tile) items, each
+// reduced in a fixed order by one thread, so any thread count gives bitwise the same output. Decoding
+// (few query rows, long S) is flash_decode (flash_decode_half.cpp, the kernel of half-precision K/V
+// too): S split into chunks of a fixed size whose (m, l, O) triples are merged in chunk order.
 // SIMD: one copy per Highway target (AVX-512, AVX2, SSE4, scalar), chosen when the program runs.
 #include <algorithm>
 #include <cmath>
@@ -19,8 +20,9 @@
 #include <limits>
 #include <numeric>
 
-#include "attn/rng.h"
-#include "attn/sdpa.h"
+#include "attn/kernels/half_kv.h"
+#include "attn/kernels/problem.h"
+#include "attn/cpu.h"
 #include "attn/threads.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -32,53 +34,51 @@
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
+#include "dropout.h"
 #include "flash_common.h"
+#include "mask.h"
+#include "softmax.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::flash::HWY_NAMESPACE {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr int64_t kBc = 256;             // keys per tile: the (rows, kBc) score tile stays in L2
-constexpr int64_t kRowsPerTile = 256;    // query rows per tile, about: K/V tiles come from L3 once per
-                                         // query tile, so more rows amortize that (measured: 64 rows 12% slower)
+// Tile sizes: flash_tiles() (below, HWY_ONCE part), from the L2 size read at run time.
 constexpr int64_t kCutBand = 4 * kMR;     // rows per band where the causal diagonal crosses a tile
 constexpr int64_t kFewRows = 16;         // tiles of at most this many rows read K in place (no Kᵀ pack)
 constexpr int64_t kDecodeRows = 16;      // at most this many rows per KV head ...
 constexpr int64_t kDecodeMinS = 1024;    // ... and at least this many keys: the decode path
-constexpr int64_t kDecodeChunk = 512;    // keys per decode chunk; fixed, so the merge never depends on threads
 constexpr int64_t kPackBudget = 16 << 20;  // bytes of packed K/V held at once (at least one KV head)
 constexpr int64_t kPackRows = 1024;      // keys per packing job
 
 // What every tile needs to know about the problem.
 struct Plan {
   const SdpaProblem<float>& p;
-  int64_t G = 0, N = 0, Dvp = 0;  // query heads per KV head, lanes, Dv rounded up to N
+  int64_t N = 0, Dvp = 0;  // lanes, Dv rounded up to N
   int64_t lq = 0, Br = 0;  // query positions and rows (lq·G) per tile
   bool decode = false;  // split S into chunks instead of L into tiles
   bool few = false;     // Br <= kFewRows: S is computed as K·Qᵀ from K rows, K is not packed as panels
   bool pack_k = false;  // K must be copied: as Kᵀ panels (!few), or as rows (few, column stride != 1)
   bool pack_v = false;  // V rows can't be read in place (column stride != 1 or Dv % N != 0)
   float qscale = 0;     // scale·log2(e), folded into Q
-  uint32_t threshold = 0;  // dropout
-  float keep_scale = 1;    // 1/(1 - dropout_p), applied with the final normalisation
+  int64_t bc = 0;       // keys per tile (flash_tiles().keys): the (Br, bc) score tile stays in L2
 };
 
 Plan MakePlan(const SdpaProblem<float>& p) {
   Plan pl{p};
-  pl.G = p.H / p.Hkv;
   pl.N = static_cast<int64_t>(hn::Lanes(DF()));
   pl.Dvp = round_up(p.Dv, pl.N);
-  pl.decode = p.L * pl.G <= kDecodeRows && p.S >= kDecodeMinS;
-  // lq·G about kRowsPerTile and a multiple of kMR where it can be, so no microkernel runs short.
-  const int64_t step = kMR / std::gcd<int64_t>(pl.G, kMR);
-  pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(kRowsPerTile) / double(step * pl.G))));
-  pl.Br = pl.lq * pl.G;
+  pl.decode = p.L * p.G <= kDecodeRows && p.S >= kDecodeMinS;
+  const FlashTiles tiles = flash_tiles();
+  pl.bc = tiles.keys;
+  // lq·G about tiles.rows and a multiple of kMR where it can be, so no microkernel runs short.
+  const int64_t step = kMR / std::gcd<int64_t>(p.G, kMR);
+  pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(tiles.rows) / double(step * p.G))));
+  pl.Br = pl.lq * p.G;
   pl.few = pl.Br <= kFewRows;
   pl.pack_k = !pl.few || p.args.k.strides[3] != 1;
   pl.pack_v = p.args.v.strides[3] != 1 || p.Dv % pl.N != 0;
   pl.qscale = static_cast<float>(p.scale) * kLog2e;
-  pl.threshold = dropout_threshold(p.args.dropout_p);
-  pl.keep_scale = p.args.dropout_p < 1 ? 1.f / static_cast<float>(1 - p.args.dropout_p) : 0.f;
   return pl;
 }
 
@@ -86,34 +86,34 @@ Plan MakePlan(const SdpaProblem<float>& p) {
 struct Tile {
   hwy::AlignedFreeUniquePtr<float[]> buf;
   float* q;      // (Br, D) Q rows times scale·log2(e)
-  float* s;      // (Br, kBc) scores, then probabilities P
+  float* s;      // (Br, bc) scores, then probabilities P
   float* o;      // (Br, Dvp) unnormalised output
   float* m;      // (Br,) running max, log2 domain
   float* l;      // (Br,) running sum of P (before dropout)
   float* alpha;  // (Br,) rescale factor of this key tile
   float* qt;     // few rows only: (D, Brp) Qᵀ panels of q, Brp = Br rounded up to N
-  float* st;     // few rows only: (kBc, Brp) scores transposed, as K·Qᵀ gives them
+  float* st;     // few rows only: (bc, Brp) scores transposed, as K·Qᵀ gives them
   int64_t b = 0, kvh = 0, l0 = 0, rows = 0;
 
   explicit Tile(const Plan& pl) : buf(nullptr, hwy::AlignedFreer(nullptr, nullptr)) {
     const int64_t Br = pl.Br, a = 16;  // 64-byte aligned parts
     const int64_t Brp = pl.few ? round_up(Br, pl.N) : 0;
-    const int64_t nq = round_up(Br * pl.p.D, a), ns = round_up(Br * kBc, a), no = round_up(Br * pl.Dvp, a),
-                  nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = kBc * Brp;
+    const int64_t nq = round_up(Br * pl.p.D, a), ns = round_up(Br * pl.bc, a), no = round_up(Br * pl.Dvp, a),
+                  nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = pl.bc * Brp;
     buf = hwy::AllocateAligned<float>(static_cast<size_t>(nq + ns + no + 3 * nr + nqt + nst));
     q = buf.get(), s = q + nq, o = s + ns, m = o + no, l = m + nr, alpha = l + nr, qt = alpha + nr, st = qt + nqt;
   }
-  int64_t row_l(int64_t r, int64_t G) const { return l0 + r / G; }
-  int64_t row_h(int64_t r, int64_t G) const { return kvh * G + r % G; }
+  int64_t row_l(const SdpaProblem<float>& p, int64_t r) const { return l0 + r / p.G; }
+  int64_t row_h(const SdpaProblem<float>& p, int64_t r) const { return p.first_head(kvh) + r % p.G; }
 };
 
 // Q rows of positions [l0, l0 + nl) for the G heads of KV head kvh, scaled; statistics reset.
 void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t nl) {
   const auto& Q = pl.p.args.q;
   const int64_t D = pl.p.D;
-  t.b = b, t.kvh = kvh, t.l0 = l0, t.rows = nl * pl.G;
+  t.b = b, t.kvh = kvh, t.l0 = l0, t.rows = nl * pl.p.G;
   for (int64_t r = 0; r < t.rows; ++r) {
-    const float* src = Q.data + b * Q.strides[0] + t.row_h(r, pl.G) * Q.strides[1] + t.row_l(r, pl.G) * Q.strides[2];
+    const float* src = Q.data + b * Q.strides[0] + t.row_h(pl.p, r) * Q.strides[1] + t.row_l(pl.p, r) * Q.strides[2];
     float* dst = t.q + r * D;
     if (Q.strides[3] == 1)
       for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * pl.qscale;  // vectorized
@@ -126,61 +126,26 @@ void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t 
   std::fill(t.o, t.o + t.rows * pl.Dvp, 0.f);
 }
 
-// row[j] += log2(e)·mask(b, h, l, s0 + j) for j < n: additive values scaled to the log2 domain, bool
-// masks as -inf. The mask row is read through its pointer and stride.
-void AddMask(const MaskRef<float>& m, int64_t b, int64_t h, int64_t l, int64_t s0, int64_t n, float* row) {
-  const int64_t off = b * m.sb + h * m.sh + l * m.sl + s0 * m.ss, ss = m.ss;
-  if (m.kind == Mask<float>::Kind::additive) {
-    const float* x = m.bias + off;
-    for (int64_t j = 0; j < n; ++j) row[j] += kLog2e * x[j * ss];
-  } else {
-    const uint8_t* x = m.bools + off;
-    const bool masked_if = m.kind == Mask<float>::Kind::drop;  // keep-mask: masked where false
-    for (int64_t j = 0; j < n; ++j)
-      if ((x[j * ss] != 0) == masked_if) row[j] = -kInf;
-  }
-}
-
 // The mask part of the score tile, rows [r0, r0 + nr), keys [s0, s0 + n): log2(e)·(attn_mask +
 // key_padding), -inf past each row's causal edge and on the columns [n, npad) that only pad the last
 // panel. Returns false when every entry is -inf: the GEMMs are skipped.
 bool FillMask(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n, int64_t npad) {
-  const auto& p = pl.p;
   bool live = false;
-  for (int64_t r = r0; r < r0 + nr; ++r) {
-    const int64_t l = t.row_l(r, pl.G), h = t.row_h(r, pl.G);
-    float* row = t.s + r * kBc;
-    const int64_t end = std::clamp<int64_t>(p.key_end(l) - s0, 0, n);
-    std::fill(row, row + end, 0.f);
-    std::fill(row + end, row + npad, -kInf);
-    if (p.padding.given()) AddMask(p.padding, t.b, h, l, s0, end, row);
-    if (p.mask.given()) AddMask(p.mask, t.b, h, l, s0, end, row);
-    bool any = false;
-    for (int64_t j = 0; j < end; ++j) any |= row[j] != -kInf;
-    live |= any;
-  }
+  for (int64_t r = r0; r < r0 + nr; ++r)
+    live |= FillMaskRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc);
   return live;
 }
 
 // Without masks, only the causal edge: S = -inf from each row's edge (and from n, where the last panel
 // pads) to npad. Rows [r0, r0 + nr), keys [s0, s0 + n); costs the triangle, not the tile.
 void MaskEdge(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n, int64_t npad) {
-  for (int64_t r = r0; r < r0 + nr; ++r) {
-    float* row = t.s + r * kBc;
-    std::fill(row + std::clamp<int64_t>(pl.p.key_end(t.row_l(r, pl.G)) - s0, 0, n), row + npad, -kInf);
-  }
+  for (int64_t r = r0; r < r0 + nr; ++r) MaskEdgeRow(pl.p, t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc);
 }
 
 // Dropout on P of rows [r0, r0 + nr), keys [s0, s0 + n), after the row statistics (l and LSE stay
-// pre-dropout), with the reference's keep bits.
+// pre-dropout): DropRow, the function the backward drops with too.
 void Dropout(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n) {
-  const auto& p = pl.p;
-  for (int64_t r = r0; r < r0 + nr; ++r) {
-    const uint64_t base = static_cast<uint64_t>(((t.b * p.H + t.row_h(r, pl.G)) * p.L + t.row_l(r, pl.G)) * p.S + s0);
-    float* row = t.s + r * kBc;
-    for (int64_t j = 0; j < n; ++j)
-      if (!dropout_keep(p.args.seed, base + static_cast<uint64_t>(j), pl.threshold)) row[j] = 0.f;
-  }
+  for (int64_t r = r0; r < r0 + nr; ++r) DropRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, 1, t.s + r * pl.bc);
 }
 
 // S (rows, n) = Q·Kᵀ (+ S if add) for the few-rows tile, from K rows (ldk apart): Sᵀ = K·Qᵀ with the
@@ -193,7 +158,7 @@ void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t n,
       QK(std::min<int64_t>(kMR, n - s), std::min<int64_t>(kNV, np - j), k + s * ldk, ldk, t.qt + j * D * pl.N,
          D * pl.N, D, t.st + s * ldst + j * pl.N, ldst, false);
   for (int64_t r = 0; r < t.rows; ++r) {
-    float* row = t.s + r * kBc;
+    float* row = t.s + r * pl.bc;
     if (add)
       for (int64_t s = 0; s < n; ++s) row[s] += t.st[s * ldst + r];
     else
@@ -209,8 +174,8 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
   const auto& p = pl.p;
   const bool causal = p.args.causal != Causal::none;
   const int64_t first_end = p.key_end(t.l0);  // the causal edge of the tile's first, most limited row
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += kBc) {
-    const int64_t n = std::min(kBc, s_end - s0);
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += pl.bc) {
+    const int64_t n = std::min(pl.bc, s_end - s0);
     // Across the causal diagonal, bands of kCutBand rows stop at their last row's causal edge, so the
     // triangle above it costs next to nothing; elsewhere the tile is one band. Keys a band skips
     // would be -inf, so each row's result is the same bits either way.
@@ -218,7 +183,7 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
     const int64_t band = cut ? kCutBand : t.rows;
     for (int64_t r0 = 0; r0 < t.rows; r0 += band) {
       const int64_t nr = std::min(band, t.rows - r0);
-      const int64_t nb = cut ? std::clamp<int64_t>(p.key_end(t.row_l(r0 + nr - 1, pl.G)) - s0, 0, n) : n;
+      const int64_t nb = cut ? std::clamp<int64_t>(p.key_end(t.row_l(pl.p, r0 + nr - 1)) - s0, 0, n) : n;
       if (nb == 0) continue;  // every key of this tile is above these rows' diagonal
       const int64_t nbp = round_up(nb, pl.N);
       // S = (Q·scale·log2 e)·Kᵀ + log2(e)·masks. With masks, the mask part goes first, so a fully
@@ -229,12 +194,12 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
       if (pl.few)  // one band: rows <= kFewRows < kCutBand
         QKFromRows(pl, t, k + (s0 - s_begin) * ldk, ldk, nb, bias);
       else
-        QKTile(t.q + r0 * p.D, nr, p.D, k + (s0 - s_begin) * p.D, nbp / pl.N, t.s + r0 * kBc, kBc, bias);
-      if (!bias && (nbp != nb || (cut && p.key_end(t.row_l(r0, pl.G)) < s0 + nb))) MaskEdge(pl, t, r0, nr, s0, nb, nbp);
+        QKTile(t.q + r0 * p.D, nr, p.D, k + (s0 - s_begin) * p.D, nbp / pl.N, t.s + r0 * pl.bc, pl.bc, bias);
+      if (!bias && (nbp != nb || (cut && p.key_end(t.row_l(pl.p, r0)) < s0 + nb))) MaskEdge(pl, t, r0, nr, s0, nb, nbp);
       // m_new = max(m, rowmax(S)); P = 2^(S - m_new); l = 2^(m - m_new)·l + rowsum(P)
       bool rescale = false;
       for (int64_t r = r0; r < r0 + nr; ++r) {
-        float* row = t.s + r * kBc;
+        float* row = t.s + r * pl.bc;
         const float m_new = std::max(t.m[r], RowMax(row, nbp));
         // fully masked so far: m = -inf; use 0 so 2^(-inf - -inf) is not NaN (P = 0 then)
         const float m_use = m_new == -kInf ? 0.f : m_new;
@@ -245,28 +210,12 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
         t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use);
         t.m[r] = m_new;
       }
-      if (p.args.dropout_p > 0) Dropout(pl, t, r0, nr, s0, nb);
+      if (p.dropout()) Dropout(pl, t, r0, nr, s0, nb);
       // O = α ⊙ O + P·V; the rescale only when some row's max changed
-      PVTile(t.s + r0 * kBc, nr, kBc, v + (s0 - s_begin) * ldv, ldv, nb, t.o + r0 * pl.Dvp, pl.Dvp,
+      PVTile(t.s + r0 * pl.bc, nr, pl.bc, v + (s0 - s_begin) * ldv, ldv, nb, t.o + r0 * pl.Dvp, pl.Dvp,
              rescale ? t.alpha + r0 : nullptr);
     }
   }
-}
-
-// out row (b, h, l) = o·keep_scale/lsum; LSE = m·ln2 + ln(lsum). A fully masked row (lsum = 0, m = -inf):
-// out 0, LSE -inf. A NaN score leaves lsum NaN, so the row is NaN, never taken for fully masked.
-void WriteRow(const Plan& pl, int64_t b, int64_t h, int64_t l, const float* o, float m, float lsum) {
-  const auto& O = pl.p.out.out;
-  float* dst = O.data + b * O.strides[0] + h * O.strides[1] + l * O.strides[2];
-  const bool empty = lsum == 0.f;
-  const float inv = empty ? 0.f : pl.keep_scale / lsum;
-  if (O.strides[3] == 1)
-    for (int64_t e = 0; e < pl.p.Dv; ++e) dst[e] = empty ? 0.f : o[e] * inv;  // vectorized
-  else
-    for (int64_t e = 0; e < pl.p.Dv; ++e) dst[e * O.strides[3]] = empty ? 0.f : o[e] * inv;
-  const auto& lse = pl.p.out.lse;
-  if (!lse.empty())
-    lse.data[b * lse.strides[0] + h * lse.strides[1] + l * lse.strides[2]] = empty ? -kInf : m * kLn2 + std::log(lsum);
 }
 
 // V rows of (b, kvh): the packed copy or, where the layout allows, V itself.
@@ -315,7 +264,7 @@ void ForwardTiles(const Plan& pl) {
         PackKeys(pl, pair / p.Hkv, pair % p.Hkv, s0, std::min(kPackRows, p.S - s0), kt + s0 * p.D,
                  kt + kt_size + s0 * pl.Dvp);
       });
-      parallel_items(np * nt, std::min(pl.lq, p.L) * pl.G * p.S * (p.D + p.Dv), [&](int64_t i, int worker) {
+      parallel_items(np * nt, std::min(pl.lq, p.L) * p.G * p.S * (p.D + p.Dv), [&](int64_t i, int worker) {
         Tile& t = tiles.get(worker, pl);
         // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
         const int64_t pair = first + i % np, ti = nt - 1 - i / np;
@@ -327,75 +276,15 @@ void ForwardTiles(const Plan& pl) {
         LoadQ(pl, t, b, kvh, l0, nl);
         ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), k, ldk, v, ldv);
         for (int64_t r = 0; r < t.rows; ++r)
-          WriteRow(pl, b, t.row_h(r, pl.G), t.row_l(r, pl.G), t.o + r * pl.Dvp, t.m[r], t.l[r]);
+          WriteRow(p, b, t.row_h(pl.p, r), t.row_l(pl.p, r), t.o + r * pl.Dvp, t.m[r], t.l[r]);
       });
   }
-}
-
-// Decode path: all L·G rows of a KV head form one tile; items (b, kvh, chunk of kDecodeChunk keys)
-// give partial (m, l, O), merged per row in chunk order.
-void ForwardDecode(const Plan& pl) {
-  const auto& p = pl.p;
-  const int64_t pairs = p.B * p.Hkv, nc = (p.S + kDecodeChunk - 1) / kDecodeChunk, rows = p.L * pl.G;
-  auto part_m = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows));  // (B·Hkv, nc, rows)
-  auto part_l = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows));  // (B·Hkv, nc, rows)
-  auto part_o = hwy::AllocateAligned<float>(static_cast<size_t>(pairs * nc * rows * pl.Dvp));  // (B·Hkv, nc, rows, Dvp)
-  struct Scratch {
-    Tile t;
-    hwy::AlignedFreeUniquePtr<float[]> kp, vp;  // (kDecodeChunk, D), (kDecodeChunk, Dvp)
-    explicit Scratch(const Plan& pl)
-        : t(pl),
-          kp(hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_k ? kDecodeChunk * pl.p.D : 1))),
-          vp(hwy::AllocateAligned<float>(static_cast<size_t>(pl.pack_v ? kDecodeChunk * pl.Dvp : 1))) {}
-  };
-  PerWorker<Scratch> scratch;
-  parallel_items(pairs * nc, rows * std::min(p.S, kDecodeChunk) * (p.D + p.Dv), [&](int64_t i, int worker) {
-      Scratch& sc = scratch.get(worker, pl);
-      Tile& t = sc.t;
-      auto& kp = sc.kp;
-      auto& vp = sc.vp;
-      const int64_t pair = i / nc, c = i % nc, b = pair / p.Hkv, kvh = pair % p.Hkv;
-      const int64_t s_begin = c * kDecodeChunk, s_end = std::min({p.S, s_begin + kDecodeChunk, p.key_end(p.L - 1)});
-      LoadQ(pl, t, b, kvh, 0, p.L);
-      if (s_begin < s_end) {
-        PackKeys(pl, b, kvh, s_begin, s_end - s_begin, kp.get(), vp.get());
-        int64_t ldk, ldv;
-        const float* k = KRows(pl, b, kvh, kp.get(), &ldk);
-        const float* v = VRows(pl, b, kvh, vp.get(), &ldv);
-        if (!pl.pack_k) k += s_begin * ldk;
-        if (!pl.pack_v) v += s_begin * ldv;
-        ProcessKeys(pl, t, s_begin, s_end, k, ldk, v, ldv);
-      }
-      std::copy(t.m, t.m + rows, part_m.get() + i * rows);
-      std::copy(t.l, t.l + rows, part_l.get() + i * rows);
-      std::copy(t.o, t.o + rows * pl.Dvp, part_o.get() + i * rows * pl.Dvp);
-  });
-  // merge, chunk by chunk: m = max_c m_c; l = Σ_c 2^(m_c - m)·l_c; O = Σ_c 2^(m_c - m)·O_c
-  PerWorker<std::vector<float>> row_o;
-  parallel_items(pairs * rows, nc * pl.Dvp, [&](int64_t j, int worker) {
-      const int64_t pair = j / rows, r = j % rows;
-      const float* pm = part_m.get() + pair * nc * rows + r;  // chunk c at pm[c * rows]
-      const float* pls = part_l.get() + pair * nc * rows + r;
-      float m = -kInf, lsum = 0.f;
-      for (int64_t c = 0; c < nc; ++c) m = std::max(m, pm[c * rows]);
-      const float m_use = m == -kInf ? 0.f : m;  // as in ProcessKeys: no -inf - -inf
-      float* o = row_o.get(worker, size_t(pl.Dvp)).data();  // (Dvp,) scratch
-      std::fill(o, o + pl.Dvp, 0.f);
-      for (int64_t c = 0; c < nc; ++c) {
-        if (pls[c * rows] == 0.f) continue;  // no live key for this row in chunk c (its O is 0)
-        const float w = std::exp2(pm[c * rows] - m_use);
-        const float* oc = part_o.get() + ((pair * nc + c) * rows + r) * pl.Dvp;
-        lsum += w * pls[c * rows];
-        for (int64_t e = 0; e < pl.Dvp; ++e) o[e] += w * oc[e];
-      }
-      WriteRow(pl, pair / p.Hkv, (pair % p.Hkv) * pl.G + r % pl.G, r / pl.G, o, m, lsum);
-  });
 }
 
 void FlashForward(const SdpaProblem<float>& p) {
   if (p.B == 0 || p.H == 0 || p.L == 0) return;
   const Plan pl = MakePlan(p);
-  if (pl.decode) ForwardDecode(pl);
+  if (pl.decode) flash_decode(p);  // flash_decode_half.cpp's kernel, over fp32 K/V
   else ForwardTiles(pl);
 }
 
@@ -409,6 +298,24 @@ HWY_EXPORT(FlashForward);
 }  // namespace flash
 
 void flash_forward(const SdpaProblem<float>& p) { HWY_DYNAMIC_DISPATCH(flash::FlashForward)(p); }
+
+namespace {
+FlashTiles g_forced;  // set_flash_tiles; 0 = derived
+}  // namespace
+
+// keys: the (rows, keys) score tile plus the K and V tiles stay in half the L2: keys = L2/4 KiB rounded
+// down to a power of two in [64, 512] (256 on 1 MiB, where 256 x 256 was measured best; 512 on 2 MiB).
+// rows: 256 (K/V tiles come from L3 once per query tile; measured: 64 rows 12% slower).
+FlashTiles flash_tiles() {
+  FlashTiles t;
+  int64_t keys = 64;
+  while (keys < 512 && keys * 2 * 4096 <= cpu_info().l2) keys *= 2;
+  t.keys = g_forced.keys > 0 ? flash::round_up(g_forced.keys, 64) : keys;
+  t.rows = g_forced.rows > 0 ? g_forced.rows : 256;
+  return t;
+}
+
+void set_flash_tiles(FlashTiles t) { g_forced = t; }
 
 }  // namespace attn
 #endif

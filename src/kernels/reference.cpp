@@ -5,8 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "attn/rng.h"
-#include "attn/sdpa.h"
+#include "attn/kernels/problem.h"
 #include "attn/threads.h"
 
 namespace attn {
@@ -15,8 +14,6 @@ template <typename T>
 void reference_forward(const SdpaProblem<T>& p) {
   const auto& a = p.args;
   const T inf = std::numeric_limits<T>::infinity();
-  const uint32_t threshold = dropout_threshold(a.dropout_p);
-  const T keep_scale = a.dropout_p < 1 ? T(1) / T(1 - a.dropout_p) : T(0);
 
   parallel_items(p.B * p.H, p.L * p.S * (p.D + p.Dv), [&](int64_t bh, int) {
     const int64_t b = bh / p.H, h = bh % p.H;
@@ -44,11 +41,7 @@ void reference_forward(const SdpaProblem<T>& p) {
         for (int64_t s = 0; s < p.S; ++s) sum += (w[s] = m == -inf ? T(0) : std::exp(w[s] - m));
         for (int64_t s = 0; s < p.S; ++s) {
           if (m == -inf) break;
-          w[s] /= sum;
-          if (a.dropout_p > 0) {
-            uint64_t index = ((b * p.H + h) * p.L + l) * p.S + s;
-            w[s] = dropout_keep(a.seed, index, threshold) ? w[s] * keep_scale : T(0);
-          }
+          w[s] = w[s] / sum * p.keep_weight(b, h, l, s);  // P_dropped = P · (keep_scale or 0)
         }
         if (!p.out.lse.empty()) p.out.lse.data[b * p.out.lse.strides[0] + h * p.out.lse.strides[1] + l * p.out.lse.strides[2]] = m == -inf ? -inf : m + std::log(sum);
         if (!p.out.weights.empty()) {

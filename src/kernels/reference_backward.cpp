@@ -6,8 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "attn/rng.h"
-#include "attn/sdpa.h"
+#include "attn/kernels/problem.h"
 #include "attn/threads.h"
 
 namespace attn {
@@ -16,14 +15,11 @@ template <typename T>
 void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaGrads<T>& g) {
   const auto& a = p.args;
   const T inf = std::numeric_limits<T>::infinity();
-  const uint32_t threshold = dropout_threshold(a.dropout_p);
-  const T keep_scale = a.dropout_p < 1 ? T(1) / T(1 - a.dropout_p) : T(0);
   const T scale = T(p.scale);
-  const int64_t group = p.H / p.Hkv;
 
   // One task per (b, KV head): it owns dK and dV of that head and dQ of the query heads of its group,
   // so the sums below have one order whatever the thread count.
-  parallel_items(p.B * p.Hkv, group * p.L * p.S * (p.D + p.Dv) * 2, [&](int64_t bkv, int) {
+  parallel_items(p.B * p.Hkv, p.G * p.L * p.S * (p.D + p.Dv) * 2, [&](int64_t bkv, int) {
     const int64_t b = bkv / p.Hkv, kvh = bkv % p.Hkv;
     {
       std::vector<T> w(p.S), dw(p.S);  // (S,) one row of weights and of their gradient
@@ -35,7 +31,7 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
         for (int64_t d = 0; d < p.D; ++d) dkb[s * g.dk.strides[2] + d * g.dk.strides[3]] = 0;
         for (int64_t e = 0; e < p.Dv; ++e) dvb[s * g.dv.strides[2] + e * g.dv.strides[3]] = 0;
       }
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      for (int64_t h = p.first_head(kvh); h < p.first_head(kvh) + p.G; ++h) {
         for (int64_t l = 0; l < p.L; ++l) {
           const T* q = a.q.data + b * a.q.strides[0] + h * a.q.strides[1] + l * a.q.strides[2];
           const T* dO = dout.data + b * dout.strides[0] + h * dout.strides[1] + l * dout.strides[2];
@@ -65,11 +61,7 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
             const T* v = vb + s * a.v.strides[2];
             T dot = 0;
             for (int64_t e = 0; e < p.Dv; ++e) dot += dO[e * dout.strides[3]] * v[e * a.v.strides[3]];
-            T keep = T(1);
-            if (a.dropout_p > 0) {
-              uint64_t index = ((b * p.H + h) * p.L + l) * p.S + s;
-              keep = dropout_keep(a.seed, index, threshold) ? keep_scale : T(0);
-            }
+            const T keep = p.keep_weight(b, h, l, s);
             dw[s] = dot * keep;
             D += w[s] * dw[s];
             // dV += P_droppedᵀ·dO

@@ -312,8 +312,8 @@ float Gpt::evaluate(const int64_t* idx, const int64_t* targets, int64_t B, int64
   return cross_entropy(logits.view().reshape({B * T, c_.vocab_size}), targets);
 }
 
-KVCache Gpt::new_cache(int64_t B) const {
-  return KVCache(c_.n_layer, B, c_.n_kv_head, c_.block_size, c_.n_embd / c_.n_head);
+KVCache Gpt::new_cache(int64_t B, KvDtype dtype) const {
+  return KVCache(c_.n_layer, B, c_.n_kv_head, c_.block_size, c_.n_embd / c_.n_head, 0, dtype);
 }
 
 Tensor Gpt::forward_cached(const int64_t* idx, int64_t B, int64_t T, KVCache& cache) {
@@ -385,7 +385,7 @@ std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, co
   model.eval();
   const int64_t block = model.config().block_size, V = model.config().vocab_size;
   std::vector<int64_t> all = prompt, out;
-  KVCache cache = model.new_cache(1);
+  KVCache cache = model.new_cache(1, o.kv_dtype);
   // Fills the cache from the last `keep` tokens; the logits of the last one.
   auto refill = [&](int64_t keep) {
     cache.clear();

@@ -1,0 +1,183 @@
+// The kernel interface: what an attention kernel is given (SdpaProblem, checked by make_problem) and the
+// kernel entry points. The one home of attention semantics every kernel shares: the GQA head mapping,
+// the causal key range of a query (and query range of a key), the per-element mask value, and the
+// dropout element index, threshold and keep scale. Kernels include this header and nothing of the
+// attention layer; attn/sdpa.h (the entry point sdpa(), backend choice) includes it, not the other way.
+// Not the argument checks (make_problem in src/attention/sdpa.cpp) and not any math.
+//
+// Layout: Q (B, H, L, D), K (B, Hkv, S, D), V (B, Hkv, S, Dv), out (B, H, L, Dv), all strided views:
+// MultiheadAttention's (B, L, E) projections are passed as (B, H, L, D) views without a copy.
+// GQA/MQA: query head h reads KV head kv_head(h); K and V are never repeated.
+//
+// How a kernel uses it (see docs/kernels.md):
+//   scores(b, h, l, s) = q·k·scale + bias(b, h, l, s)   for s < key_end(l), -inf beyond (causal)
+//   P = softmax(scores); P_dropped = P · keep_weight(b, h, l, s)  (keep_scale or 0 per element)
+//   out = P_dropped · V;  lse = log Σ exp(scores), -inf on a fully masked row (output and gradient 0)
+// Flash kernels apply these per row through src/kernels/mask.h and dropout.h, which call only this.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "attn/mask.h"
+#include "attn/rng.h"
+#include "attn/tensor.h"
+
+namespace attn {
+
+template <typename T>
+struct SdpaArgs {
+  View<const T> q;  // (B, H, L, D)
+  View<const T> k;  // (B, Hkv, S, D)
+  View<const T> v;  // (B, Hkv, S, Dv)
+  Mask<T> attn_mask;              // broadcastable to (B, H, L, S), right-aligned as in PyTorch
+  Mask<T> key_padding;            // (B, S)
+  Causal causal = Causal::none;   // combines with both masks
+  std::optional<double> scale;    // default 1/sqrt(D)
+  double dropout_p = 0;           // dropout on the weights; the caller passes 0 in eval mode
+  uint64_t seed = 0;              // dropout keep bit of weight (b, h, l, s) = f(seed, index)
+};
+
+template <typename T>
+struct SdpaOut {
+  View<T> out;      // (B, H, L, Dv), any strides
+  View<T> weights;  // (B, H, L, S), optional: the weights after dropout, as PyTorch returns them
+  View<T> lse;      // (B, H, L), optional: log-sum-exp of the scaled masked scores; -inf on a fully masked row
+};
+
+// Gradients of sdpa; dk and dv are summed over the query heads of a GQA group.
+template <typename T>
+struct SdpaGrads {
+  View<T> dq;  // (B, H, L, D)
+  View<T> dk;  // (B, Hkv, S, D)
+  View<T> dv;  // (B, Hkv, S, Dv)
+};
+
+// A mask resolved against (B, H, L, S): element strides, 0 on broadcast dims.
+template <typename T>
+struct MaskRef {
+  typename Mask<T>::Kind kind = Mask<T>::Kind::none;
+  const uint8_t* bools = nullptr;
+  const T* bias = nullptr;
+  int64_t sb = 0, sh = 0, sl = 0, ss = 0;
+
+  bool given() const { return kind != Mask<T>::Kind::none; }
+  // What the mask adds to score (b, h, l, s): 0, -inf, or the additive value.
+  T at(int64_t b, int64_t h, int64_t l, int64_t s) const {
+    if (kind == Mask<T>::Kind::none) return T(0);
+    return value(b * sb + h * sh + l * sl + s * ss);
+  }
+  // dst[j·ds] += factor·at(b, h, l, s0 + j) for j < n (a bool mask adds -inf where masked, so a NaN
+  // score stays NaN): one row read through its pointer and stride, no index arithmetic per element.
+  void add_row(int64_t b, int64_t h, int64_t l, int64_t s0, int64_t n, T factor, T* dst, int64_t ds) const {
+    if (kind == Mask<T>::Kind::none) return;
+    const int64_t off = b * sb + h * sh + l * sl + s0 * ss;
+    if (kind == Mask<T>::Kind::additive) {
+      for (int64_t j = 0; j < n; ++j) dst[j * ds] += factor * bias[off + j * ss];
+    } else {
+      for (int64_t j = 0; j < n; ++j)
+        if (masked(off + j * ss)) dst[j * ds] += -std::numeric_limits<T>::infinity();
+    }
+  }
+
+ private:
+  bool masked(int64_t off) const { return (bools[off] != 0) == (kind == Mask<T>::Kind::drop); }
+  T value(int64_t off) const {
+    if (kind == Mask<T>::Kind::additive) return bias[off];
+    return masked(off) ? -std::numeric_limits<T>::infinity() : T(0);
+  }
+};
+
+// A checked attention problem: the arguments, where the results go, the sizes, resolved masks and the
+// semantics derived from them once. Every kernel (reference, flash; forward, backward) takes one, so
+// tests and benchmarks loop over backends.
+template <typename T>
+struct SdpaProblem {
+  SdpaArgs<T> args;
+  SdpaOut<T> out;
+  int64_t B = 0, H = 0, Hkv = 0, L = 0, S = 0, D = 0, Dv = 0;
+  int64_t G = 1;                // query heads per KV head, H / Hkv
+  double scale = 0;
+  MaskRef<T> mask;              // args.attn_mask
+  MaskRef<T> padding;           // args.key_padding, as a (B, 1, 1, S) mask
+  uint32_t drop_threshold = 0;  // element kept iff its 32 random bits >= drop_threshold
+  T keep_scale = T(1);          // 1/(1 - dropout_p): what a kept weight is multiplied by; 0 when p = 1
+
+  // ---- GQA: query head h reads KV head kv_head(h); KV head kvh serves heads [first_head(kvh), + G). ----
+  int64_t kv_head(int64_t h) const { return h / G; }
+  int64_t first_head(int64_t kvh) const { return kvh * G; }
+
+  // ---- Causal ----
+  // Query l sees keys [0, key_end(l)); S when not causal. Top-left: s <= l. Bottom-right: s <= l + S - L.
+  int64_t key_end(int64_t l) const {
+    if (args.causal == Causal::none) return S;
+    return clamp(l + 1 + causal_offset(), 0, S);
+  }
+  // Key s is seen by queries [query_begin(s), L): the inverse of key_end (s < key_end(l) iff l >= query_begin(s)).
+  int64_t query_begin(int64_t s) const {
+    if (args.causal == Causal::none) return 0;
+    return clamp(s - causal_offset(), 0, L);
+  }
+
+  // ---- Masks (causal is not included: see key_end) ----
+  bool has_bias() const { return mask.given() || padding.given(); }
+  // Sum of what both masks add to score (b, h, l, s).
+  T bias(int64_t b, int64_t h, int64_t l, int64_t s) const { return mask.at(b, h, l, s) + padding.at(b, h, l, s); }
+  // dst[j·ds] += factor·bias(b, h, l, s0 + j) for j < n; -inf where a bool mask masks.
+  void add_bias_row(int64_t b, int64_t h, int64_t l, int64_t s0, int64_t n, T factor, T* dst, int64_t ds) const {
+    padding.add_row(b, h, l, s0, n, factor, dst, ds);
+    mask.add_row(b, h, l, s0, n, factor, dst, ds);
+  }
+
+  // ---- Dropout on the weights (b, h, l, s) ----
+  bool dropout() const { return args.dropout_p > 0; }
+  // The element index the keep bit hashes: the position of (b, h, l, s) in a dense (B, H, L, S) tensor.
+  uint64_t dropout_index(int64_t b, int64_t h, int64_t l, int64_t s) const {
+    return static_cast<uint64_t>(((b * H + h) * L + l) * S + s);
+  }
+  bool kept(int64_t b, int64_t h, int64_t l, int64_t s) const {
+    return dropout_keep(args.seed, dropout_index(b, h, l, s), drop_threshold);
+  }
+  // What weight (b, h, l, s) is multiplied by after the softmax: keep_scale or 0 (1 without dropout).
+  T keep_weight(int64_t b, int64_t h, int64_t l, int64_t s) const {
+    if (!dropout()) return T(1);
+    return kept(b, h, l, s) ? keep_scale : T(0);
+  }
+
+ private:
+  int64_t causal_offset() const { return args.causal == Causal::bottom_right ? S - L : 0; }
+  static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+};
+
+// Checks every argument (ranks, shapes, GQA ratio, mask broadcast, scale, dropout) and names the
+// argument and both shapes in the error; derives G, scale, the dropout threshold and keep scale.
+// `out` views that are empty are not requested (out.out is required).
+template <typename T>
+SdpaProblem<T> make_problem(const SdpaArgs<T>& args, const SdpaOut<T>& out);
+
+// ---- Kernels (arguments already checked by make_problem) ----
+
+// The oracle: obvious code, materializes each row of scores, float or double.
+template <typename T>
+void reference_forward(const SdpaProblem<T>& p);
+// FlashAttention-2 forward, fp32 only: never materializes the weights (p.out.weights must be empty),
+// writes out and, if requested, LSE. Same result for any thread count.
+void flash_forward(const SdpaProblem<float>& p);
+// Tile sizes of flash_forward: keys per tile (a multiple of 64, the widest microkernel block) and
+// query rows per tile (about; rounded to whole GQA groups). Derived from the L2 size read at run time
+// (cpu_info()); set_flash_tiles forces a configuration (tests, benchmarks), {} derives them again.
+struct FlashTiles {
+  int64_t keys = 0, rows = 0;
+};
+FlashTiles flash_tiles();
+void set_flash_tiles(FlashTiles t);
+// The backward oracle: recomputes the weights (reads neither p.out.out nor p.out.lse), float or double.
+// dout (B, H, L, Dv); dk and dv are summed over the query heads of a GQA group.
+template <typename T>
+void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaGrads<T>& g);
+// FlashAttention-2 backward, fp32 only: needs p.out.out and p.out.lse from the forward. dout (B, H, L, Dv).
+// Same result for any thread count.
+void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g);
+
+}  // namespace attn

@@ -1,0 +1,296 @@
+// Half-precision K/V for decoding: the fp32 <-> fp16/bf16 conversions (round to nearest even, the
+// error bound u per element), flash_decode_half against the fp64 reference over the original fp32 K/V
+// with a bound derived from u, MHA/GQA/MQA, masks, the zero policy, the same bits for any thread count,
+// and KVCache + MultiheadAttention::forward_cached with a 16-bit cache against an fp32 one. Not a
+// benchmark (bench/bench_kernels.cpp is).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn/kv_cache.h"
+#include "attn/mha.h"
+#include "attn/rng.h"
+#include "attn/sdpa.h"
+#include "attn/threads.h"
+#include "test_util.h"
+
+using namespace attn;
+
+namespace {
+
+const KvDtype kHalves[] = {KvDtype::f16, KvDtype::bf16};
+
+uint16_t bits_of(KvDtype t, float x) {
+  uint16_t h;
+  to_half(t, &x, 1, &h);
+  return h;
+}
+float value_of(KvDtype t, uint16_t h) {
+  float x;
+  from_half(t, &h, 1, &x);
+  return x;
+}
+
+TEST(HalfConvert, RoundTripWithinTheUnitRoundoff) {
+  Rng rng(3);
+  for (KvDtype t : kHalves) {
+    std::vector<float> x(1000 + 7);  // not a multiple of any vector width: the tail is converted too
+    for (float& v : x) v = float(rng.normal() * std::exp(rng.uniform(-8, 8)));
+    std::vector<uint16_t> h(x.size());
+    std::vector<float> y(x.size());
+    to_half(t, x.data(), int64_t(x.size()), h.data());
+    from_half(t, h.data(), int64_t(h.size()), y.data());
+    const double u = kv_unit_roundoff(t);
+    for (size_t i = 0; i < x.size(); ++i) {
+      // round to nearest: |y - x| <= u·|x| in the normal range; below 2^-14 fp16 is subnormal, spaced
+      // 2^-24, so the error is at most half of that instead (bf16 has fp32's range: always relative)
+      const double tiny = t == KvDtype::f16 ? std::ldexp(1.0, -25) : 0.0;
+      EXPECT_LE(std::abs(double(y[i]) - double(x[i])), std::max(u * std::abs(double(x[i])), tiny))
+          << to_string(t) << " " << x[i];
+      EXPECT_EQ(bits_of(t, y[i]), h[i]);  // a stored value converts back to itself
+    }
+  }
+}
+
+TEST(HalfConvert, TiesToEvenInfNanAndOverflow) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // fp16: 1 + 2^-11 is halfway between 1 and 1 + 2^-10: even is 1. 1 + 3·2^-11 goes up to 1 + 2^-9.
+  EXPECT_EQ(value_of(KvDtype::f16, bits_of(KvDtype::f16, 1.f + std::ldexp(1.f, -11))), 1.f);
+  EXPECT_EQ(value_of(KvDtype::f16, bits_of(KvDtype::f16, 1.f + 3 * std::ldexp(1.f, -11))), 1.f + std::ldexp(1.f, -9));
+  EXPECT_EQ(value_of(KvDtype::f16, bits_of(KvDtype::f16, 70000.f)), inf);  // beyond 65504
+  // bf16: the same with 2^-8; a truncating conversion (Highway 1.0's DemoteTo) fails the last two
+  EXPECT_EQ(value_of(KvDtype::bf16, bits_of(KvDtype::bf16, 1.f + std::ldexp(1.f, -8))), 1.f);
+  EXPECT_EQ(value_of(KvDtype::bf16, bits_of(KvDtype::bf16, 1.f + 3 * std::ldexp(1.f, -8))), 1.f + std::ldexp(1.f, -6));
+  EXPECT_EQ(value_of(KvDtype::bf16, bits_of(KvDtype::bf16, 1.f + 0.75f * std::ldexp(1.f, -7))), 1.f + std::ldexp(1.f, -7));
+  for (KvDtype t : kHalves) {
+    EXPECT_EQ(value_of(t, bits_of(t, inf)), inf);
+    EXPECT_EQ(value_of(t, bits_of(t, -inf)), -inf);
+    EXPECT_TRUE(std::isnan(value_of(t, bits_of(t, std::numeric_limits<float>::quiet_NaN()))));
+    EXPECT_EQ(value_of(t, bits_of(t, -0.f)), 0.f);
+  }
+  EXPECT_NE(test::error_of([] { parse_kv_dtype("f8"); }).find("'f8'"), std::string::npos);
+}
+
+struct DecodeCase {
+  int64_t B = 1, H = 4, Hkv = 2, L = 1, S = 600, D = 64, Dv = 64;
+  bool mask = false, padding = false;
+  std::string name() const {
+    return cat("B=", B, " H=", H, " Hkv=", Hkv, " L=", L, " S=", S, " D=", D, " Dv=", Dv, " mask=", mask,
+               " padding=", padding);
+  }
+};
+
+// Inputs in fp32, the K/V also stored as t, and the results of: the decode kernel, the fp64 reference
+// on the fp32 K/V (the truth) and the fp32 reference (for the rounding of a plain fp32 kernel).
+struct DecodeRun {
+  DecodeCase c;
+  std::vector<float> q, k, v, add, got, ref32, kr, vr, ref32r;  // kr, vr: K, V as stored (rounded)
+  std::vector<double> ref64, ref64r;
+  std::vector<uint16_t> k16, v16;
+  std::vector<uint8_t> pad;
+
+  DecodeRun(const DecodeCase& cs, KvDtype t, uint64_t seed = 1) : c(cs) {
+    Rng rng(seed);
+    auto randn = [&](std::vector<float>& x, int64_t n) {
+      x.resize(size_t(n));
+      for (float& e : x) e = float(rng.normal());
+    };
+    randn(q, c.B * c.H * c.L * c.D), randn(k, c.B * c.Hkv * c.S * c.D), randn(v, c.B * c.Hkv * c.S * c.Dv);
+    randn(add, c.L * c.S);
+    pad.resize(size_t(c.B * c.S));
+    for (auto& x : pad) x = rng.uniform() < 0.2;  // drop-mask: true = masked out
+    k16.resize(k.size()), v16.resize(v.size());
+    to_half(t, k.data(), int64_t(k.size()), k16.data());
+    to_half(t, v.data(), int64_t(v.size()), v16.data());
+    got.assign(size_t(c.B * c.H * c.L * c.Dv), -1.f);
+    run_half(t);
+    ref64 = reference<double>(k, v);
+    std::vector<double> r32 = reference<float>(k, v);
+    ref32.assign(r32.begin(), r32.end());
+    kr.resize(k.size()), vr.resize(v.size());
+    from_half(t, k16.data(), int64_t(k16.size()), kr.data());
+    from_half(t, v16.data(), int64_t(v16.size()), vr.data());
+    ref64r = reference<double>(kr, vr);
+    r32 = reference<float>(kr, vr);
+    ref32r.assign(r32.begin(), r32.end());
+  }
+
+  template <typename T>
+  SdpaArgs<T> args(const std::vector<T>& q_, const std::vector<T>& k_, const std::vector<T>& v_,
+                   const std::vector<T>& add_) const {
+    SdpaArgs<T> a;
+    a.q = View<const T>(q_.data(), {c.B, c.H, c.L, c.D});
+    a.k = View<const T>(k_.data(), {c.B, c.Hkv, c.S, c.D});
+    a.v = View<const T>(v_.data(), {c.B, c.Hkv, c.S, c.Dv});
+    a.causal = Causal::bottom_right;
+    if (c.mask) a.attn_mask = Mask<T>::additive(View<const T>(add_.data(), {c.L, c.S}));
+    if (c.padding) a.key_padding = Mask<T>::drop(View<const uint8_t>(pad.data(), {c.B, c.S}));
+    return a;
+  }
+
+  void run_half(KvDtype t) {
+    SdpaArgs<float> a = args(q, k, v, add);
+    a.k = {}, a.v = {};
+    HalfKV kv{t, View<const uint16_t>(k16.data(), {c.B, c.Hkv, c.S, c.D}),
+              View<const uint16_t>(v16.data(), {c.B, c.Hkv, c.S, c.Dv})};
+    sdpa(a, kv, SdpaOut<float>{View<float>(got.data(), {c.B, c.H, c.L, c.Dv}), {}, {}});
+  }
+
+  template <typename T>
+  std::vector<double> reference(const std::vector<float>& k_, const std::vector<float>& v_) const {
+    std::vector<T> qt(q.begin(), q.end()), kt(k_.begin(), k_.end()), vt(v_.begin(), v_.end()), at(add.begin(), add.end());
+    std::vector<T> out(got.size());
+    sdpa(args(qt, kt, vt, at), SdpaOut<T>{View<T>(out.data(), {c.B, c.H, c.L, c.Dv}), {}, {}},
+         SdpaOptions{Backend::reference});
+    return std::vector<double>(out.begin(), out.end());
+  }
+
+  // The derived bound on |got − ref64| at (b, h, l, e). Storing K rounds each score x_s by at most
+  // ε_s = u·scale·Σ_d |q_d·k_sd|; with ε = max_s ε_s every weight moves by a factor in [e^-2ε, e^2ε],
+  // so Σ_s |p'_s − p_s| <= e^2ε − 1. Storing V moves each v_se by at most u·|v_se|. Hence
+  //   |out' − out| <= (e^2ε − 1)·max_s |v'_se| + u·max_s |v_se|,
+  // plus the fp32 kernel's own rounding, bounded by the tolerance rule of the flash tests: 2x the plain
+  // fp32 reference's error and an atol of a few ulp (2e-6).
+  double bound(KvDtype t, int64_t b, int64_t h, int64_t l, int64_t e, int64_t idx) const {
+    const double u = kv_unit_roundoff(t), scale = 1 / std::sqrt(double(c.D));
+    const int64_t kvh = h / (c.H / c.Hkv), end = std::min(c.S, l + 1 + c.S - c.L);
+    double eps = 0, vmax = 0;
+    for (int64_t s = 0; s < end; ++s) {
+      if (c.padding && pad[size_t(b * c.S + s)]) continue;
+      double dot = 0;
+      for (int64_t d = 0; d < c.D; ++d)
+        dot += std::abs(double(q[size_t(((b * c.H + h) * c.L + l) * c.D + d)]) *
+                        double(k[size_t(((b * c.Hkv + kvh) * c.S + s) * c.D + d)]));
+      eps = std::max(eps, u * scale * dot);
+      vmax = std::max(vmax, std::abs(double(v[size_t(((b * c.Hkv + kvh) * c.S + s) * c.Dv + e)])));
+    }
+    return std::expm1(2 * eps) * vmax * (1 + u) + u * vmax + 2 * std::abs(ref32[size_t(idx)] - ref64[size_t(idx)]) + 2e-6;
+  }
+
+  void check(KvDtype t) const {
+    double worst = 0;  // largest error / bound
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.H; ++h)
+        for (int64_t l = 0; l < c.L; ++l)
+          for (int64_t e = 0; e < c.Dv; ++e) {
+            const int64_t i = ((b * c.H + h) * c.L + l) * c.Dv + e;
+            const double err = std::abs(double(got[size_t(i)]) - ref64[size_t(i)]), bd = bound(t, b, h, l, e, i);
+            worst = std::max(worst, err / bd);
+            ASSERT_LE(err, bd) << to_string(t) << " " << c.name() << " at b=" << b << " h=" << h << " l=" << l
+                               << " e=" << e << ": got " << got[size_t(i)] << ", fp64 " << ref64[size_t(i)];
+          }
+    ::testing::Test::RecordProperty(cat(to_string(t), " ", c.name()), cat(worst));
+  }
+
+  // The kernel alone: against the fp64 reference over the K/V as stored (rounded), the flash tests'
+  // rule: at most 2x the plain fp32 reference's error over the same data, plus an atol of a few ulp of
+  // |out| <= ~4 (2e-6; the fp32 error can be 0 where one key makes out = v exactly).
+  void check_kernel(KvDtype t) const {
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_LE(std::abs(double(got[i]) - ref64r[i]), 2 * std::abs(double(ref32r[i]) - ref64r[i]) + 2e-6)
+          << to_string(t) << " " << c.name() << " at " << i << ": got " << got[i] << ", fp64 over stored K/V " << ref64r[i];
+  }
+};
+
+TEST(DecodeHalf, MatchesTheFp64ReferenceWithinTheDerivedBound) {
+  std::vector<DecodeCase> cases;
+  for (int64_t hkv : {4, 2, 1})  // MHA, GQA, MQA
+    for (int64_t S : {1, 7, 513, 1100}) {
+      DecodeCase c;
+      c.Hkv = hkv, c.S = S;
+      cases.push_back(c);
+    }
+  for (int64_t D : {8, 63, 128}) {  // head dims off and on the vector width
+    DecodeCase c;
+    c.D = c.Dv = D;
+    cases.push_back(c);
+  }
+  {
+    DecodeCase c;  // Dv != D, batch, several queries (bottom-right causal), both masks
+    c.B = 2, c.L = 3, c.D = 40, c.Dv = 24, c.S = 700, c.mask = c.padding = true;
+    cases.push_back(c);
+  }
+  for (KvDtype t : kHalves)
+    for (const DecodeCase& c : cases) {
+      const DecodeRun r(c, t);
+      r.check(t);
+      r.check_kernel(t);
+    }
+}
+
+TEST(DecodeHalf, FullyMaskedRowGivesZeros) {
+  DecodeCase c;
+  c.S = 40, c.padding = true;
+  for (KvDtype t : kHalves) {
+    DecodeRun r(c, t);
+    std::fill(r.pad.begin(), r.pad.end(), 1);  // every key masked out
+    r.run_half(t);
+    for (float x : r.got) ASSERT_EQ(x, 0.f);
+  }
+}
+
+TEST(DecodeHalf, SameBitsForOneAndTwoThreads) {
+  DecodeCase c;
+  c.S = 3000, c.L = 2;
+  const int saved = num_threads();
+  for (KvDtype t : kHalves) {
+    set_num_threads(1);
+    DecodeRun one(c, t);
+    set_num_threads(2);
+    DecodeRun two(c, t);
+    EXPECT_EQ(std::memcmp(one.got.data(), two.got.data(), one.got.size() * sizeof(float)), 0) << to_string(t);
+  }
+  set_num_threads(saved);
+}
+
+TEST(DecodeHalf, ErrorsNameTheArgument) {
+  DecodeCase c;
+  c.S = 10;
+  DecodeRun r(c, KvDtype::f16);
+  SdpaArgs<float> a = r.args(r.q, r.k, r.v, r.add);
+  HalfKV kv{KvDtype::f16, View<const uint16_t>(r.k16.data(), {1, 2, 10, 64}), View<const uint16_t>(r.v16.data(), {1, 2, 10, 64})};
+  SdpaOut<float> o{View<float>(r.got.data(), {1, 4, 1, 64}), {}, {}};
+  EXPECT_NE(test::error_of([&] { sdpa(a, kv, o); }).find("args.k and args.v empty"), std::string::npos);
+  a.k = {}, a.v = {};
+  a.dropout_p = 0.1;
+  EXPECT_NE(test::error_of([&] { sdpa(a, kv, o); }).find("dropout_p = 0"), std::string::npos);
+  a.dropout_p = 0;
+  kv.v = View<const uint16_t>(r.v16.data(), {1, 2, 9, 64});
+  EXPECT_NE(test::error_of([&] { sdpa(a, kv, o); }).find("value"), std::string::npos);
+}
+
+// A 16-bit cache through MultiheadAttention::forward_cached, token by token, against the same layer
+// over an fp32 cache. Both round the same fp32 projections; the difference is the K/V rounding only,
+// bounded as above: with unit-scale inputs and 0.1-scale weights the scores are O(1), so a few u.
+TEST(DecodeHalf, ForwardCachedWithHalfCacheFollowsTheFp32Cache) {
+  for (int64_t hkv : {4, 2, 1}) {  // MHA, GQA, MQA
+    MhaOptions mo;
+    mo.embed_dim = 32, mo.num_heads = 4, mo.num_kv_heads = hkv, mo.batch_first = true, mo.seed = 5;
+    MultiheadAttention mha(mo);
+    mha.eval();
+    const int64_t T = 20, E = 32, D = 8;
+    Rng rng(9);
+    std::vector<float> x(size_t(T * E));
+    for (float& e : x) e = float(rng.normal());
+    for (KvDtype t : kHalves) {
+      KVCache c32(1, 1, hkv, T, D), c16(1, 1, hkv, T, D, 0, t);
+      double worst = 0;
+      for (int64_t i = 0; i < T; ++i) {
+        View<const float> xi(x.data() + i * E, {1, 1, E});
+        Tensor a = mha.forward_cached(xi, c32, 0), b = mha.forward_cached(xi, c16, 0);
+        for (int64_t j = 0; j < E; ++j) worst = std::max(worst, double(std::abs(a.data()[j] - b.data()[j])));
+      }
+      // outputs are O(1) (out projection of a convex combination of O(1) values); 8u covers the bound's
+      // (e^2ε − 1 + u)·max|v| with ε <= 2u·O(1) and the out projection's sum over E·(0.1-scale) weights
+      EXPECT_LE(worst, 8 * kv_unit_roundoff(t)) << to_string(t) << " Hkv=" << hkv;
+      EXPECT_GT(worst, 0.0) << "a 16-bit cache that rounds nothing is not being used";
+      EXPECT_EQ(c16.length(0), T);
+    }
+  }
+}
+
+}  // namespace
