@@ -10,6 +10,7 @@ A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
 """
 import argparse
 import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -23,10 +24,12 @@ BIN = Path(_attn.__file__).resolve().parent.parent / "attn"
 
 
 def run(cmd):
-    return subprocess.run([str(BIN)] + cmd, capture_output=True, text=True, check=True).stdout
+    r = subprocess.run([str(BIN)] + cmd, capture_output=True, text=True, check=True)
+    return r.stdout + r.stderr  # generate prints its statistics on stderr
 
 
 def train_rate(data, out, threads):
+    shutil.rmtree(out, ignore_errors=True)
     text = run(["train", "--data", data, "--out", out, "--config", "nanogpt-cpu", "--steps", "120",
                 "--eval-every", "0", "--log-every", "20", "--threads", str(threads)])
     return float(re.findall(r"([\d.]+)k tok/s", text)[-1]) * 1e3
