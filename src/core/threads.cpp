@@ -31,6 +31,7 @@ namespace {
 constexpr int kMaxThreads = 256;
 constexpr auto kSpin = std::chrono::microseconds(100);  // bounded: ~one short serial gap of a training step
 constexpr int64_t kMaxChunks = int64_t(1) << 31;        // chunk indices live in the low 32 bits of a claim
+constexpr uint64_t kClosed = 0xffffffffu;               // a claim word no chunk count reaches: nothing to claim
 
 thread_local int tl_worker = -1;  // this thread's worker index while it runs a chunk; -1 outside
 
@@ -95,10 +96,13 @@ class Pool {
       for (int64_t c = 0; c < chunks; ++c) fn(ctx, c * grain, std::min(n, (c + 1) * grain), worker);
       return;
     }
-    // Publish: the job's fields first, then the claim word that makes them live (release).
-    fn_.store(fn, std::memory_order_relaxed), ctx_.store(ctx, std::memory_order_relaxed);
-    n_.store(n, std::memory_order_relaxed), grain_.store(grain, std::memory_order_relaxed);
-    chunks_.store(uint32_t(chunks), std::memory_order_relaxed);
+    // Publish: close the claim word first, so that a late worker holding the last job's word can no
+    // longer claim with it once it sees any new field (release/acquire on every field); then the fields;
+    // then the claim word that makes them live.
+    claim_.store(kClosed);
+    fn_.store(fn, std::memory_order_release), ctx_.store(ctx, std::memory_order_release);
+    n_.store(n, std::memory_order_release), grain_.store(grain, std::memory_order_release);
+    chunks_.store(uint32_t(chunks), std::memory_order_release);
     done_.store(0, std::memory_order_relaxed);
     err_ = nullptr;
     const uint64_t id = ++job_id_ & 0xffffffffu;
@@ -114,15 +118,17 @@ class Pool {
 
  private:
   // Claims and runs chunks of the live job until none is left. Fields read before a successful claim
-  // belong to the job the claim names: a claim on a finished job's word fails, since the caller
-  // rewrites the fields only after every chunk of the previous job was claimed and done.
+  // belong to the job the claim names: a finished job's word has no chunk left, and once a worker sees
+  // one field of the next job it also sees the word closed (kClosed, stored before the fields), so its
+  // claim with the old word fails. (Without the close, a late worker paired a finished job's word with
+  // the next job's chunk count, ran a chunk twice and counted it: the caller then waited forever.)
   void drain(int worker) {
     for (;;) {
       uint64_t word = claim_.load(std::memory_order_acquire);
-      const detail::ChunkFn fn = fn_.load(std::memory_order_relaxed);
-      void* ctx = ctx_.load(std::memory_order_relaxed);
-      const int64_t n = n_.load(std::memory_order_relaxed), grain = grain_.load(std::memory_order_relaxed);
-      const uint32_t chunks = chunks_.load(std::memory_order_relaxed), c = uint32_t(word);
+      const detail::ChunkFn fn = fn_.load(std::memory_order_acquire);
+      void* ctx = ctx_.load(std::memory_order_acquire);
+      const int64_t n = n_.load(std::memory_order_acquire), grain = grain_.load(std::memory_order_acquire);
+      const uint32_t chunks = chunks_.load(std::memory_order_acquire), c = uint32_t(word);
       if (c >= chunks) return;
       if (!claim_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) continue;
       tl_worker = worker;
