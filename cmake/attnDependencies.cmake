@@ -10,6 +10,12 @@ set(ATTN_DEP_TARGETS nlohmann_json::nlohmann_json Threads::Threads)
 set(ATTN_DEP_PKGCONFIG libhwy cairo)
 set(ATTN_DEP_PC_LIBS "-pthread")
 set(ATTN_DEP_PC_REQUIRES "nlohmann_json")  # nlohmann-json3-dev ships nlohmann_json.pc
+if(ATTN_HAVE_MPI)  # set by CMakeLists.txt, and by attnConfig.cmake as it was at build time
+  set(MPI_CXX_SKIP_MPICXX ON)
+  list(APPEND ATTN_DEP_PACKAGES MPI)
+  list(APPEND ATTN_DEP_TARGETS MPI::MPI_CXX)
+  string(APPEND ATTN_DEP_PC_REQUIRES " ompi")
+endif()
 
 # Finds them all and appends the pkg-config targets to ATTN_DEP_TARGETS. Inside a package config
 # (CMAKE_FIND_PACKAGE_NAME is set) a miss makes find_package(attn) fail and say which one, instead of

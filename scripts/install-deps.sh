@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(g++ cmake make pkg-config ccache libopenblas-dev libopenblas-openmp-dev libhwy-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libcli11-dev nlohmann-json3-dev libcairo2-dev chromium)
+  libbenchmark-dev libcli11-dev nlohmann-json3-dev libcairo2-dev chromium openmpi-bin libopenmpi-dev)
 # Fuzzing only (make fuzz sets ATTN_FUZZ=1): clang with libFuzzer and its OpenMP, ~250 MB that the
 # normal build does not need.
 [ -z "${ATTN_FUZZ:-}" ] || APT_PACKAGES+=(clang libclang-rt-14-dev libomp-14-dev)
