@@ -88,6 +88,26 @@ TEST(Empty, MultiheadAttentionAndEncoderLayerWithZeroLengthAndBatch) {
   for (int64_t i = 0; i < r.output.numel(); ++i) EXPECT_EQ(r.output.data()[i], sd.at("out_proj.bias").data()[i % 8]);
 }
 
+// D = 0: every score is 0 (an empty dot product), so each row is the mean of its visible V rows, as torch's
+// SDPA gives; the default scale 1/sqrt(0) used to be refused as infinite.
+TEST(Empty, HeadDimZeroAveragesTheValues) {
+  for (Backend backend : {Backend::reference, Backend::flash}) {
+    SCOPED_TRACE(to_string(backend));
+    Tensor q({1, 2, 3, 0}), k({1, 2, 4, 0}), v({1, 2, 4, 5}), out({1, 2, 3, 5});
+    for (int64_t i = 0; i < v.numel(); ++i) v.data()[i] = float(i % 7) - 2.5f;
+    SdpaArgs<float> args{q, k, v};
+    args.causal = Causal::top_left;
+    sdpa(args, {out}, {.backend = backend});
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t l = 0; l < 3; ++l)
+        for (int64_t e = 0; e < 5; ++e) {
+          float mean = 0;
+          for (int64_t s = 0; s <= l; ++s) mean += v.view().at({0, h, s, e});
+          EXPECT_FLOAT_EQ(out.view().at({0, h, l, e}), mean / float(l + 1)) << h << " " << l << " " << e;
+        }
+  }
+}
+
 // ---- What can't fit ----
 
 TEST(Memory, ModelsAndStepsThatCantFitAreRefusedByName) {

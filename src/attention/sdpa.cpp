@@ -102,7 +102,8 @@ SdpaProblem<T> make_problem(const SdpaArgs<T>& a, const SdpaOut<T>& o) {
     ATTN_CHECK(a.key_padding.shape() == Shape({p.B, p.S}), "Expected key_padding_mask of shape ",
                dims_str("(B, S)", {p.B, p.S}), ", but got ", to_string(a.key_padding.shape()), " instead");
   p.padding = resolve("key_padding_mask", "(B, S)", a.key_padding, target, {0, 3});
-  p.scale = a.scale ? *a.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
+  // D = 0: every score is an empty dot product, 0 at any finite scale (torch: the mean of V), so 1.
+  p.scale = a.scale ? *a.scale : p.D ? 1.0 / std::sqrt(static_cast<double>(p.D)) : 1.0;
   ATTN_CHECK(std::isfinite(p.scale), "Expected a finite scale, but got ", p.scale, " instead");
   ATTN_CHECK(a.dropout_p >= 0 && a.dropout_p <= 1, "Expected dropout_p in [0, 1], but got ", a.dropout_p,
              " instead");

@@ -1,6 +1,6 @@
 // The AdamW update, vectorized with Highway. Bit-identical to the scalar loop it replaced (and to
 // torch.optim.AdamW's float32 arithmetic): every operation is a separately rounded IEEE mul, add, sub,
-// div or sqrt, in torch's order. For that this file is compiled with -ffp-contract=off (CMakeLists.txt):
+// div or sqrt, in torch's order. For that attn is compiled with -ffp-contract=off (CMakeLists.txt):
 // GCC would otherwise fuse a Mul and an Add into one FMA, which rounds once and changes the bits.
 // The tail runs through a padded buffer with the same vector code, so no element takes another path.
 #include "adamw_update.h"

@@ -60,6 +60,16 @@ def test_sdpa_empty_dims_forward_and_backward(q, k, v):
     assert not dk.any() and not dv.any()
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_sdpa_head_dim_zero_is_torchs_mean_of_the_values(is_causal):
+    torch = pytest.importorskip("torch")
+    q, k = np.ones((2, 3, 4, 0), np.float32), np.ones((2, 3, 5, 0), np.float32)
+    v = np.random.default_rng(0).standard_normal((2, 3, 5, 6)).astype(np.float32)
+    want = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, (q, k, v)), is_causal=is_causal)
+    got = attn.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6)
+
+
 # ---- Arrays at any alignment: copied once at the boundary (UBSan flagged misaligned float loads) ----
 
 def misaligned(a):
