@@ -38,7 +38,7 @@ TensorD textbook_fp64(const MultiheadAttention& mha, View<const float> x) {
   };
   SdpaArgs<double> args{head_view(0), head_view(1), head_view(2)};
   View<double> ctx_heads(ctx.data(), {B, H, L, E / H}, {L * E, E / H, E, 1});
-  reference_forward(make_problem(args, SdpaOut<double>{ctx_heads}));
+  sdpa<double>(args, {ctx_heads}, {.backend = Backend::reference});  // the entry point, fp64 oracle
   linear<double>(ctx.view().reshape({B * L, E}), wo, bo, out);
   return out;
 }
