@@ -9,10 +9,12 @@
 #include "attn/gpt.h"
 #include "attn/optim.h"
 #include "attn/train.h"
-#include "numpy_view.h"
+#include "bind_layer.h"
 
 namespace py = pybind11;
 using namespace attn;
+using py_util::layer;
+using py_util::state_dict_of;
 using py_util::to_numpy;
 
 namespace {
@@ -26,32 +28,34 @@ py::array_t<int64_t, py::array::c_style | py::array::forcecast> ids_of(const py:
   return a;
 }
 
-py::dict to_dict(const StateDict& sd) {
+// A struct as a dict of its fields (fields.h).
+template <class S, class Fields>
+py::dict fields_dict(const S& s, const Fields& fields) {
   py::dict d;
-  for (auto& [name, t] : sd) d[py::str(name)] = to_numpy(Tensor::copy_of(t.view()));
+  for_each_field(fields, s, [&](const char* name, const auto& v) { d[name] = v; });
   return d;
 }
 
-StateDict from_dict(const py::dict& d) {
-  StateDict sd;
-  for (auto [k, v] : d) {
-    const std::string name = py::str(k);
-    auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(v);
-    ATTN_CHECK(a, "Expected a float array for '", name, "', but got ", std::string(py::str(py::type::of(v))), " instead");
-    Tensor t(Shape(a.shape(), a.shape() + a.ndim()));
-    if (t.numel()) std::memcpy(t.data(), a.data(), size_t(t.numel()) * sizeof(float));
-    sd.emplace(name, std::move(t));
+// GPT(vocab_size=..., <every GptConfig field>, seed=0): one argument per field of kGptConfigFields, in its
+// order, with GptConfig{}'s defaults.
+template <class Fields, class Indices>
+struct GptInit;
+template <class... T, size_t... I>
+struct GptInit<std::tuple<Field<GptConfig, T>...>, std::index_sequence<I...>> {
+  static std::unique_ptr<Gpt> make(T... values, uint64_t seed) {
+    GptConfig config;
+    ((config.*(std::get<I>(kGptConfigFields).member) = values), ...);
+    return std::make_unique<Gpt>(config, seed);
   }
-  return sd;
-}
-
-py::dict config_dict(const GptConfig& c) {
-  py::dict d;
-  d["vocab_size"] = c.vocab_size, d["block_size"] = c.block_size, d["n_layer"] = c.n_layer;
-  d["n_head"] = c.n_head, d["n_kv_head"] = c.n_kv_head, d["n_embd"] = c.n_embd;
-  d["dropout"] = c.dropout, d["bias"] = c.bias, d["tie_weights"] = c.tie_weights;
-  return d;
-}
+  static py::class_<Gpt> def(py::class_<Gpt> c) {
+    constexpr GptConfig defaults;
+    return c.def(py::init(&make), (py::arg(std::get<I>(kGptConfigFields).name) =
+                                       defaults.*(std::get<I>(kGptConfigFields).member))...,
+                 py::arg("seed") = 0);
+  }
+};
+using GptConfigInit = GptInit<std::remove_const_t<decltype(kGptConfigFields)>,
+                              std::make_index_sequence<std::tuple_size_v<decltype(kGptConfigFields)>>>;
 
 // AdamW over parameters it owns (a dict of arrays) or over a GPT's (its gradients).
 struct PyAdamW {
@@ -77,18 +81,11 @@ void bind_gpt(py::module_& m) {
       .def_property_readonly("vocab", [](const CharTokenizer& t) { return utf8_encode(t.vocab()); })
       .def_property_readonly("vocab_size", &CharTokenizer::vocab_size);
 
-  m.def("gpt_config", [](const std::string& name) { return config_dict(gpt_config(name)); }, py::arg("name"),
+  m.def("gpt_config", [](const std::string& name) { return fields_dict(gpt_config(name), kGptConfigFields); },
+        py::arg("name"),
         "The named configuration (tiny, nanogpt-cpu, gpt2-small) as a dict of GPT's arguments, vocab_size 0.");
 
-  py::class_<Gpt>(m, "GPT", "Decoder-only Transformer (nanoGPT's shape) with explicit backward.")
-      .def(py::init([](int64_t vocab_size, int64_t block_size, int64_t n_layer, int64_t n_head, int64_t n_kv_head,
-                       int64_t n_embd, double dropout, bool bias, bool tie_weights, uint64_t seed) {
-             return std::make_unique<Gpt>(
-                 GptConfig{vocab_size, block_size, n_layer, n_head, n_kv_head, n_embd, dropout, bias, tie_weights}, seed);
-           }),
-           py::arg("vocab_size"), py::arg("block_size") = 64, py::arg("n_layer") = 2, py::arg("n_head") = 4,
-           py::arg("n_kv_head") = 0, py::arg("n_embd") = 64, py::arg("dropout") = 0.0, py::arg("bias") = true,
-           py::arg("tie_weights") = true, py::arg("seed") = 0)
+  GptConfigInit::def(layer<Gpt>(m, "GPT", "Decoder-only Transformer (nanoGPT's shape) with explicit backward."))
       .def_static(
           "load",
           [](const std::string& dir) {
@@ -130,20 +127,7 @@ void bind_gpt(py::module_& m) {
             return g.evaluate(a.data(), t.data(), a.shape(0), a.shape(1));
           },
           py::arg("idx"), py::arg("targets"), "Mean cross-entropy in eval mode, nothing saved.")
-      .def("zero_grad", [](Gpt& g) { g.zero_grad(); })
-      .def("state_dict", [](Gpt& g) { return to_dict(g.state_dict()); })
-      .def("load_state_dict", [](Gpt& g, const py::dict& d) { g.load_state_dict(from_dict(d)); }, py::arg("state_dict"))
-      .def("grads",
-           [](Gpt& g) {
-             py::dict d;
-             for (const Param& p : g.parameter_list()) d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.grad->view()));
-             return d;
-           },
-           "Gradients by parameter name (copies).")
-      .def("train", [](Gpt& g, bool on) { g.train(on); }, py::arg("mode") = true)
-      .def("eval", [](Gpt& g) { g.eval(); })
-      .def_property_readonly("training", &Gpt::training)
-      .def_property_readonly("config", [](const Gpt& g) { return config_dict(g.config()); })
+      .def_property_readonly("config", [](const Gpt& g) { return fields_dict(g.config(), kGptConfigFields); })
       .def_property_readonly("num_parameters", &Gpt::num_parameters)
       .def(
           "generate",
@@ -169,7 +153,7 @@ void bind_gpt(py::module_& m) {
       .def(py::init([](const py::dict& params, double lr, std::pair<double, double> betas, double eps,
                        double weight_decay, const std::vector<std::string>& no_decay) {
              auto o = std::make_unique<PyAdamW>();
-             StateDict sd = from_dict(params);
+             StateDict sd = state_dict_of(params);
              std::vector<Param> ps;
              o->values.reserve(sd.size());
              o->grads.reserve(sd.size());
@@ -201,7 +185,7 @@ void bind_gpt(py::module_& m) {
           "step",
           [](PyAdamW& o, const std::optional<py::dict>& grads, std::optional<double> lr) {
             if (grads) {
-              StateDict g = from_dict(*grads);
+              StateDict g = state_dict_of(*grads);
               for (const Param& p : o.opt->params()) {
                 const Tensor& t = expect_tensor(g, p.name, p.value->shape());
                 std::memcpy(p.grad->data(), t.data(), size_t(t.numel()) * sizeof(float));
@@ -212,27 +196,17 @@ void bind_gpt(py::module_& m) {
           py::arg("grads") = py::none(), py::arg("lr") = py::none(),
           "One update; grads by name (every parameter) unless the optimizer is over a GPT.")
       .def("zero_grad", [](PyAdamW& o) { o.opt->zero_grad(); })
-      .def_property_readonly("params",
-                             [](PyAdamW& o) {
-                               py::dict d;
-                               for (const Param& p : o.opt->params())
-                                 d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.value->view()));
-                               return d;
-                             })
+      .def_property_readonly("params", [](PyAdamW& o) { return to_numpy(o.opt->params(), &Param::value); })
       .def("state", [](PyAdamW& o) {
         StateDict s;
         o.opt->save_state(s, "");
-        return to_dict(s);
+        return to_numpy(std::move(s));
       }, "exp_avg.<name> and exp_avg_sq.<name>")
       .def_property_readonly("steps", [](PyAdamW& o) { return o.opt->steps(); });
 
   py::class_<TrainOptions> opts(m, "TrainOptions", "attn train's options (see include/attn/train.h).");
   opts.def(py::init<>()).def_static("synthetic", &synthetic_defaults);
-#define FIELD(f) opts.def_readwrite(#f, &TrainOptions::f);
-  FIELD(config) FIELD(block_size) FIELD(n_kv_head) FIELD(tie_weights) FIELD(steps) FIELD(batch) FIELD(lr)
-  FIELD(min_lr) FIELD(warmup) FIELD(lr_decay_steps) FIELD(weight_decay) FIELD(beta1) FIELD(beta2) FIELD(eps)
-  FIELD(decay_embeddings) FIELD(grad_clip) FIELD(dropout) FIELD(eval_every) FIELD(eval_iters) FIELD(seed) FIELD(threads)
-#undef FIELD
+  std::apply([&](const auto&... f) { (opts.def_readwrite(f.name, f.member), ...); }, kTrainOptionsFields);
 
   py::class_<Trainer>(m, "Trainer", "The training loop's parts: step(), evaluate(), save(), resume().")
       .def(py::init([](const std::optional<std::string>& data, const std::optional<std::string>& text,

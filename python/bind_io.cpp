@@ -1,31 +1,16 @@
 // Python binding of the safetensors reader and writer: numpy in, numpy out, always float32 on the C++
-// side. Not a general converter: integer and bool arrays are rejected rather than cast silently.
+// side (numpy_view.h's one dtype rule: integer and bool arrays are rejected rather than cast silently).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#include <cstring>
 
 #include "attn/safetensors.h"
 #include "numpy_view.h"
 
 namespace py = pybind11;
 using namespace attn;
+using py_util::state_dict_of;
 using py_util::to_numpy;
-
-namespace {
-
-Tensor from_numpy(const std::string& name, const py::handle& value) {
-  py::array a = py::array::ensure(value);
-  ATTN_CHECK(a && a.dtype().kind() == 'f', "Expected tensor '", name, "' to be a float array, but got ",
-             a ? py::str(a.dtype()).cast<std::string>() : std::string(py::str(py::type::of(value))), " instead");
-  auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);  // any float -> F32
-  Tensor t(Shape(f.shape(), f.shape() + f.ndim()));
-  if (t.numel()) std::memcpy(t.data(), f.data(), size_t(t.numel()) * sizeof(float));
-  return t;
-}
-
-}  // namespace
 
 void bind_io(py::module_& m) {
   m.def(
@@ -37,21 +22,13 @@ void bind_io(py::module_& m) {
           py::gil_scoped_release nogil;
           sd = load_safetensors(path, &meta);
         }
-        py::dict tensors;
-        for (auto& [name, t] : sd) tensors[py::str(name)] = to_numpy(std::move(t));
-        return py::make_tuple(tensors, meta);
+        return py::make_tuple(to_numpy(std::move(sd)), meta);
       },
       py::arg("path"), "Reads a safetensors file: (dict of float32 arrays, metadata dict).");
   m.def(
       "save_safetensors",
       [](const std::string& path, const py::dict& tensors, const std::optional<py::dict>& metadata) {
-        StateDict sd;
-        for (auto [k, v] : tensors) {
-          ATTN_CHECK(py::isinstance<py::str>(k), "Expected tensor names that are str, but got ",
-                     std::string(py::repr(k)), " instead");
-          std::string name = k.cast<std::string>();
-          sd.emplace(name, from_numpy(name, v));
-        }
+        StateDict sd = state_dict_of(tensors);
         std::map<std::string, std::string> meta;
         if (metadata)
           for (auto [k, v] : *metadata) {

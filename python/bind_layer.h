@@ -22,32 +22,14 @@ py::array run(F f) {
 
 // What every layer has: parameters, gradients, state_dict I/O, the training flag.
 template <class L, class... Extra>
-py::class_<L, Extra...> layer(py::module_& m, const char* name) {
-  py::class_<L, Extra...> c(m, name);
-  c.def("state_dict",
-        [](L& self) {
-          py::dict d;  // PyTorch's order
-          for (Param& p : self.parameter_list()) d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.value->view()));
-          return d;
-        })
-      .def("grads",
-           [](L& self) {
-             py::dict d;
-             for (Param& p : self.parameter_list()) d[py::str(p.name)] = to_numpy(Tensor::copy_of(p.grad->view()));
-             return d;
-           })
-      .def(
-          "load_state_dict",
-          [](L& self, const py::dict& d) {
-            StateDict sd;
-            for (auto [k, v] : d) {
-              std::string name = py::str(k);
-              py::array a = py::array::ensure(v);
-              sd.emplace(name, Tensor::copy_of(view_of<const float>(a, name.c_str())));
-            }
-            self.load_state_dict(sd);
-          },
-          py::arg("state_dict"))
+py::class_<L, Extra...> layer(py::module_& m, const char* name, const char* doc = "") {
+  py::class_<L, Extra...> c(m, name, doc);
+  c.def("state_dict", [](L& self) { return to_numpy(self.parameter_list(), &Param::value); },
+        "{name: float32 array} in PyTorch's order (copies).")
+      .def("grads", [](L& self) { return to_numpy(self.parameter_list(), &Param::grad); },
+           "Gradients by parameter name, as state_dict() (copies).")
+      .def("load_state_dict", [](L& self, const py::dict& d) { self.load_state_dict(state_dict_of(d)); },
+           py::arg("state_dict"), "Float arrays of any precision by name (stored as float32); every name, each shape.")
       .def("zero_grad", &L::zero_grad)
       .def("train", [](L& self, bool on) { self.train(on); }, py::arg("mode") = true)
       .def("eval", [](L& self) { self.eval(); })

@@ -3,9 +3,12 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstring>
 #include <string>
 
 #include "attn/mask.h"
+#include "attn/param.h"
+#include "attn/safetensors.h"
 #include "attn/tensor.h"
 
 namespace attn::py_util {
@@ -61,6 +64,42 @@ inline py::array to_numpy(Tensor&& t) {
   py::capsule base(owned, [](void* p) { delete static_cast<Tensor*>(p); });
   const Shape& s = owned->shape();
   return py::array_t<float>(std::vector<py::ssize_t>(s.begin(), s.end()), owned->data(), base);
+}
+
+// ---- {name: numpy array} <-> tensors by name: the one conversion of every binding's dicts ----
+// (state_dict, grads, load_state_dict, AdamW's params, grads and state, safetensors files)
+
+// Float32 arrays by name, moved in (no copy).
+inline py::dict to_numpy(StateDict sd) {
+  py::dict d;
+  for (auto& [name, t] : sd) d[py::str(name)] = to_numpy(std::move(t));
+  return d;
+}
+// Copies of each parameter's value (&Param::value) or gradient (&Param::grad), in the parameters' order
+// (PyTorch's).
+inline py::dict to_numpy(const std::vector<Param>& params, Tensor* Param::*which) {
+  py::dict d;
+  for (const Param& p : params) d[py::str(p.name)] = to_numpy(Tensor::copy_of((p.*which)->view()));
+  return d;
+}
+// The one dtype rule for tensors handed in by name: a float array of any precision (float16, 32, 64) is
+// stored as float32 (a C-order copy, so any strides or alignment do); anything else (integers, bools,
+// objects) is an Error naming the tensor and what it got. Names must be str.
+inline StateDict state_dict_of(const py::dict& d) {
+  StateDict sd;
+  for (auto [k, v] : d) {
+    ATTN_CHECK(py::isinstance<py::str>(k), "Expected tensor names that are str, but got ", std::string(py::repr(k)),
+               " instead");
+    const std::string name = k.cast<std::string>();
+    py::array a = py::array::ensure(v);
+    ATTN_CHECK(a && a.dtype().kind() == 'f', "Expected tensor '", name, "' to be a float array, but got ",
+               a ? dtype_name(a) : std::string(py::str(py::type::of(v))), " instead");
+    auto f = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+    Tensor t(Shape(f.shape(), f.shape() + f.ndim()));
+    if (t.numel()) std::memcpy(t.data(), f.data(), size_t(t.numel()) * sizeof(float));
+    sd.emplace(name, std::move(t));
+  }
+  return sd;
 }
 
 // A torch.nn-style mask (nn.MultiheadAttention, Transformer layers): bool True = masked out

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "attn/train.h"
+#include "attn/viz.h"
 #include "attn/viz_model.h"
 #include "test_util.h"
 
@@ -126,6 +127,29 @@ TEST(VizGpt, ViewsHoldTheModelsAttentionWeights) {
   for (size_t l = 0; l < v.pngs.size(); ++l) {
     EXPECT_EQ(v.pngs[l], (std::filesystem::path(dir) / ("layer" + std::to_string(l) + ".png")).string());
     EXPECT_EQ(read_text(v.pngs[l]).substr(0, 8), "\x89PNG\r\n\x1a\n");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Each PNG says what it shows: the layer, its heads, the text (cut to 40 characters, newlines visible) and
+// the model's source (the checkpoint `attn viz --ckpt` read). Same bytes as write_heads_png with that title.
+TEST(VizGpt, PngTitlesNameTheTextAndTheModel) {
+  const std::string text = "the quick brown fox\njumps over the lazy dog again";  // 49 characters
+  const CharTokenizer tok = CharTokenizer::from_text(text);
+  GptConfig c;
+  c.vocab_size = tok.vocab_size(), c.n_layer = 2, c.n_head = 2, c.n_embd = 8;
+  Gpt m(c, 3);
+  const std::string dir = temp_dir("titles");
+  const viz::ModelViews v = viz::write_model_views(dir, m, tok, text, {.source = "runs/shakespeare"});
+  std::vector<std::string> chars;
+  for (char ch : text) chars.push_back(std::string(1, ch));
+  ASSERT_EQ(v.pngs.size(), 2u);
+  for (size_t l = 0; l < v.pngs.size(); ++l) {
+    const std::string title = "layer " + std::to_string(l) +
+                              " \u00b7 2 heads \u00b7 \"the quick brown fox\u23cejumps over the lazy \u2026\" \u00b7 runs/shakespeare";
+    const std::string want = dir + "/want.png";
+    viz::write_heads_png(want, v.weights[l].view().select(0, 0), chars, {}, {.title = title});
+    EXPECT_EQ(read_text(v.pngs[l]), read_text(want)) << "layer " << l;
   }
   std::filesystem::remove_all(dir);
 }

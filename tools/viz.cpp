@@ -41,6 +41,9 @@ void train_for(Trainer& t, double seconds, int64_t log_every) {
               (long long)t.model().num_parameters(), (long long)t.step_count(), elapsed(), first, last);
 }
 
+// The built-in model as the PNG titles name it.
+std::string builtin_source(const Trainer& t) { return cat("built-in model, ", t.step_count(), " steps"); }
+
 void print_views(const viz::ModelViews& v) {
   std::printf("%s\n", v.html.c_str());
   for (const std::string& p : v.pngs) std::printf("%s\n", p.c_str());
@@ -85,6 +88,7 @@ int run_viz(const VizCli& cli) {
   if (cli.ckpt.empty()) {
     std::unique_ptr<Trainer> t = builtin_trainer();
     train_for(*t, cli.seconds, 0);
+    vo.source = builtin_source(*t);
     set_num_threads(cli.threads);
     print_views(viz::write_model_views(cli.out, t->model(), t->data().tokenizer(),
                                        cli.text.empty() ? kExampleText : cli.text, vo));
@@ -93,6 +97,7 @@ int run_viz(const VizCli& cli) {
   ATTN_CHECK(!cli.text.empty(), "Expected --text with --ckpt (the characters to run through the model), but got none instead");
   set_num_threads(cli.threads);
   LoadedModel m = load_model(cli.ckpt);
+  vo.source = cli.ckpt;
   print_views(viz::write_model_views(cli.out, *m.model, m.tokenizer, cli.text, vo));
   return 0;
 }
@@ -124,7 +129,8 @@ int demo_attention_views(const std::string& out_dir) {
               answer == want ? "correct" : ("want " + want).c_str());
 
   std::printf("Attention of the trained model on \"%s\" (open the HTML in a browser):\n", text.c_str());
-  print_views(viz::write_model_views(out_dir, t->model(), data.tokenizer(), text));
+  print_views(viz::write_model_views(out_dir, t->model(), data.tokenizer(), text,
+                                     {.source = builtin_source(*t)}));
   std::printf("Mean row entropy of the attention over %lld validation sequences (rows with >= 4 keys, divided by "
               "log #keys: 1 = uniform):\n", (long long)B);
   for (size_t l = 0; l + 1 < before.size(); ++l)

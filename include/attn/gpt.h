@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/fields.h"
 #include "attn/kv_cache.h"
 #include "attn/nn.h"
 #include "attn/param.h"
@@ -28,6 +29,13 @@ struct GptConfig {
   bool bias = true;         // in Linear and LayerNorm layers (nanoGPT's `bias`)
   bool tie_weights = true;  // lm_head shares wte's matrix
 };
+
+// GptConfig's fields, each named once: config.json's "model" object (written, read and type-checked) and
+// the Python binding (GPT's keyword arguments, GPT.config, attn.gpt_config) follow this list.
+inline constexpr auto kGptConfigFields = std::tuple{
+    ATTN_FIELD(GptConfig, vocab_size), ATTN_FIELD(GptConfig, block_size), ATTN_FIELD(GptConfig, n_layer),
+    ATTN_FIELD(GptConfig, n_head),     ATTN_FIELD(GptConfig, n_kv_head),  ATTN_FIELD(GptConfig, n_embd),
+    ATTN_FIELD(GptConfig, dropout),    ATTN_FIELD(GptConfig, bias),       ATTN_FIELD(GptConfig, tie_weights)};
 
 // Configurations by name, vocab_size left 0: "tiny" (2 layers, 4 heads, E 64, block 64: seconds to
 // train), "nanogpt-cpu" (nanoGPT's shakespeare_char CPU run: 4 layers, 4 heads, E 128, block 64, no

@@ -84,6 +84,17 @@ struct TrainOptions {
   int threads = 0;               // 0: the CPUs this process may use
 };
 
+// TrainOptions' fields, each named once: a checkpoint's "training" object (written, read and type-checked)
+// and the Python binding (TrainOptions' attributes, Trainer's keyword arguments) follow this list.
+inline constexpr auto kTrainOptionsFields = std::tuple{
+    ATTN_FIELD(TrainOptions, config), ATTN_FIELD(TrainOptions, block_size), ATTN_FIELD(TrainOptions, n_kv_head),
+    ATTN_FIELD(TrainOptions, tie_weights), ATTN_FIELD(TrainOptions, steps), ATTN_FIELD(TrainOptions, batch),
+    ATTN_FIELD(TrainOptions, lr), ATTN_FIELD(TrainOptions, min_lr), ATTN_FIELD(TrainOptions, warmup),
+    ATTN_FIELD(TrainOptions, lr_decay_steps), ATTN_FIELD(TrainOptions, weight_decay), ATTN_FIELD(TrainOptions, beta1),
+    ATTN_FIELD(TrainOptions, beta2), ATTN_FIELD(TrainOptions, eps), ATTN_FIELD(TrainOptions, decay_embeddings),
+    ATTN_FIELD(TrainOptions, grad_clip), ATTN_FIELD(TrainOptions, dropout), ATTN_FIELD(TrainOptions, eval_every),
+    ATTN_FIELD(TrainOptions, eval_iters), ATTN_FIELD(TrainOptions, seed), ATTN_FIELD(TrainOptions, threads)};
+
 // Defaults for the synthetic task: a short, fast run whose loss falls within 20 steps (1 thread).
 TrainOptions synthetic_defaults();
 

@@ -17,7 +17,8 @@ namespace attn::viz {
 std::vector<int64_t> model_tokens(const Gpt& model, const CharTokenizer& tokenizer, const std::string& text);
 
 struct ModelViewOptions {
-  std::string title;      // empty: the text, quoted
+  std::string title;      // of the HTML page; empty: the text, quoted
+  std::string source;     // the model, as the PNG titles name it (the checkpoint directory); empty: unnamed
   int top_k = -1;         // weights kept per query row in the HTML (HtmlOptions::top_k: -1 auto, 0 all)
   int png_max_px = 1024;  // longest side of one head's matrix in the PNGs (HeatmapOptions::max_px)
 };
@@ -29,7 +30,8 @@ struct ModelViews {
 };
 
 // Computes every layer's attention for `text` and writes DIR/attention.html and DIR/layer<i>.png
-// (DIR and its parents are created). Token labels are the characters, whitespace drawn visible.
+// (DIR and its parents are created). Token labels are the characters, whitespace drawn visible. A PNG's
+// title names what it shows: `layer 0 · 4 heads · "the text" · source` (the text cut to 40 characters).
 ModelViews write_model_views(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer,
                              const std::string& text, const ModelViewOptions& options = {});
 

@@ -31,6 +31,19 @@ def as_array(x, name, floats=("float32", "float64")):
     return np.asarray(x)
 
 
+def tensor_dict(tensors):
+    """{name: numpy array} of a dict of arrays or torch tensors, for the bindings' one converter of tensors
+    by name (python/numpy_view.h: a float array of any precision is stored as float32, any other dtype is
+    refused by name). torch tensors are detached and moved to the CPU; bfloat16, which numpy lacks, is
+    widened to float32 here."""
+    def one(v):
+        if is_torch(v):
+            v = v.detach().cpu()
+            return (v.float() if str(v.dtype) == "torch.bfloat16" else v).numpy()
+        return v if isinstance(v, np.ndarray) else np.asarray(v)
+    return {k: one(v) for k, v in tensors.items()}
+
+
 def to_torch(result):
     """numpy arrays (also inside tuples and lists) as torch tensors over the same memory."""
     import torch

@@ -1,9 +1,9 @@
 """safetensors files: load and save dicts of float32 numpy arrays, readable by the safetensors library."""
 import os
 
-import numpy as np
-
 import _attn
+
+from ._interop import tensor_dict
 
 
 def load_safetensors(path, *, return_metadata=False):
@@ -20,13 +20,7 @@ def save_safetensors(path, tensors, metadata=None):
     """Writes {name: float array} as F32 (atomically: a temporary file, fsync, rename).
 
     Values may be numpy arrays or anything np.asarray takes, torch tensors included (detached and
-    moved to the CPU first); metadata is an optional dict of str to str.
+    moved to the CPU first), of any float dtype; other dtypes are refused. metadata is an optional
+    dict of str to str.
     """
-    def as_array(v):
-        if hasattr(v, "detach"):  # a torch tensor; .float() also covers bfloat16, which numpy lacks
-            v = v.detach().cpu()
-            v = v.float() if v.is_floating_point() else v
-            return v.numpy()
-        return np.asarray(v)
-
-    _attn.save_safetensors(os.fspath(path), {k: as_array(v) for k, v in tensors.items()}, metadata)
+    _attn.save_safetensors(os.fspath(path), tensor_dict(tensors), metadata)

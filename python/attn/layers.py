@@ -18,7 +18,7 @@ import numpy as np
 
 import _attn
 
-from ._interop import as_array, torch_io
+from ._interop import as_array, tensor_dict, torch_io
 
 __all__ = ["MultiheadAttention", "Linear", "LayerNorm", "Dropout", "ReLU", "GELU", "Embedding", "FeedForward",
            "TransformerEncoderLayer", "TransformerDecoderLayer"]
@@ -70,8 +70,8 @@ class _Layer:
         return self._native.state_dict()
 
     def load_state_dict(self, state_dict):
-        """Takes {name: array}, e.g. {k: v.detach().numpy() for k, v in module.state_dict().items()}."""
-        self._native.load_state_dict({k: _array(v) for k, v in state_dict.items()})
+        """Takes {name: float array or tensor}, e.g. a torch module's state_dict(); stored as float32."""
+        self._native.load_state_dict(tensor_dict(state_dict))
 
     def grads(self):
         """{name: float32 array}: the accumulated gradients, same names as state_dict() (copies)."""

@@ -4,7 +4,7 @@
     out, w, _ = attn.scaled_dot_product_attention(q, k, v, return_weights=True)   # w: (B, H, L, S)
     attn.viz.heatmap("head3.png", w[0, 3], tokens, title="layer 0 · head 3")
     attn.viz.heatmap("heads.png", w[0], tokens)                     # all heads in a grid
-    attn.viz.html("attention.html", [w[0]], tokens)                  # one layer; a list for more
+    attn.viz.html("attention.html", [w[0]], tokens)                  # a list of layers, each (H, L, S)
     attn.viz.gpt("gpt.html", "out", "abcd|dcb")                      # a GPT checkpoint on a text
 
 heatmap and html are not model runners: give them weights you already have; gpt runs the model. Tokens are strings (a str is split into
@@ -33,14 +33,19 @@ def _weights(a):
     return np.ascontiguousarray(as_array(a, "weights"), dtype=np.float32)
 
 
+def _head_averaged(a, what):
+    """The error for MultiheadAttention's head-averaged (N, L, S) weights where (H, L, S) belongs."""
+    return _attn.AttnError(
+        f"Expected {what}, but got MultiheadAttention's head-averaged weights of shape {a.shape} (N, L, S: one row "
+        f"per batch item, not per head) instead: call it with average_attn_weights=False and pass w[n], the "
+        f"(H, L, S) weights of batch item n")
+
+
 def _layer(a, i):
     """Layer i of html()'s list: (H, L, S), and not MultiheadAttention's head-averaged (N, L, S) batch."""
     from .layers import HeadAveragedWeights
     if isinstance(a, HeadAveragedWeights):
-        raise _attn.AttnError(
-            f"Expected layer {i} of weights (H, L, S), but got MultiheadAttention's head-averaged weights of shape "
-            f"{a.shape} (N, L, S: one row per batch item, not per head) instead: call it with "
-            f"average_attn_weights=False and pass w[n], the (H, L, S) weights of batch item n")
+        raise _head_averaged(a, f"layer {i} of weights (H, L, S)")
     w = _weights(a)
     if w.ndim != 3:
         raise _attn.AttnError(f"Expected layer {i} of weights (H, L, S), but got shape {w.shape} instead")
@@ -65,18 +70,25 @@ def heatmap(path, weights, query_tokens, key_tokens=None, title=None, *, vmax=No
 def html(path, layers, query_tokens, key_tokens=None, top_k=None, *, title="attention", layer_names=None):
     """Write one self-contained HTML page (head view, model view, matrix view; no network).
 
-    layers: one array (num_layers, H, L, S), one layer (H, L, S), or a list of (H, L, S) arrays
-    (H may differ between layers). top_k: None keeps every weight for up to 64 keys and the 16
-    largest per query row beyond; 0 keeps all; k keeps the k largest per row. The page says when
-    weights were dropped. Returns path.
+    layers: one array (num_layers, H, L, S) or a list of (H, L, S) arrays (H may differ between
+    layers). One 3-D array is refused: (H, L, S) heads and an (N, L, S) batch look alike; pass [w].
+    top_k: None keeps every weight for up to 64 keys and the 16 largest per query row beyond; 0 keeps
+    all; k keeps the k largest per row. The page says when weights were dropped. Returns path.
     """
-    if isinstance(layers, (list, tuple)):
+    from .layers import HeadAveragedWeights
+    want = "layers of shape (num_layers, H, L, S) or a list of (H, L, S) arrays"
+    ndim = getattr(layers, "ndim", None)
+    if isinstance(layers, (list, tuple)) or ndim == 4:
         arrays = [_layer(x, i) for i, x in enumerate(layers)]
-    elif getattr(layers, "ndim", None) in (3, 4):
-        arrays = [_layer(x, i) for i, x in enumerate(layers if layers.ndim == 4 else [layers])]
+    elif isinstance(layers, HeadAveragedWeights):
+        raise _head_averaged(layers, want)
+    elif ndim == 3:
+        raise _attn.AttnError(
+            f"Expected {want}, but got one array of shape {tuple(layers.shape)} instead: three dimensions could be "
+            f"one layer's heads (H, L, S) or a batch (N, L, S), so attn.viz.html does not guess. One layer's heads: "
+            f"pass [w]; batch item n of (N, H, L, S) weights: pass [w[n]]")
     else:
-        raise _attn.AttnError(f"Expected layers of shape (num_layers, H, L, S) or (H, L, S), or a list of (H, L, S), "
-                              f"but got {getattr(layers, 'shape', type(layers).__name__)} instead")
+        raise _attn.AttnError(f"Expected {want}, but got {getattr(layers, 'shape', type(layers).__name__)} instead")
     _attn.viz_html(os.fspath(path), arrays, _tokens(query_tokens), _tokens(key_tokens),
                    [str(n) for n in layer_names or []], title, -1 if top_k is None else int(top_k))
     return path

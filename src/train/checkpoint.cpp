@@ -343,45 +343,32 @@ void set_swap_for_testing(SwapFn swap) { g_swap = swap ? swap : exchange; }
 
 // ---- JSON forms ----
 
-json to_json(const GptConfig& c) {
-  return {{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer},
-          {"n_head", c.n_head},         {"n_kv_head", c.n_kv_head},   {"n_embd", c.n_embd},
-          {"dropout", c.dropout},       {"bias", c.bias},             {"tie_weights", c.tie_weights}};
-}
+namespace {
 
-GptConfig gpt_config_from(const json& j, const std::string& where) {
-  GptConfig c;
-  c.vocab_size = get<int64_t>(j, "vocab_size", where);
-  c.block_size = get<int64_t>(j, "block_size", where);
-  c.n_layer = get<int64_t>(j, "n_layer", where);
-  c.n_head = get<int64_t>(j, "n_head", where);
-  c.n_kv_head = get<int64_t>(j, "n_kv_head", where);
-  c.n_embd = get<int64_t>(j, "n_embd", where);
-  c.dropout = get<double>(j, "dropout", where);
-  c.bias = get<bool>(j, "bias", where);
-  c.tie_weights = get<bool>(j, "tie_weights", where);
-  return c;
-}
-
-#define ATTN_TRAIN_FIELDS(X)                                                                              \
-  X(config) X(block_size) X(n_kv_head) X(tie_weights) X(steps) X(batch) X(lr) X(min_lr) X(warmup)         \
-  X(lr_decay_steps) X(weight_decay) X(beta1) X(beta2) X(eps) X(decay_embeddings) X(grad_clip) X(dropout) \
-  X(eval_every) X(eval_iters) X(seed) X(threads)
-
-json to_json(const TrainOptions& o) {
-  json j;
-#define X(f) j[#f] = o.f;
-  ATTN_TRAIN_FIELDS(X)
-#undef X
+// A struct as a JSON object of its fields (fields.h), and back with every field's type checked by get<>.
+template <class S, class Fields>
+json fields_json(const S& s, const Fields& fields) {
+  json j = json::object();
+  for_each_field(fields, s, [&](const char* name, const auto& v) { j[name] = v; });
   return j;
 }
 
+template <class S, class Fields>
+S fields_from(const json& j, const Fields& fields, const std::string& where) {
+  S s;
+  for_each_field(fields, s, [&](const char* name, auto& v) { v = get<std::decay_t<decltype(v)>>(j, name, where); });
+  return s;
+}
+
+}  // namespace
+
+json to_json(const GptConfig& c) { return fields_json(c, kGptConfigFields); }
+GptConfig gpt_config_from(const json& j, const std::string& where) {
+  return fields_from<GptConfig>(j, kGptConfigFields, where);
+}
+json to_json(const TrainOptions& o) { return fields_json(o, kTrainOptionsFields); }
 TrainOptions train_options_from(const json& j, const std::string& where) {
-  TrainOptions o;
-#define X(f) o.f = get<decltype(o.f)>(j, #f, where);
-  ATTN_TRAIN_FIELDS(X)
-#undef X
-  return o;
+  return fields_from<TrainOptions>(j, kTrainOptionsFields, where);
 }
 
 json tokenizer_json(const CharTokenizer& t) { return {{"type", "char"}, {"vocab", utf8_encode(t.vocab())}}; }

@@ -63,10 +63,10 @@ ModelViews write_model_views(const std::string& dir, Gpt& model, const CharToken
   for (size_t l = 0; l < out.weights.size(); ++l) {
     const View<const float> w = out.weights[l].view().select(0, 0);  // (H, T, T)
     record.layers.push_back(w);
-    const std::string name = "layer " + std::to_string(l);
+    const std::string title = cat("layer ", l, " \u00b7 ", w.size(0), " heads \u00b7 \"", display_token(text, 40), "\"",
+                                  options.source.empty() ? "" : " \u00b7 ", options.source);
     out.pngs.push_back((std::filesystem::path(dir) / ("layer" + std::to_string(l) + ".png")).string());
-    write_heads_png(out.pngs.back(), w, tokens, {},
-                    {.title = name + " \u00b7 " + std::to_string(w.size(0)) + " heads", .max_px = options.png_max_px});
+    write_heads_png(out.pngs.back(), w, tokens, {}, {.title = title, .max_px = options.png_max_px});
   }
   out.html = (std::filesystem::path(dir) / "attention.html").string();
   write_html(out.html, record, {.title = options.title.empty() ? "attention on \"" + text + "\"" : options.title,

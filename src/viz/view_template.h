@@ -4,9 +4,10 @@
 //
 // Stable hooks for tests and users:
 //   #layer-select (option value = layer)   .tab#tab-head/#tab-model/#tab-matrix, sections #view-*
-//   .head-swatch[data-head][aria-pressed]  #q-col .tok[data-side=q][data-i], #k-col .tok[data-side=k]
-//   #lines g[data-head] > line[data-head][data-q][data-k][data-w]; a line is hidden when it or its
-//     head's <g> has computed display:none (focus filter on lines, head toggle on the <g>)
+//   .head-swatch[data-head][aria-pressed] > .ramp (the legend: the head's colour, weight 0 to 1)
+//   #q-col .tok[data-side=q][data-i], #k-col .tok[data-side=k]
+//   #lines > line[data-head][data-q][data-k][data-w], in increasing weight (the strongest drawn last, on
+//     top); a line is hidden when it has computed display:none (focus filter, head toggle)
 //   #model-grid .thumb[data-layer][data-head]   #notice (top-k)
 //   #matrix[data-layer][data-head][data-x0][data-y0][data-cell][data-pool] (geometry in CSS pixels)
 //   body[data-ready="1"] once everything is drawn.
@@ -35,11 +36,13 @@ main { padding: 16px 24px 32px; }
 .toolbar { display: flex; gap: 8px; align-items: center; flex-wrap: wrap; margin-bottom: 6px; }
 .hint { color: var(--muted); margin: 4px 0 12px; font-size: 13px; }
 #head-legend { display: flex; gap: 4px; flex-wrap: wrap; }
-.head-swatch { --c: #888; min-width: 30px; height: 24px; border-radius: 4px; border: 2px solid var(--c);
-               background: var(--c); color: #fff; font-weight: 600; font-size: 12px; cursor: pointer; }
-.head-swatch[aria-pressed="false"] { background: #fff; color: var(--c); opacity: .5; }
-#head-view { display: grid; grid-template-columns: max-content max-content max-content; align-items: start;
-             justify-content: start; }
+.head-swatch { --c: #888; display: inline-flex; align-items: center; gap: 6px; height: 26px; padding: 0 8px;
+               border-radius: 4px; border: 2px solid var(--c); background: #fff; color: var(--ink);
+               font: 600 12px/1 system-ui, sans-serif; cursor: pointer; }
+.head-swatch .ramp { width: 44px; height: 10px; border-radius: 2px; outline: 1px solid var(--line); }
+.head-swatch[aria-pressed="false"] { border-color: var(--line); color: var(--muted); opacity: .5;
+                                     text-decoration: line-through; }
+#head-view { display: grid; grid-template-columns: max-content minmax(160px, 1fr) max-content; align-items: start; }
 .col-head { font-size: 11px; color: var(--muted); text-transform: uppercase; letter-spacing: .06em;
             padding: 0 8px 4px; }
 .col-head.q { text-align: right; }
@@ -48,9 +51,9 @@ main { padding: 16px 24px 32px; }
 #q-col .tok { text-align: right; }
 .tok:hover, .tok.focus { box-shadow: inset 0 0 0 2px var(--accent); }
 .tok.pinned { font-weight: 700; }
-#lines { display: block; }
+#lines { display: block; width: 100%; }
 #lines line { stroke-width: 2; }
-#lines.focused line:not(.on) { display: none; }
+#lines line.off, #lines.focused line:not(.on) { display: none; }
 #model-grid { border-collapse: collapse; }
 #model-grid th { font-weight: 600; font-size: 12px; color: var(--muted); padding: 4px 8px; white-space: nowrap; }
 #model-grid td { padding: 4px; }
@@ -79,8 +82,10 @@ inline constexpr const char* kViewBody = R"attn(
 <section id="view-head" class="view">
   <div class="toolbar"><span>Heads</span><span id="head-legend"></span>
     <button id="heads-all">all</button><button id="heads-none">none</button></div>
-  <p class="hint">Hover a token to see only its lines; click it to pin (click again or press Esc to release).
-    Click a colour to hide or show that head. Line opacity is the attention weight.</p>
+  <p class="hint">A line's colour is its head; it runs from white (weight 0) to the head's full colour
+    (weight 1), as in each head's key above. Where lines cross, the larger weight is drawn on top, so every
+    head keeps its own colour. Hover a token to see only its lines; click it to pin (click again or press
+    Esc to release). Click a head to hide or show its lines.</p>
   <div id="head-view">
     <div class="col-head q">queries</div><div></div><div class="col-head">keys</div>
     <div id="q-col"></div>
@@ -105,15 +110,25 @@ inline constexpr const char* kViewJs = R"attn(
   const D = JSON.parse(document.getElementById("attn-data").textContent);
   const $ = (id) => document.getElementById(id);
   const SVG_NS = $("lines").namespaceURI;  // read from the page: the file names no URL at all
-  const L = D.L, S = D.S, ROW = 22, LINES_W = 300, FONT = getComputedStyle(document.body).fontFamily;
-  const TABLEAU = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-                   "#9c755f", "#bab0ac"];
-  // on: per head of this layer; byQ/byK: line records {el, h, q, k, w} by token; marked: lines now .on
-  const st = { layer: 0, on: [], focus: null, pinned: false, head: 0, byQ: [], byK: [], marked: [], geom: null,
-               modelBuilt: false };
+  const L = D.L, S = D.S, ROW = 22, FONT = getComputedStyle(document.body).fontFamily;
+  const TABLEAU = [[78, 121, 167], [242, 142, 43], [225, 87, 89], [118, 183, 178], [89, 161, 79], [237, 201, 72],
+                   [176, 122, 161], [255, 157, 167], [156, 117, 95], [186, 176, 172]];
+  // on: per head of this layer; byQ/byK/byH: line records {el, h, q, k, w} by token and by head;
+  // marked: lines now .on
+  const st = { layer: 0, on: [], focus: null, pinned: false, head: 0, byQ: [], byK: [], byH: [], marked: [],
+               geom: null, modelBuilt: false };
 
   const nHeads = (l) => D.layers[l].length;
-  const headColour = (h, n) => (n <= TABLEAU.length ? TABLEAU[h] : `hsl(${(h * 137.508) % 360}, 62%, 46%)`);
+  // Head h of n as [r, g, b]: Tableau 10 up to 10 heads, hues a golden angle apart (HSL 62%, 46%) beyond.
+  function headRgb(h, n) {
+    if (n <= TABLEAU.length) return TABLEAU[h];
+    const hue = (h * 137.508) % 360, s = 0.62, l = 0.46, a = s * Math.min(l, 1 - l);
+    const f = (m) => { const k = (m + hue / 30) % 12; return l - a * Math.max(-1, Math.min(k - 3, 9 - k, 1)); };
+    return [0, 8, 4].map((m) => Math.round(255 * f(m)));
+  }
+  // An opaque colour between white (weight 0) and the head's (weight >= 1): no alpha, so overlapping
+  // lines never blend into a colour that is no head's.
+  const tint = (rgb, w) => `rgb(${rgb.map((c) => Math.round(255 - Math.min(1, w) * (255 - c))).join(", ")})`;
   // Row i of head h in layer l: [key indices (null: all S keys in order), weights]
   const row = (l, h, i) => { const hd = D.layers[l][h]; return [hd.k ? hd.k[i] : null, hd.w[i]]; };
   const fmt = (w) => String(Number(w.toPrecision(3)));
@@ -162,7 +177,6 @@ inline constexpr const char* kViewJs = R"attn(
         $(side + "-col").append(t);
       });
     }
-    $("lines").setAttribute("width", LINES_W);
     $("lines").setAttribute("height", Math.max(L, S) * ROW);
     $("head-view").addEventListener("click", () => { if (st.pinned) setFocus(null); });
     document.addEventListener("keydown", (e) => { if (e.key === "Escape") setFocus(null); });
@@ -174,10 +188,10 @@ inline constexpr const char* kViewJs = R"attn(
     applyFocus();
   }
 
-  // Show the lines of enabled heads (a hidden head's <g> is display:none) that touch the focused
-  // token (CSS hides every line not marked .on while the svg is .focused), and shade the other
-  // column's tokens by the largest visible weight to or from the focused one. Touches only the
-  // focused token's lines, so hovering stays fast with tens of thousands of lines.
+  // Show the lines of enabled heads (a hidden head's lines are .off) that touch the focused token (CSS
+  // hides every line not marked .on while the svg is .focused), and shade the other column's tokens by
+  // the largest visible weight to or from the focused one. Touches only the focused token's lines, so
+  // hovering stays fast with tens of thousands of lines.
   function applyFocus() {
     const f = st.focus, svg = $("lines"), shade = { q: new Float32Array(L), k: new Float32Array(S) };
     for (const x of st.marked) x.el.classList.remove("on");
@@ -189,7 +203,6 @@ inline constexpr const char* kViewJs = R"attn(
       shade[side][idx] = Math.max(shade[side][idx], x.w);
     }
     svg.classList.toggle("focused", !!f);
-    for (const g of svg.children) g.style.display = st.on[+g.dataset.head] ? "" : "none";
     for (const side of ["q", "k"]) {
       for (const t of $(side + "-col").children) {
         const i = +t.dataset.i, me = !!f && f.side === side && f.i === i, a = f && f.side !== side ? shade[side][i] : 0;
@@ -206,49 +219,64 @@ inline constexpr const char* kViewJs = R"attn(
     box.replaceChildren();
     for (let h = 0; h < n; ++h) {
       const b = el("button", { class: "head-swatch", "data-head": h, "aria-pressed": st.on[h],
-                               title: `head ${h}: click to hide or show its lines` }, String(h));
-      b.style.setProperty("--c", headColour(h, n));
+                               title: `head ${h}: click to hide or show its lines` }, `head ${h}`);
+      const rgb = headRgb(h, n), ramp = el("span", { class: "ramp" });
+      ramp.style.background = `linear-gradient(to right, ${tint(rgb, 0)}, ${tint(rgb, 1)})`;
+      b.style.setProperty("--c", tint(rgb, 1));
+      b.append(ramp);
       b.addEventListener("click", () => {
         st.on[h] = !st.on[h];
         b.setAttribute("aria-pressed", st.on[h]);
+        showHead(h);
         applyFocus();
       });
       box.append(b);
     }
   }
-  const setAll = (v) => { st.on.fill(v); buildSwatches(); applyFocus(); };
+  const showHead = (h) => { for (const x of st.byH[h] || []) x.el.classList.toggle("off", !st.on[h]); };
+  const setAll = (v) => {
+    st.on.fill(v);
+    buildSwatches();
+    st.on.forEach((_, h) => showHead(h));
+    applyFocus();
+  };
   $("heads-all").addEventListener("click", () => setAll(true));
   $("heads-none").addEventListener("click", () => setAll(false));
 
+  // Every line of the layer, weakest first: SVG paints in document order, so where lines cross the
+  // stronger one is on top. Lines span the svg's width (x2 = 100%), which is the page's.
   function drawLines() {
-    const svg = $("lines"), l = st.layer, n = nHeads(l);
-    svg.replaceChildren();
+    const svg = $("lines"), l = st.layer, n = nHeads(l), all = [];
     st.marked = [];
     st.byQ = Array.from({ length: L }, () => []);
     st.byK = Array.from({ length: S }, () => []);
+    st.byH = Array.from({ length: n }, () => []);
     for (let h = 0; h < n; ++h) {
-      const g = document.createElementNS(SVG_NS, "g");
-      g.setAttribute("stroke", headColour(h, n));
-      g.dataset.head = h;
       for (let i = 0; i < L; ++i) {
         const [ks, ws] = row(l, h, i);
         ws.forEach((w, t) => {
-          if (!(w > 0)) return;  // zero (masked) and non-finite (null) weights draw nothing
-          const j = ks ? ks[t] : t, line = document.createElementNS(SVG_NS, "line");
-          line.setAttribute("x1", 0);
-          line.setAttribute("y1", (i + 0.5) * ROW);
-          line.setAttribute("x2", LINES_W);
-          line.setAttribute("y2", (j + 0.5) * ROW);
-          line.setAttribute("stroke-opacity", Math.min(1, w).toFixed(3));
-          Object.assign(line.dataset, { head: h, q: i, k: j, w });
-          g.append(line);
-          const x = { el: line, h, q: i, k: j, w };
-          st.byQ[i].push(x);
-          st.byK[j].push(x);
+          if (w > 0) all.push({ h, q: i, k: ks ? ks[t] : t, w });  // zero (masked) and null (non-finite) draw nothing
         });
       }
-      svg.append(g);
     }
+    all.sort((a, b) => a.w - b.w);
+    const lines = document.createDocumentFragment();
+    for (const x of all) {
+      const line = document.createElementNS(SVG_NS, "line");
+      line.setAttribute("x1", 0);
+      line.setAttribute("y1", (x.q + 0.5) * ROW);
+      line.setAttribute("x2", "100%");
+      line.setAttribute("y2", (x.k + 0.5) * ROW);
+      line.setAttribute("stroke", tint(headRgb(x.h, n), x.w));
+      Object.assign(line.dataset, { head: x.h, q: x.q, k: x.k, w: x.w });
+      x.el = line;
+      st.byQ[x.q].push(x);
+      st.byK[x.k].push(x);
+      st.byH[x.h].push(x);
+      lines.append(line);
+    }
+    svg.replaceChildren(lines);
+    st.on.forEach((_, h) => showHead(h));
     applyFocus();
   }
 

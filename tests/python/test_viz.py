@@ -181,7 +181,7 @@ def test_html_with_weights_from_attn_sdpa(tmp_path):
     rng = np.random.default_rng(6)
     q, k, v = (rng.standard_normal((1, 2, 6, 8), dtype=np.float32) for _ in range(3))
     _, weights = attn.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True)
-    _, data = embedded(attn.viz.html(tmp_path / "s.html", weights[0], "hello!"))
+    _, data = embedded(attn.viz.html(tmp_path / "s.html", [weights[0]], "hello!"))
     got = np.array([h["w"] for h in data["layers"][0]]).astype(np.float32)
     np.testing.assert_array_equal(got, weights[0])
     assert np.all(got[:, np.triu_indices(6, 1)[0], np.triu_indices(6, 1)[1]] == 0)  # causal: zeros above
@@ -203,5 +203,28 @@ def test_html_refuses_a_head_averaged_batch_and_wrong_ranks(tmp_path):
         attn.viz.html(tmp_path / "v.html", [w], list("hello"))
     with pytest.raises(attn.AttnError, match=r"Expected layer 1 of weights \(H, L, S\), but got shape \(5, 5\)"):
         attn.viz.html(tmp_path / "v.html", [np.ones((2, 5, 5)), np.ones((5, 5))], list("hello"))
+    with pytest.raises(attn.AttnError, match=r"Expected layers of shape \(num_layers, H, L, S\) or a list of \(H, L, S\) "
+                                             r"arrays, but got MultiheadAttention's head-averaged weights of shape "
+                                             r"\(2, 5, 5\)"):
+        attn.viz.html(tmp_path / "v.html", w, list("hello"))  # the batch itself, not in a list
     _, w = mha(x, x, x, average_attn_weights=False)  # (N, H, L, S): w[0] is one layer's heads
     assert attn.viz.html(tmp_path / "v.html", [w[0]], list("hello")) == tmp_path / "v.html"
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_html_refuses_one_three_dimensional_array(tmp_path, kind):
+    """(H, L, S) heads and an (N, L, S) batch (torch's head-averaged MultiheadAttention weights) have the same
+    rank: a bare 3-D array is refused with what to pass instead, and never drawn as heads."""
+    w = softmax_rows((2, 5, 5), 7)
+    if kind == "torch":
+        import torch  # a project dependency (install-deps.sh): no skip
+        w = torch.from_numpy(w)
+    with pytest.raises(attn.AttnError, match=r"Expected layers of shape \(num_layers, H, L, S\) or a list of \(H, L, S\) "
+                                             r"arrays, but got one array of shape \(2, 5, 5\) instead: .*\(N, L, S\).*"
+                                             r"pass \[w\]"):
+        attn.viz.html(tmp_path / "b.html", w, list("hello"))
+    assert not (tmp_path / "b.html").exists()
+    with pytest.raises(attn.AttnError, match=r"Expected layers of shape .* but got \(2, 5, 5, 1, 1\) instead"):
+        attn.viz.html(tmp_path / "b.html", np.ones((2, 5, 5, 1, 1), np.float32), list("hello"))
+    _, data = embedded(attn.viz.html(tmp_path / "b.html", [w], list("hello")))  # the same heads in a list: drawn
+    assert len(data["layers"]) == 1 and len(data["layers"][0]) == 2

@@ -2,11 +2,14 @@
 
 Checks what a user sees and does: heads, tokens, lines and layers are all there; hovering or
 clicking a token leaves only its lines; clicking a head hides its lines; the layer selector swaps
-the weights; a model-view thumbnail opens its head in the matrix view; no console error and no
-request but the file itself. Saves screenshots in a fresh temp dir and prints their paths.
+the weights; a model-view thumbnail opens its head in the matrix view; the head view is as wide as
+the window; overlapping lines of several heads show one head's colour (read back from the screen),
+each line the colour the legend gives its head and weight; no console error and no request but the
+file itself. Saves screenshots in a fresh temp dir and prints their paths.
 Never skips: without /usr/bin/chromium or playwright it fails and says what to install.
 """
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -47,9 +50,9 @@ def browser():
 class Page:
     """A page of the generated file that records console errors, page errors and requests."""
 
-    def __init__(self, browser, path):
+    def __init__(self, browser, path, width=1200):
         self.url = "file://" + os.path.abspath(path)
-        self.page = browser.new_page(viewport={"width": 1200, "height": 900})
+        self.page = browser.new_page(viewport={"width": width, "height": 900})
         self.errors, self.requests = [], []
         self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
@@ -175,6 +178,86 @@ def test_head_model_and_matrix_views(browser, tmp_path):
         assert p.is_visible("#matrix-tip")
         assert f"{q[hi[0]]} ({hi[0]})" in p.text_content("#matrix-tip")
         page.shot("matrix_view.png")
+        page.assert_clean()
+    finally:
+        page.close()
+
+
+def test_head_view_uses_the_page_width(browser, tmp_path):
+    """The lines fill the width the page has (no fixed pixel width): a wider window, longer lines."""
+    path = attn.viz.html(tmp_path / "w.html", [softmax_rows((2, 6, 6), 3)], "abcdef")
+    widths = []
+    for vw in (900, 1500):
+        page = Page(browser, path, width=vw)
+        try:
+            box = page.page.evaluate("""() => {
+                const r = (e) => e.getBoundingClientRect(), main = r(document.querySelector('main'));
+                const s = getComputedStyle(document.querySelector('main'));
+                return { svg: r(document.getElementById('lines')), k: r(document.getElementById('k-col')),
+                         q: r(document.getElementById('q-col')), main: main.width - parseFloat(s.paddingLeft)
+                         - parseFloat(s.paddingRight), line: Math.max(...Array.from(
+                           document.querySelectorAll('#lines line'), (l) => r(l).right)) }; }""")
+            # queries | lines | keys span main's content box, and some line reaches the keys' column
+            assert box["q"]["width"] + box["svg"]["width"] + box["k"]["width"] == pytest.approx(box["main"], abs=1)
+            assert box["line"] == pytest.approx(box["svg"]["right"], abs=2)
+            widths.append(box["svg"]["width"])
+            page.assert_clean()
+        finally:
+            page.close()
+    assert widths[1] - widths[0] == pytest.approx(600, abs=1)
+
+
+def pixel(page, x, y, tmp_path):
+    """(r, g, b) of the screen pixel at page coordinates (x, y) (device pixel ratio 1)."""
+    from test_viz import read_png  # the small PNG decoder of test_viz.py
+    page.page.screenshot(path=str(tmp_path / "px.png"), clip={"x": x, "y": y, "width": 1, "height": 1})
+    return tuple(int(c) for c in read_png(tmp_path / "px.png")[0, 0])
+
+
+def test_heads_keep_their_colours_and_the_legend_says_which(browser, tmp_path):
+    """With every head shown, overlapping lines show one head's colour (the largest weight's, drawn on top),
+    never a blend of several; each line's colour is its head's colour from the legend, tinted by its weight
+    (white at 0, the head's colour at 1)."""
+    H, L = 3, 4
+    w = softmax_rows((H, L, L), 4)
+    w[:, 1, 1] = [0.3, 0.6, 0.1]  # three lines on top of each other: query 1 -> key 1, head 1 the largest
+    page = Page(browser, attn.viz.html(tmp_path / "c.html", [w], "abcd"))
+    p = page.page
+    try:
+        # the legend: one key per head, a ramp from white to the head's colour
+        head_rgb = []
+        for h in range(H):
+            sw = f".head-swatch[data-head='{h}']"
+            assert p.text_content(sw) == f"head {h}"
+            ramp = p.evaluate(f"() => getComputedStyle(document.querySelector(\"{sw} .ramp\")).backgroundImage")
+            stops = [tuple(map(int, c)) for c in re.findall(r"rgb\((\d+), (\d+), (\d+)\)", ramp)]
+            assert len(stops) == 2 and stops[0] == (255, 255, 255) and stops[1] != stops[0], ramp
+            head_rgb.append(np.array(stops[1]))
+        assert len({tuple(c) for c in head_rgb}) == H  # distinct colours
+        # every line: its head's colour tinted by its weight, opaque, and weakest first (strongest on top)
+        lines = p.evaluate("""() => Array.from(document.querySelectorAll('#lines line'), (l) =>
+            [+l.dataset.head, +l.dataset.w, getComputedStyle(l).stroke, getComputedStyle(l).strokeOpacity,
+             getComputedStyle(l).opacity])""")
+        assert len(lines) == H * L * L
+        assert [x[1] for x in lines] == sorted(x[1] for x in lines)
+        for h, x, stroke, stroke_opacity, opacity in lines:
+            want = np.rint(255 - min(1.0, x) * (255 - head_rgb[h])).astype(int)
+            assert stroke == "rgb({}, {}, {})".format(*want) and stroke_opacity == opacity == "1", (h, x, stroke)
+        # on screen: where the three lines of query 1 -> key 1 lie (a quarter of the way across, row 1's
+        # middle; no other line passes there), head 1's colour at 0.6 alone; hide head 1: head 0's at 0.3
+        svg = p.evaluate("() => { const r = document.getElementById('lines').getBoundingClientRect(); "
+                         "return [r.left + window.scrollX, r.top + window.scrollY, r.width]; }")
+        x, y = svg[0] + 0.25 * svg[2], svg[1] + 1.5 * 22
+
+        def tinted(h, weight):
+            return tuple(int(c) for c in np.rint(255 - weight * (255 - head_rgb[h])))
+
+        got = pixel(page, x, y, tmp_path)
+        assert max(abs(a - b) for a, b in zip(got, tinted(1, 0.6))) <= 2, (got, tinted(1, 0.6))
+        p.click(".head-swatch[data-head='1']")
+        got = pixel(page, x, y, tmp_path)
+        assert max(abs(a - b) for a, b in zip(got, tinted(0, 0.3))) <= 2, (got, tinted(0, 0.3))
+        page.shot("head_view_colours.png")
         page.assert_clean()
     finally:
         page.close()

@@ -77,8 +77,9 @@ def test_views_of_a_checkpoint(ckpt, tmp_path):
     assert Path(attn.viz.gpt(tmp_path / "py.html", ckpt, TEXT)).read_bytes() == html.read_bytes()
     model, tok = attn.GPT.load(ckpt)
     w = model.attention_weights(np.array([tok.encode(TEXT)]))  # per layer (1, H, T, T)
-    for l, png in enumerate(pngs):
-        lay = attn.viz.heatmap(tmp_path / f"py{l}.png", w[l][0], TEXT, title=f"layer {l} \u00b7 4 heads")
+    for l, png in enumerate(pngs):  # the title names the layer, the text and the checkpoint
+        title = f'layer {l} \u00b7 4 heads \u00b7 "{TEXT}" \u00b7 {ckpt}'
+        lay = attn.viz.heatmap(tmp_path / f"py{l}.png", w[l][0], TEXT, title=title)
         assert png_size(png) == (lay["width"], lay["height"])
         assert lay["rows"] == lay["cols"] == len(TEXT)
         assert (tmp_path / f"py{l}.png").read_bytes() == png.read_bytes()
