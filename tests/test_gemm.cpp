@@ -4,10 +4,7 @@
 // Not a benchmark (bench/gemm_candidates.cpp is) and not linear's layer semantics (test_nn.cpp).
 #include <cblas.h>
 #include <gtest/gtest.h>
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS HWY_SSSE3  // the targets src/kernels/gemm.cpp compiles, no more
-#endif
-#include <hwy/targets.h>
+#include <hwy/targets.h>  // with the library's HWY_DISABLED_TARGETS (CMakeLists.txt): its targets, no more
 
 #include <cmath>
 #include <cstdio>

@@ -26,9 +26,6 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/kernels/flash_backward.cpp"  // found through include/; src/ is not on the path
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS HWY_SSSE3  // as flash_forward.cpp: SSE4 is the portable SIMD target
-#endif
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>

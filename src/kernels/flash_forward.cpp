@@ -27,9 +27,6 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/kernels/flash_forward.cpp"  // found through include/; src/ is not on the path
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS HWY_SSSE3  // SSE4 is the portable SIMD target; older CPUs get the scalar one
-#endif
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>

@@ -6,9 +6,6 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/nn/gelu.cpp"  // found through include/; src/ is not on the path
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS HWY_SSSE3  // SSE4 is the portable SIMD target; older CPUs get the scalar one
-#endif
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
