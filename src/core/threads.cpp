@@ -79,9 +79,10 @@ class Pool {
       const uint32_t now = wake_.load();  // read here: a thread that starts late must still see a stop
       for (int w = 1; w < n; ++w) workers_.emplace_back([this, w, now] { work(w, now); });
     } catch (const std::system_error& e) {
+      const size_t started = workers_.size() + 1;  // the caller is one of the n
       stop_workers();
-      throw Error(cat("Expected to start ", n, " threads, but thread ", workers_.size() + 1,
-                      " could not be started (", e.what(), ") instead"));
+      throw Error(cat("Expected to start ", n, " threads, but only ", started, " could be started (", e.what(),
+                      ") instead"));
     }
     threads_ = n;
   }

@@ -70,6 +70,15 @@ def test_sdpa_head_dim_zero_is_torchs_mean_of_the_values(is_causal):
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_threads_that_cannot_be_started_are_an_error_not_a_hang():
+    # An address-space limit that leaves room for the program but not for 64 thread stacks (8 MB each):
+    # set_num_threads used to hang here.
+    r = subprocess.run(["prlimit", "--as=400000000", attn_binary(), "info", "--threads", "64"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "Expected to start 64 threads, but only " in r.stderr and " could be started" in r.stderr
+
+
 # ---- Arrays at any alignment: copied once at the boundary (UBSan flagged misaligned float loads) ----
 
 def misaligned(a):
