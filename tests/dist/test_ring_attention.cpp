@@ -246,6 +246,26 @@ TEST(RingAttention, SameBitsForOneAndTwoThreads) {
     EXPECT_EQ(std::memcmp(a->data(), b->data(), sizeof(float) * size_t(a->numel())), 0);
 }
 
+// What travels: the forward sends N − 1 K/V blocks (each rank's own first, then what it received); the
+// backward sends as many and the N dK/dV accumulators of the blocks it held. Bytes of fp32 K and V.
+TEST(RingAttention, SendsEachBlockOnce) {
+  Config c;
+  c.L = 67;
+  const int r = dist::rank(), n = dist::size();
+  Problem<float> in(c, 3);
+  const Ring ring(c, in);
+  int64_t kv = 0, acc = 0;  // bytes of the blocks this rank passes on, and of the accumulators
+  for (int t = 0; t < n; ++t) {
+    const int64_t rows = ring_local_length(c.L, (r - t + n) % n, n, c.layout);
+    const int64_t bytes = 4 * c.B * c.Hkv * rows * (c.D + c.Dv);
+    if (t + 1 < n) kv += bytes;
+    acc += bytes;
+  }
+  EXPECT_EQ(ring.fwd.sent_bytes, kv);
+  EXPECT_EQ(ring.bwd.sent_bytes, kv + acc);
+  EXPECT_GT(ring.fwd.scratch_bytes, 0);
+}
+
 // ---- The layouts ----
 
 TEST(RingLayout, RanksCoverTheSequenceOnceAndZigzagBalancesCausalWork) {
