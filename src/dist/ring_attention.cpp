@@ -418,14 +418,13 @@ void ring_sdpa_backward(const SdpaArgs<float>& local, View<const float> out, Vie
   RingStats st;
   Block blocks[2] = {Block(p), Block(p)};
   const int64_t kv_k = p.B * p.Hkv * p.max_rows * p.D, kv_v = p.B * p.Hkv * p.max_rows * p.Dv;
-  // acc: the dK/dV accumulators in flight (one received, one being sent); part: this rank's share of the
-  // block in hand; dq_s, dk_s, dv_s: one pair's gradients (the kernel writes, it does not add).
+  // acc: the dK/dV accumulators in flight (one received, one being sent); dq_s, dk_s, dv_s: one pair's
+  // gradients (the kernel writes, it does not add).
   Tensor acc_k[2] = {Tensor::uninitialized({kv_k}), Tensor::uninitialized({kv_k})};
   Tensor acc_v[2] = {Tensor::uninitialized({kv_v}), Tensor::uninitialized({kv_v})};
-  Tensor part_k = Tensor::uninitialized({kv_k}), part_v = Tensor::uninitialized({kv_v});
   Tensor dq_s = Tensor::uninitialized({p.B * p.H * p.max_part * p.D});
   Tensor dk_s = Tensor::uninitialized({p.B * p.Hkv * p.max_part * p.D}), dv_s = Tensor::uninitialized({p.B * p.Hkv * p.max_part * p.Dv});
-  st.scratch_bytes = 2 * blocks[0].bytes() + 4 * (3 * (kv_k + kv_v) + dq_s.numel() + dk_s.numel() + dv_s.numel());
+  st.scratch_bytes = 2 * blocks[0].bytes() + 4 * (2 * (kv_k + kv_v) + dq_s.numel() + dk_s.numel() + dv_s.numel());
   fill(grads.dq, 0.f);
   blocks[0].load(local, p);
   const std::vector<RowRange> mine = ring_rows(p.L, p.r, p.n, layout);
@@ -434,34 +433,36 @@ void ring_sdpa_backward(const SdpaArgs<float>& local, View<const float> out, Vie
     const int src = p.source(t);
     const int64_t rows = p.rows[src];
     const View<float> ak = scratch(acc_k[t % 2], p.B, p.Hkv, rows, p.D), av = scratch(acc_v[t % 2], p.B, p.Hkv, rows, p.Dv);
-    const View<float> pk = scratch(part_k, p.B, p.Hkv, rows, p.D), pv = scratch(part_v, p.B, p.Hkv, rows, p.Dv);
     if (t + 1 < p.n) pass_block(p, blocks[cur], blocks[cur ^ 1], p.rows[p.source(t + 1)], req);
     if (t > 0) {
       acc_req.recv(ak.data, ak.numel(), p.prev(), kTagDk, p.comm);
       acc_req.recv(av.data, av.numel(), p.prev(), kTagDv, p.comm);
     }
+    // acc = what the ranks before this one summed (in ring order from the block's home; 0 at home), then
+    // this rank's shares added in pair order. It is awaited after the first kernel call, so it arrives
+    // while that runs.
+    bool have_acc = false;
+    auto await_acc = [&] {
+      if (have_acc) return;
+      have_acc = true;
+      if (t > 0) return acc_req.wait();
+      fill(ak, 0.f);
+      fill(av, 0.f);
+    };
     const auto t0 = Clock::now();
-    fill(pk, 0.f);
-    fill(pv, 0.f);
+    const double waited = st.wait_s;
     for (const Pair& pr : visible_pairs(mine, ring_rows(p.L, src, p.n, layout), p.causal)) {
       const View<float> dq2 = scratch(dq_s, p.B, p.H, pr.q.size, p.D);
       const View<float> dk2 = scratch(dk_s, p.B, p.Hkv, pr.k.size, p.D), dv2 = scratch(dv_s, p.B, p.Hkv, pr.k.size, p.Dv);
       sdpa_backward(pair_args(local, p, blocks[cur], pr), out.narrow(2, pr.q.begin, pr.q.size),
                     lse.narrow(2, pr.q.begin, pr.q.size), dout.narrow(2, pr.q.begin, pr.q.size), {dq2, dk2, dv2}, kFlash);
       add_into(grads.dq.narrow(2, pr.q.begin, pr.q.size), dq2);
-      add_into(pk.narrow(2, pr.k.begin, pr.k.size), dk2);
-      add_into(pv.narrow(2, pr.k.begin, pr.k.size), dv2);
+      await_acc();
+      add_into(ak.narrow(2, pr.k.begin, pr.k.size), dk2);
+      add_into(av.narrow(2, pr.k.begin, pr.k.size), dv2);
     }
-    st.compute_s += since(t0);
-    // acc = (what the ranks before this one summed, in ring order from the block's home) + this share
-    if (t > 0) {
-      acc_req.wait();
-    } else {
-      fill(ak, 0.f);
-      fill(av, 0.f);
-    }
-    add_into(ak, pk);
-    add_into(av, pv);
+    await_acc();  // a block with no visible pair passes its accumulator on as it came
+    st.compute_s += since(t0) - (st.wait_s - waited);
     acc_sent.wait();  // the other accumulator's send (step t - 1), before it receives at step t + 1
     acc_sent.send(ak.data, ak.numel(), p.next(), kTagDk, p.comm);
     acc_sent.send(av.data, av.numel(), p.next(), kTagDv, p.comm);
