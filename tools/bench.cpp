@@ -95,6 +95,7 @@ struct RingRow {
   double rows, pairs, base_keys;                  // L_r, (query, key) pairs it computes, the baseline's S
   double ring_fwd, base_fwd, ring_bwd, base_bwd;  // median seconds
   double wait_fwd, wait_bwd;                      // median seconds waiting for blocks
+  double fwd_ratio, bwd_ratio;                    // median over rounds of ring GFLOP/s / baseline GFLOP/s
   double peak_mb, scratch_mb;                     // peak RSS growth of a ring forward + backward; the ring's scratch
 };
 
@@ -146,24 +147,33 @@ RingRow ring_case(const BenchOptions& opt, int64_t L, RingLayout layout, int64_t
     auto base_bwd = [&] { sdpa_backward<float>(b, bout, blse, dout, {dq, bdk, bdv}, flash); };
     base_fwd();
     if (opt.backward) base_bwd();
-    // Interleaved: ring, baseline, ring, ... every timing starts on all ranks together (a barrier), so the
-    // baseline runs beside the same number of busy processes as the ring.
+    // Interleaved rounds, ring first in even rounds and baseline first in odd ones, every timing started on
+    // all ranks together (a barrier), so the baseline runs beside the same number of busy processes as the
+    // ring. The ratio of a round compares two neighbouring runs (the load of a shared machine drifts).
+    // ratio: ring GFLOP/s over the baseline's (their pairs differ by the rounding of S only)
     auto timed = [&](auto&& f) {
       MPI_Barrier(comm);
       const auto t0 = Clock::now();
       f();
       return std::chrono::duration<double>(Clock::now() - t0).count();
     };
-    std::vector<double> rf, bf, rb, bb, wf, wb;
+    auto ratio = [&](double ring_s, double base_s) { return (base_s / (row.rows * row.base_keys)) / (ring_s / row.pairs); };
+    std::vector<double> rf, bf, rb, bb, wf, wb, fr, br;
     for (int i = 0; i < opt.repeats; ++i) {
+      const bool ring_first = i % 2 == 0;
+      if (!ring_first) bf.push_back(timed(base_fwd));
       rf.push_back(timed(fwd)), wf.push_back(fs.wait_s);
-      bf.push_back(timed(base_fwd));
+      if (ring_first) bf.push_back(timed(base_fwd));
+      fr.push_back(ratio(rf.back(), bf.back()));
       if (!opt.backward) continue;
+      if (!ring_first) bb.push_back(timed(base_bwd));
       rb.push_back(timed(bwd)), wb.push_back(bs.wait_s);
-      bb.push_back(timed(base_bwd));
+      if (ring_first) bb.push_back(timed(base_bwd));
+      br.push_back(ratio(rb.back(), bb.back()));
     }
-    row.ring_fwd = median(rf), row.base_fwd = median(bf), row.wait_fwd = median(wf);
-    if (opt.backward) row.ring_bwd = median(rb), row.base_bwd = median(bb), row.wait_bwd = median(wb);
+    row.ring_fwd = median(rf), row.base_fwd = median(bf), row.wait_fwd = median(wf), row.fwd_ratio = median(fr);
+    if (opt.backward)
+      row.ring_bwd = median(rb), row.base_bwd = median(bb), row.wait_bwd = median(wb), row.bwd_ratio = median(br);
   }
   return row;
 }
@@ -179,8 +189,8 @@ int run_ring_bench(const BenchOptions& opt) {
   const int cpus = num_threads();
   set_num_threads(opt.threads ? opt.threads : std::max(1, cpus / n));
   for (int64_t L : opt.lengths) {
-    // Per rank: Q, K, V, out, dout, dQ, dK, dV of about L/N rows, the ring's scratch (2 K/V blocks, 3 dK/dV
-    // blocks), and the baseline's K/V (and their gradients) of up to L rows.
+    // Per rank: Q, K, V, out, dout, dQ, dK, dV of about L/N rows, the ring's scratch (2 K/V blocks, 2 dK/dV
+    // accumulators), and the baseline's K/V (and their gradients) of up to L rows.
     const double rows = double(L) / n + 1, per_row = double(H + Hkv) * D * 4;
     check_fits_in_memory(n * (rows * per_row * 4 + rows * Hkv * D * 4 * 10 + double(L) * Hkv * D * 4 * 4),
                          cat("--ring --lengths ", L, " over ", n, " ranks"));
@@ -191,7 +201,7 @@ int run_ring_bench(const BenchOptions& opt) {
                 n, num_threads(), cpus, n * num_threads() > cpus ? ": oversubscribed" : "", to_string(layout),
                 (long long)H, (long long)Hkv, (long long)D, opt.causal ? "causal (top-left)" : "no mask");
     std::printf("baseline: the flash kernel in one process, non-causal, Q of the rank's rows against S keys (the same "
-                "pairs); medians of %d interleaved runs\n", opt.repeats);
+                "pairs); ratio: median over %d interleaved rounds of ring GFLOP/s / baseline GFLOP/s\n", opt.repeats);
     std::printf("%7s %4s %6s %6s %9s %9s %6s %9s %9s %6s %8s %8s %9s %9s %9s\n", "L", "rank", "L_r", "S", "ring ms",
                 "base ms", "ratio", "bwd ms", "base ms", "ratio", "wait ms", "bwd wait", "peak MB", "inputs/N", "scratch");
   }
@@ -205,12 +215,9 @@ int run_ring_bench(const BenchOptions& opt) {
     const double inputs_mb = double(L) * D * 4 * (4.0 * H + 4.0 * Hkv) / 1e6 / (opt.backward ? 1 : 2);
     for (int i = 0; i < n; ++i) {
       const RingRow& w = all[size_t(i)];
-      // ratio: ring GFLOP/s over the baseline's (pairs differ by the rounding of S only)
-      const double fr = (w.base_fwd / (w.rows * w.base_keys)) / (w.ring_fwd / w.pairs);
-      const double br = opt.backward ? (w.base_bwd / (w.rows * w.base_keys)) / (w.ring_bwd / w.pairs) : 0;
       std::printf("%7lld %4d %6.0f %6.0f %9.1f %9.1f %6.3f %9.1f %9.1f %6.3f %8.1f %8.1f %9.1f %9.1f %9.1f\n",
-                  (long long)L, i, w.rows, w.base_keys, w.ring_fwd * 1e3, w.base_fwd * 1e3, fr, w.ring_bwd * 1e3,
-                  w.base_bwd * 1e3, br, w.wait_fwd * 1e3, w.wait_bwd * 1e3, w.peak_mb, inputs_mb / n, w.scratch_mb);
+                  (long long)L, i, w.rows, w.base_keys, w.ring_fwd * 1e3, w.base_fwd * 1e3, w.fwd_ratio, w.ring_bwd * 1e3,
+                  w.base_bwd * 1e3, w.bwd_ratio, w.wait_fwd * 1e3, w.wait_bwd * 1e3, w.peak_mb, inputs_mb / n, w.scratch_mb);
     }
     double gf = 0;
     for (const RingRow& w : all) gf += 4.0 * H * w.pairs * D / w.ring_fwd * 1e-9;
