@@ -67,3 +67,20 @@ TEST(Tensor, CheckedSizes) {
             std::string::npos);
   EXPECT_EQ(checked_mul(3, 4, "x"), 12);
 }
+
+// narrow() keeps rank and strides; copy() walks any strides on both sides and checks the shapes.
+TEST(Tensor, NarrowAndStridedCopy) {
+  Tensor a({2, 5, 3});
+  for (int64_t i = 0; i < a.numel(); ++i) a.data()[i] = float(i);
+  View<float> mid = a.view().narrow(1, 1, 3);  // (2, 3, 3)
+  EXPECT_EQ(mid.shape, Shape({2, 3, 3}));
+  EXPECT_EQ(mid.strides, a.view().strides);
+  EXPECT_EQ(mid.at({1, 2, 0}), a.view().at({1, 3, 0}));
+  Tensor t({3, 3, 2});  // mid transposed into a contiguous buffer's (2, 3, 3) view
+  copy(View<const float>(mid), t.view().transpose(0, 2));
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(t.view().at({k, j, i}), mid.at({i, j, k}));
+  EXPECT_THROW(a.view().narrow(1, 3, 3), Error);
+  EXPECT_THROW(copy(View<const float>(mid), t.view()), Error);
+}

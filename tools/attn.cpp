@@ -34,6 +34,18 @@ int main(int argc, char** argv) {
       ->check(attn::number_of<int64_t>())->check(attn::positive());
   bench->add_option("--reference-max", bench_opt.reference_max, "largest L for the reference backend")
       ->check(attn::number_of<int64_t>());
+  bench->add_flag("--ring", bench_opt.ring, "ring attention over the ranks of mpirun (scripts/mpirun-local -np N "
+                  "build/attn bench --ring) beside the single-process flash kernel at the same per-rank work");
+  bench->add_option("--layout", bench_opt.layout, "--ring: which rows each rank holds")
+      ->check(CLI::IsMember({"zigzag", "contiguous"}));
+  bench->add_option("--heads", bench_opt.heads, "--ring: query heads H")->check(attn::number_of<int64_t>())
+      ->check(attn::positive());
+  bench->add_option("--kv-heads", bench_opt.kv_heads, "--ring: key/value heads Hkv (0: H)")
+      ->check(attn::number_of<int64_t>())->check(attn::non_negative());
+  bench->add_option("--dim", bench_opt.dim, "--ring: head dim D = Dv")->check(attn::number_of<int64_t>())
+      ->check(attn::positive());
+  bench->add_option("--causal", bench_opt.causal, "--ring: causal (top-left) or not");
+  bench->add_option("--backward", bench_opt.backward, "--ring: time the backward too");
 
   attn::TrainCli train_opt;
   auto* train = attn::add_train_command(app, train_opt);

@@ -1,5 +1,7 @@
 // `attn bench`: attention time, GFLOP/s, fraction of this run's sgemm rate, and peak memory, for the
-// reference and flash backends over growing L. A measurement tool, not a test: numbers go to BENCHMARKS.md.
+// reference and flash backends over growing L; with --ring, ring attention over the ranks of mpirun beside
+// the single-process flash kernel at the same per-rank work. A measurement tool, not a test: numbers go to
+// BENCHMARKS.md.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +16,9 @@
 #include "attn/sdpa.h"
 #include "attn/threads.h"
 #include "cli.h"
+#ifdef ATTN_HAVE_MPI
+#include "attn/ring_attention.h"
+#endif
 
 namespace attn {
 namespace {
@@ -82,9 +87,158 @@ double read_kv_seconds(const Case& c, int reps) {
   });
 }
 
+#ifdef ATTN_HAVE_MPI
+// ---- attn bench --ring ----
+
+// One rank's numbers for one L (gathered on rank 0 as doubles).
+struct RingRow {
+  double rows, pairs, base_keys;                  // L_r, (query, key) pairs it computes, the baseline's S
+  double ring_fwd, base_fwd, ring_bwd, base_bwd;  // median seconds
+  double wait_fwd, wait_bwd;                      // median seconds waiting for blocks
+  double fwd_ratio, bwd_ratio;                    // median over rounds of ring GFLOP/s / baseline GFLOP/s
+  double peak_mb, scratch_mb;                     // peak RSS growth of a ring forward + backward; the ring's scratch
+};
+
+double median(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// The (query, key) pairs rank r computes: L_r·L, or under top-left causal masking Σ over its ranges of
+// size·begin + size·(size + 1)/2 (query l sees keys 0..l).
+double ring_pairs(int64_t L, int r, int n, RingLayout layout, bool causal) {
+  double pairs = 0;
+  for (const RowRange& g : ring_rows(L, r, n, layout))
+    pairs += causal ? double(g.size) * double(g.begin) + double(g.size) * double(g.size + 1) / 2 : double(g.size) * double(L);
+  return pairs;
+}
+
+RingRow ring_case(const BenchOptions& opt, int64_t L, RingLayout layout, int64_t H, int64_t Hkv, int64_t D) {
+  MPI_Comm comm = dist::world();
+  const int r = dist::rank(comm), n = dist::size(comm);
+  RingRow row{};
+  const int64_t Lr = ring_local_length(L, r, n, layout);
+  row.rows = double(Lr), row.pairs = ring_pairs(L, r, n, layout, opt.causal);
+  // The baseline: the flash kernel in this process alone, non-causal, Q of the rank's L_r rows against as many
+  // keys as give the same number of pairs (L under no mask, about L/2 per query row under causal zigzag).
+  const int64_t S = std::max<int64_t>(1, int64_t(row.pairs / std::max<int64_t>(1, Lr) + 0.5));
+  row.base_keys = double(S);
+  const int64_t rss0 = rss_bytes();
+  reset_peak_rss();
+  {
+    Tensor q = init::randn({1, H, Lr, D}, 3 + uint64_t(r)), k = init::randn({1, Hkv, Lr, D}, 40 + uint64_t(r)),
+           v = init::randn({1, Hkv, Lr, D}, 80 + uint64_t(r)), dout = init::randn({1, H, Lr, D}, 120 + uint64_t(r));
+    Tensor out({1, H, Lr, D}), lse({1, H, Lr}), dq({1, H, Lr, D}), dk({1, Hkv, Lr, D}), dv({1, Hkv, Lr, D});
+    SdpaArgs<float> a{q, k, v};
+    a.causal = opt.causal ? Causal::top_left : Causal::none;
+    RingStats fs, bs;
+    auto fwd = [&] { ring_sdpa(a, SdpaOut<float>{out, {}, lse}, comm, layout, &fs); };
+    auto bwd = [&] { ring_sdpa_backward(a, out, lse, dout, {dq, dk, dv}, comm, layout, &bs); };
+    fwd();  // warm-up, and the memory of one forward + backward
+    if (opt.backward) bwd();
+    row.peak_mb = double(peak_rss_bytes() - rss0) / 1e6;
+    row.scratch_mb = double(std::max(fs.scratch_bytes, bs.scratch_bytes)) / 1e6;
+    // The baseline's tensors: Q as the ring's, K and V of S rows.
+    Tensor bk = init::randn({1, Hkv, S, D}, 200), bv = init::randn({1, Hkv, S, D}, 201);
+    Tensor bout({1, H, Lr, D}), blse({1, H, Lr}), bdk({1, Hkv, S, D}), bdv({1, Hkv, S, D});
+    const SdpaArgs<float> b{q, bk, bv};
+    const SdpaOptions flash{Backend::flash, false};
+    auto base_fwd = [&] { sdpa(b, SdpaOut<float>{bout, {}, blse}, flash); };
+    auto base_bwd = [&] { sdpa_backward<float>(b, bout, blse, dout, {dq, bdk, bdv}, flash); };
+    base_fwd();
+    if (opt.backward) base_bwd();
+    // Interleaved rounds, ring first in even rounds and baseline first in odd ones, every timing started on
+    // all ranks together (a barrier), so the baseline runs beside the same number of busy processes as the
+    // ring. The ratio of a round compares two neighbouring runs (the load of a shared machine drifts).
+    // ratio: ring GFLOP/s over the baseline's (their pairs differ by the rounding of S only)
+    auto timed = [&](auto&& f) {
+      MPI_Barrier(comm);
+      const auto t0 = Clock::now();
+      f();
+      return std::chrono::duration<double>(Clock::now() - t0).count();
+    };
+    auto ratio = [&](double ring_s, double base_s) { return (base_s / (row.rows * row.base_keys)) / (ring_s / row.pairs); };
+    std::vector<double> rf, bf, rb, bb, wf, wb, fr, br;
+    for (int i = 0; i < opt.repeats; ++i) {
+      const bool ring_first = i % 2 == 0;
+      if (!ring_first) bf.push_back(timed(base_fwd));
+      rf.push_back(timed(fwd)), wf.push_back(fs.wait_s);
+      if (ring_first) bf.push_back(timed(base_fwd));
+      fr.push_back(ratio(rf.back(), bf.back()));
+      if (!opt.backward) continue;
+      if (!ring_first) bb.push_back(timed(base_bwd));
+      rb.push_back(timed(bwd)), wb.push_back(bs.wait_s);
+      if (ring_first) bb.push_back(timed(base_bwd));
+      br.push_back(ratio(rb.back(), bb.back()));
+    }
+    row.ring_fwd = median(rf), row.base_fwd = median(bf), row.wait_fwd = median(wf), row.fwd_ratio = median(fr);
+    if (opt.backward)
+      row.ring_bwd = median(rb), row.base_bwd = median(bb), row.wait_bwd = median(wb), row.bwd_ratio = median(br);
+  }
+  return row;
+}
+
+int run_ring_bench(const BenchOptions& opt) {
+  MPI_Comm comm = dist::world();
+  const int r = dist::rank(comm), n = dist::size(comm);
+  const RingLayout layout = opt.layout == "contiguous" ? RingLayout::contiguous : RingLayout::zigzag;
+  const int64_t H = opt.heads, Hkv = opt.kv_heads ? opt.kv_heads : H, D = opt.dim;
+  ATTN_CHECK(H % Hkv == 0, "Expected --heads a multiple of --kv-heads, but got ", H, " and ", Hkv, " instead");
+  // Threads per rank: --threads, else this process's CPUs shared among the ranks (all on this machine).
+  set_num_threads(0);
+  const int cpus = num_threads();
+  set_num_threads(opt.threads ? opt.threads : std::max(1, cpus / n));
+  for (int64_t L : opt.lengths) {
+    // Per rank: Q, K, V, out, dout, dQ, dK, dV of about L/N rows, the ring's scratch (2 K/V blocks, 2 dK/dV
+    // accumulators), and the baseline's K/V (and their gradients) of up to L rows.
+    const double rows = double(L) / n + 1, per_row = double(H + Hkv) * D * 4;
+    check_fits_in_memory(n * (rows * per_row * 4 + rows * Hkv * D * 4 * 10 + double(L) * Hkv * D * 4 * 4),
+                         cat("--ring --lengths ", L, " over ", n, " ranks"));
+  }
+  if (r == 0) {
+    std::fputs(to_string(runtime_info()).c_str(), stdout);
+    std::printf("ring attention: %d ranks, %d threads each (%d CPUs here%s), layout %s, B 1, H %lld, Hkv %lld, D %lld, %s\n",
+                n, num_threads(), cpus, n * num_threads() > cpus ? ": oversubscribed" : "", to_string(layout),
+                (long long)H, (long long)Hkv, (long long)D, opt.causal ? "causal (top-left)" : "no mask");
+    std::printf("baseline: the flash kernel in one process, non-causal, Q of the rank's rows against S keys (the same "
+                "pairs); ratio: median over %d interleaved rounds of ring GFLOP/s / baseline GFLOP/s\n", opt.repeats);
+    std::printf("%7s %4s %6s %6s %9s %9s %6s %9s %9s %6s %8s %8s %9s %9s %9s\n", "L", "rank", "L_r", "S", "ring ms",
+                "base ms", "ratio", "bwd ms", "base ms", "ratio", "wait ms", "bwd wait", "peak MB", "inputs/N", "scratch");
+  }
+  for (int64_t L : opt.lengths) {
+    const RingRow mine = ring_case(opt, L, layout, H, Hkv, D);
+    std::vector<RingRow> all(static_cast<size_t>(n));
+    dist::check(MPI_Gather(&mine, sizeof(RingRow), MPI_BYTE, all.data(), sizeof(RingRow), MPI_BYTE, 0, comm),
+                "MPI_Gather of the ring bench rows");
+    if (r != 0) continue;
+    // What one process would hold for the whole sequence: Q, out, dout, dQ (H heads) and K, V, dK, dV (Hkv).
+    const double inputs_mb = double(L) * D * 4 * (4.0 * H + 4.0 * Hkv) / 1e6 / (opt.backward ? 1 : 2);
+    for (int i = 0; i < n; ++i) {
+      const RingRow& w = all[size_t(i)];
+      std::printf("%7lld %4d %6.0f %6.0f %9.1f %9.1f %6.3f %9.1f %9.1f %6.3f %8.1f %8.1f %9.1f %9.1f %9.1f\n",
+                  (long long)L, i, w.rows, w.base_keys, w.ring_fwd * 1e3, w.base_fwd * 1e3, w.fwd_ratio, w.ring_bwd * 1e3,
+                  w.base_bwd * 1e3, w.bwd_ratio, w.wait_fwd * 1e3, w.wait_bwd * 1e3, w.peak_mb, inputs_mb / n, w.scratch_mb);
+    }
+    double gf = 0;
+    for (const RingRow& w : all) gf += 4.0 * H * w.pairs * D / w.ring_fwd * 1e-9;
+    std::printf("L %lld: forward %.1f GFLOP/s over all ranks (4·H·pairs·D); single-process inputs %.1f MB\n",
+                (long long)L, gf, inputs_mb);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+#endif
+
 }  // namespace
 
 int run_bench(const BenchOptions& opt) {
+  if (opt.ring) {
+#ifdef ATTN_HAVE_MPI
+    return run_ring_bench(opt);
+#else
+    throw Error("Expected attn built with MPI for --ring, but got a build without it (install libopenmpi-dev, reconfigure)");
+#endif
+  }
   // Every length is checked before the first timing: Q, K, V and out of (1, 8, L, 64), and the reference's
   // (L, L) scores per head up to --reference-max.
   for (int64_t L : opt.lengths) {

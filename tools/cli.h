@@ -39,6 +39,11 @@ struct BenchOptions {
   int repeats = 5;
   std::vector<int64_t> lengths = {512, 1024, 2048, 4096, 8192, 16384};
   int64_t reference_max = 2048;  // the reference is O(L·S) time per head: skip it past this L
+  // --ring: ring attention over the ranks of mpirun (tools/bench.cpp, run_ring_bench)
+  bool ring = false;
+  std::string layout = "zigzag";
+  int64_t heads = 2, kv_heads = 0, dim = 64;  // kv_heads 0: = heads
+  bool causal = true, backward = true;
 };
 int run_bench(const BenchOptions& opt);
 

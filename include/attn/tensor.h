@@ -50,12 +50,18 @@ struct View {
   View reshape(Shape new_shape) const;
   // Drop dim `dim` by fixing its index.
   View select(int dim, int64_t index) const;
+  // Indices [begin, begin + size) of dim `dim`, same rank and strides.
+  View narrow(int dim, int64_t begin, int64_t size) const;
   // Reads and writes with every index checked against the shape.
   T& at(std::initializer_list<int64_t> index) const;
 
  private:
   int wrap(int dim) const;
 };
+
+// Copies every element of src into dst (same shape, any strides of either).
+template <typename T>
+void copy(View<const T> src, View<T> dst);
 
 template <typename T>
 class TensorT {

@@ -104,6 +104,18 @@ View<T> View<T>::select(int dim, int64_t index) const {
 }
 
 template <typename T>
+View<T> View<T>::narrow(int dim, int64_t begin, int64_t size) const {
+  int d = wrap(dim);
+  ATTN_CHECK(begin >= 0 && size >= 0 && begin <= shape[d] - size, "Expected a range [begin, begin + size) in [0, ",
+             shape[d], "] for dim ", dim, " of shape ", to_string(shape), ", but got [", begin, ", ", begin + size,
+             ") instead");
+  View v = *this;
+  v.data += begin * strides[d];
+  v.shape[d] = size;
+  return v;
+}
+
+template <typename T>
 T& View<T>::at(std::initializer_list<int64_t> index) const {
   ATTN_CHECK(static_cast<int>(index.size()) == rank(), "Expected ", rank(), " indices for shape ",
              to_string(shape), ", but got ", index.size(), " instead");
@@ -136,28 +148,35 @@ TensorT<T>::TensorT(Shape shape, bool zero_fill) : shape_(std::move(shape)) {
 template <typename T>
 TensorT<T> TensorT<T>::copy_of(View<const T> src) {
   TensorT t = uninitialized(src.shape);  // every element is written below
-  T* dst = t.data();
-  const int64_t total = t.numel();
-  if (total == 0) return t;
-  if (src.is_contiguous()) {  // the common case (saving activations): one memcpy
-    std::memcpy(dst, src.data, sizeof(T) * size_t(total));
-    return t;
+  copy(src, t.view());
+  return t;
+}
+
+template <typename T>
+void copy(View<const T> src, View<T> dst) {
+  ATTN_CHECK(src.shape == dst.shape, "Expected a copy between views of the same shape, but got ", to_string(src.shape),
+             " into ", to_string(dst.shape), " instead");
+  const int64_t total = src.numel();
+  if (total == 0) return;
+  if (src.is_contiguous() && dst.is_contiguous()) {  // the common case (saving activations): one memcpy
+    std::memcpy(dst.data, src.data, sizeof(T) * size_t(total));
+    return;
   }
   // Rows of the last dim, the outer dims walked as an odometer.
   const int r = src.rank();
-  const int64_t inner = r ? src.shape[r - 1] : 1, step = r ? src.strides[r - 1] : 0;
+  const int64_t inner = r ? src.shape[r - 1] : 1, step = r ? src.strides[r - 1] : 0, dstep = r ? dst.strides[r - 1] : 0;
   std::vector<int64_t> idx(r, 0);
   for (int64_t n = 0; n < total; n += inner) {
-    int64_t off = 0;
-    for (int i = 0; i + 1 < r; ++i) off += idx[i] * src.strides[i];
+    int64_t off = 0, doff = 0;
+    for (int i = 0; i + 1 < r; ++i) off += idx[i] * src.strides[i], doff += idx[i] * dst.strides[i];
     const T* row = src.data + off;
-    for (int64_t j = 0; j < inner; ++j) dst[n + j] = row[j * step];
+    T* out = dst.data + doff;
+    for (int64_t j = 0; j < inner; ++j) out[j * dstep] = row[j * step];
     for (int i = r - 1; i-- > 0;) {  // odometer increment over the outer dims
       if (++idx[i] < src.shape[i]) break;
       idx[i] = 0;
     }
   }
-  return t;
 }
 
 template <typename T>
@@ -174,5 +193,8 @@ template struct View<const uint8_t>;
 template class TensorT<float>;
 template class TensorT<double>;
 template class TensorT<uint8_t>;
+template void copy(View<const float>, View<float>);
+template void copy(View<const double>, View<double>);
+template void copy(View<const uint8_t>, View<uint8_t>);
 
 }  // namespace attn
