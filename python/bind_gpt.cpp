@@ -17,6 +17,8 @@ using py_util::layer;
 using py_util::state_dict_of;
 using py_util::to_numpy;
 
+void distribute_if_launched(Trainer& t);  // bind_dist.cpp: under mpirun, data-parallel training
+
 namespace {
 
 // Token ids (B, T) as a contiguous int64 array (copied only if needed).
@@ -219,7 +221,9 @@ void bind_gpt(py::module_& m) {
                py::setattr(o, name.c_str(), v);
              }
              Dataset d = data ? Dataset::text_file(*data) : text ? Dataset::text(*text) : Dataset::reverse_task();
-             return std::make_unique<Trainer>(o.cast<TrainOptions>(), std::move(d));
+             auto t = std::make_unique<Trainer>(o.cast<TrainOptions>(), std::move(d));
+             distribute_if_launched(*t);
+             return t;
            }),
            py::arg("data") = py::none(), py::arg("text") = py::none(),
            "Trainer(data=path | text=str | neither: the reversal task, **TrainOptions fields)")
@@ -230,7 +234,9 @@ void bind_gpt(py::module_& m) {
             std::unique_ptr<Dataset> d;
             if (data) d = std::make_unique<Dataset>(Dataset::text_file(*data));
             if (text) d = std::make_unique<Dataset>(Dataset::text(*text));
-            return Trainer::resume(dir, std::move(d), steps);
+            auto t = Trainer::resume(dir, std::move(d), steps);
+            distribute_if_launched(*t);
+            return t;
           },
           py::arg("dir"), py::arg("steps") = 0, py::arg("data") = py::none(), py::arg("text") = py::none(),
           "Continues a saved run; data/text only if it was not trained on the file its checkpoint names.")

@@ -4,7 +4,9 @@
 // with a PyTorch re-implementation is tests/python/test_gpt.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "attn/check.h"
@@ -208,6 +210,86 @@ TEST(Gpt, ConfigurationsParametersAndErrors) {
   EXPECT_FALSE(error_of([&] { tied.forward(ids.data(), 1, 2); }).empty());  // id out of the vocabulary
   c.n_kv_head = 3;
   EXPECT_NE(error_of([&] { Gpt bad(c, 1); }).find("n_kv_head"), std::string::npos);
+}
+
+
+// Data-parallel training's pieces, in one process: a batch computed in shares (each with its batch
+// offset, its gradient scaled by the whole batch's count) adds up to the whole batch's gradient with
+// the same dropout masks; and backward() hands over each group of gradients once it is final.
+TEST(Gpt, SharesOfABatchAddUpToTheBatch) {
+  GptConfig c = small_config(2);
+  c.dropout = 0.2;
+  c.tie_weights = false;
+  const int64_t B = 5, T = 7;
+  Rng rng(3);
+  std::vector<int64_t> x(size_t(B * T)), y(size_t(B * T));
+  for (auto& v : x) v = int64_t(rng.next() % 11);
+  for (auto& v : y) v = rng.next() % 4 == 0 ? -1 : int64_t(rng.next() % 11);
+  int64_t count = 0;
+  for (int64_t v : y) count += v >= 0;
+
+  Gpt whole(c, 9);
+  whole.reseed(77);
+  whole.zero_grad();
+  const float loss = whole.forward_backward(x.data(), y.data(), B, T);
+
+  Gpt parts(c, 9);
+  parts.zero_grad();
+  double sum = 0;
+  for (auto [b0, rows] : {std::pair<int64_t, int64_t>{0, 2}, {2, 3}}) {
+    parts.reseed(77);  // every share draws from the step's streams, at its own rows
+    parts.set_batch_offset(b0);
+    Tensor logits = parts.forward(x.data() + b0 * T, rows, T);
+    View<float> r = logits.view().reshape({rows * T, c.vocab_size});
+    sum += cross_entropy_sum(r, y.data() + b0 * T, r, count);
+    parts.backward(logits.view());  // adds into the gradients
+  }
+  EXPECT_NEAR(sum / double(count), loss, 1e-6 * loss);
+  auto a = whole.parameter_list(), b = parts.parameter_list();
+  for (size_t i = 0; i < a.size(); ++i) {
+    double err = 0, norm = 0;
+    for (int64_t j = 0; j < a[i].grad->numel(); ++j) {
+      err = std::max(err, double(std::abs(a[i].grad->data()[j] - b[i].grad->data()[j])));
+      norm = std::max(norm, double(std::abs(a[i].grad->data()[j])));
+    }
+    EXPECT_LE(err, 1e-5 * norm + 1e-9) << a[i].name;  // the order of the sum over rows only
+  }
+}
+
+TEST(Gpt, BackwardHandsOverEachGradientGroupOnceFinal) {
+  for (bool tied : {true, false}) {
+    GptConfig c = small_config();
+    c.tie_weights = tied;
+    Gpt m(c, 4);
+    const auto groups = m.grad_groups();
+    ASSERT_EQ(groups.size(), size_t(c.n_layer + (tied ? 2 : 3)));
+    std::vector<std::string> names, all;
+    for (const auto& g : groups)
+      for (const Param& p : g) names.push_back(p.name);
+    for (const Param& p : m.parameter_list()) all.push_back(p.name);
+    std::sort(names.begin(), names.end());
+    std::sort(all.begin(), all.end());
+    EXPECT_EQ(names, all) << "every parameter in exactly one group";
+    EXPECT_EQ(groups.back()[0].name, "transformer.wte.weight");
+
+    std::vector<int64_t> x(2 * 6), y(2 * 6);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = int64_t(i % 11), y[i] = int64_t((i * 7) % 11);
+    std::vector<size_t> order;
+    std::vector<std::vector<Tensor>> at_hook(groups.size());
+    m.on_grads_final = [&](size_t g) {
+      order.push_back(g);
+      for (const Param& p : groups[g]) at_hook[g].push_back(Tensor::copy_of(p.grad->view()));
+    };
+    m.zero_grad();
+    m.forward_backward(x.data(), y.data(), 2, 6);
+    ASSERT_EQ(order.size(), groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      EXPECT_EQ(order[g], g);
+      for (size_t k = 0; k < groups[g].size(); ++k)  // nothing adds to them after their hook
+        EXPECT_EQ(std::memcmp(at_hook[g][k].data(), groups[g][k].grad->data(), 4 * size_t(at_hook[g][k].numel())), 0)
+            << groups[g][k].name << (tied ? " (tied)" : "");
+    }
+  }
 }
 
 }  // namespace

@@ -13,6 +13,11 @@
 #include <sstream>
 #include <string>
 
+#ifdef ATTN_HAVE_MPI
+#include <fcntl.h>
+
+#include "attn/data_parallel.h"
+#endif
 #include "attn/profile.h"
 #include "attn/threads.h"
 #include "attn/train.h"
@@ -76,6 +81,54 @@ bool holds_checkpoint(const std::string& dir) {
   return std::filesystem::exists(std::filesystem::path(dir) / "config.json", ec);
 }
 
+// An error every process of a data-parallel run met at the same point (a failed save, a bad option):
+// each ends normally with it, rank 0 alone saying it.
+struct AgreedError : Error {
+  using Error::Error;
+};
+
+#ifdef ATTN_HAVE_MPI
+void silence(int fd) {
+  const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null >= 0) ::dup2(null, fd), ::close(null);
+}
+#endif
+
+// The run's Trainer, new or resumed, from the command line. `writer`: this process checks --out (and
+// creates its folder), the one that will write it. `threads`: --threads given with --resume, else -1.
+std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads) {
+  threads = -1;
+  TrainOptions o = cli.data.empty() ? synthetic_defaults() : TrainOptions{};
+  std::vector<std::string> given;
+  for (auto& f : cli.apply)
+    if (std::string name = f(o); !name.empty()) given.push_back(name);
+  if (cli.untied) o.tie_weights = false, given.push_back("--untied");
+  if (cli.no_decay_embeddings) o.decay_embeddings = false, given.push_back("--no-decay-embeddings");
+
+  // --out is checked (and its folder created) now, not at the first save after the training work.
+  if (writer) check_checkpoint_dir(cli.out);
+  std::unique_ptr<Trainer> t;
+  if (cli.resume) {
+    for (const std::string& g : given)
+      ATTN_CHECK(g == "--steps" || g == "--threads" || g == "--lr-decay-steps",
+                 "Expected only --steps, --lr-decay-steps and --threads with --resume (the run's ",
+                 "own options are used), but got ", g, " instead");
+    auto data = cli.data.empty() ? nullptr : std::make_unique<Dataset>(Dataset::text_file(cli.data));
+    const bool steps_given = std::find(given.begin(), given.end(), "--steps") != given.end();
+    const bool decay_given = std::find(given.begin(), given.end(), "--lr-decay-steps") != given.end();
+    t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0, decay_given ? o.lr_decay_steps : 0);
+    if (std::find(given.begin(), given.end(), "--threads") != given.end()) set_num_threads(threads = o.threads);
+  } else {
+    ATTN_CHECK(!holds_checkpoint(cli.out), "Expected a new or empty --out directory (or --resume to continue), but ",
+               "got '", cli.out, "' holding a checkpoint instead");
+    Dataset d = cli.data.empty() ? Dataset::reverse_task() : Dataset::text_file(cli.data);
+    t = std::make_unique<Trainer>(o, std::move(d));
+  }
+  return t;
+}
+
+int train_loop(TrainCli& cli, Trainer& trainer);
+
 }  // namespace
 
 CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
@@ -112,32 +165,52 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
 }
 
 int run_train(TrainCli& cli) {
-  TrainOptions o = cli.data.empty() ? synthetic_defaults() : TrainOptions{};
-  std::vector<std::string> given;
-  for (auto& f : cli.apply)
-    if (std::string name = f(o); !name.empty()) given.push_back(name);
-  if (cli.untied) o.tie_weights = false, given.push_back("--untied");
-  if (cli.no_decay_embeddings) o.decay_embeddings = false, given.push_back("--no-decay-embeddings");
-
-  // --out is checked (and its folder created) now, not at the first save after the training work.
-  check_checkpoint_dir(cli.out);
-  std::unique_ptr<Trainer> t;
-  if (cli.resume) {
-    for (const std::string& g : given)
-      ATTN_CHECK(g == "--steps" || g == "--threads" || g == "--lr-decay-steps",
-                 "Expected only --steps, --lr-decay-steps and --threads with --resume (the run's ",
-                 "own options are used), but got ", g, " instead");
-    auto data = cli.data.empty() ? nullptr : std::make_unique<Dataset>(Dataset::text_file(cli.data));
-    const bool steps_given = std::find(given.begin(), given.end(), "--steps") != given.end();
-    const bool decay_given = std::find(given.begin(), given.end(), "--lr-decay-steps") != given.end();
-    t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0, decay_given ? o.lr_decay_steps : 0);
-    if (std::find(given.begin(), given.end(), "--threads") != given.end()) set_num_threads(o.threads);
-  } else {
-    ATTN_CHECK(!holds_checkpoint(cli.out), "Expected a new or empty --out directory (or --resume to continue), but ",
-               "got '", cli.out, "' holding a checkpoint instead");
-    Dataset d = cli.data.empty() ? Dataset::reverse_task() : Dataset::text_file(cli.data);
-    t = std::make_unique<Trainer>(o, std::move(d));
+#ifdef ATTN_HAVE_MPI
+  // Under mpirun with more than one process: data-parallel training, rank 0 printing and writing.
+  if (launched_world_size() > 1) {
+    auto dp = std::make_shared<DataParallel>();
+    const int rank = dp->rank();
+    if (rank != 0) silence(STDOUT_FILENO);
+    std::unique_ptr<Trainer> t;
+    std::string error;
+    int threads = -1;
+    try {
+      t = make_trainer(cli, rank == 0, threads);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    error = dp->first_error(error);  // one process's bad file is everyone's end, said once
+    try {
+      if (!error.empty()) throw AgreedError(error);
+      t->distribute(dp);  // fails alike everywhere: its checks are collective
+      if (threads >= 0) set_num_threads(threads);  // --threads with --resume over the run's default
+    } catch (const Error&) {
+      if (rank != 0) silence(STDERR_FILENO);
+      throw;
+    }
+    try {
+      return train_loop(cli, *t);
+    } catch (const AgreedError&) {  // a failed save: every process has it
+      if (rank != 0) silence(STDERR_FILENO);
+      throw;
+    } catch (const std::exception& e) {
+      abort_job(e.what());  // met by this process alone: the others would wait for it forever
+    }
   }
+#else
+  ATTN_CHECK(launched_world_size() <= 1, "Expected one process (this attn was built without MPI: under mpirun -np ",
+             launched_world_size(), " each process would train a model of its own), but got ", launched_world_size(),
+             " instead: build with MPI (libopenmpi-dev) for data-parallel training");
+#endif
+  int threads = -1;
+  auto t = make_trainer(cli, true, threads);
+  return train_loop(cli, *t);
+}
+
+namespace {
+
+int train_loop(TrainCli& cli, Trainer& trainer) {
+  Trainer* t = &trainer;
   const TrainOptions& opt = t->options();
   const GptConfig& c = t->model().config();
   const Dataset& d = t->data();
@@ -161,19 +234,31 @@ int run_train(TrainCli& cli) {
               (long long)opt.steps, (long long)t->step_count(), (long long)opt.batch, (long long)t->seq_len(), opt.lr,
               opt.min_lr, (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
               (unsigned long long)opt.seed, num_threads());
+  GradientSync* sync = t->sync();
+  if (sync) {
+    const SyncStats st = sync->stats();
+    const int n = sync->size();
+    const int64_t lo = opt.batch / n, hi = (opt.batch + n - 1) / n;
+    std::printf("data parallel: %d processes, %lld%s rows of each batch per process, threads %d each; gradients "
+                "(%s) summed in %d bucket%s during the backward; rank 0 prints and writes; Ctrl-C ends every "
+                "process (the last checkpoint stays)\n",
+                n, (long long)lo, hi > lo ? cat(" or ", hi).c_str() : "", num_threads(), bytes_text(st.bytes).c_str(),
+                st.buckets, st.buckets == 1 ? "" : "s");
+  }
   std::fflush(stdout);
 
+  // Ctrl-C: a checkpoint, then exit 130. Under mpirun, mpirun itself ends every process on Ctrl-C.
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
   sa.sa_flags = SA_RESETHAND;
   sigemptyset(&sa.sa_mask);
   struct sigaction previous;
-  sigaction(SIGINT, &sa, &previous);
+  if (!sync) sigaction(SIGINT, &sa, &previous);
   g_interrupted = 0;
 
   profile::reset();
   profile::enable(cli.profile);  // only the training steps: evaluation and checkpoints are outside "step"
-  const bool tty = ::isatty(STDOUT_FILENO);
+  const bool tty = !sync && ::isatty(STDOUT_FILENO);  // mpirun hands its processes a pty of its own
   const int64_t first = t->step_count();
   const auto t0 = Clock::now();
   double train_s = 0, last_bar = -1;
@@ -181,7 +266,14 @@ int run_train(TrainCli& cli) {
   auto clear_bar = [&] {
     if (tty && last_bar >= 0) std::printf("\r\033[K");
   };
-  auto save = [&](const EvalStats* ev) { t->save(cli.out, ev); };
+  auto save = [&](const EvalStats* ev) {
+    try {
+      t->save(cli.out, ev);
+    } catch (const Error& e) {
+      if (sync) throw AgreedError(e.what());  // Trainer::save threw it on every process
+      throw;
+    }
+  };
   EvalStats ev{};
   bool have_eval = false;
   while (t->step_count() < opt.steps) {
@@ -214,7 +306,7 @@ int run_train(TrainCli& cli) {
       save(have_eval ? &ev : nullptr);
       std::printf("interrupted at step %lld: checkpoint saved in %s (continue with --resume)\n", (long long)step,
                   cli.out.c_str());
-      sigaction(SIGINT, &previous, nullptr);
+      if (!sync) sigaction(SIGINT, &previous, nullptr);
       return 130;
     }
     if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < opt.steps) {
@@ -232,12 +324,24 @@ int run_train(TrainCli& cli) {
   ev = t->evaluate();
   save(&ev);
   clear_bar();
-  sigaction(SIGINT, &previous, nullptr);
+  if (!sync) sigaction(SIGINT, &previous, nullptr);
   const int64_t done = t->step_count() - first;
   std::printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)t->step_count(), ev.train_loss, ev.val_loss);
   std::printf("done: %lld steps in %.1f s (%.1f s training, %s tok/s); checkpoint in %s\n", (long long)done,
               since(t0), train_s, rate(done > 0 ? double(done * t->tokens_per_step()) / train_s : 0).c_str(),
               cli.out.c_str());
+  if (sync && done > 0) {
+    // The sum's own time (after every process reached the end of its backward) apart from the wait for
+    // the slowest process, which is load imbalance, not communication.
+    const SyncStats st = sync->stats();
+    const double per = 1e3 / double(st.steps);
+    std::printf("all-reduce: %s of gradients per step in %d bucket%s: %.2f ms per step after the backward, %.2f ms "
+                "in all (packing, MPI, adding, unpacking; %.1f%% of the step time); %.2f ms per step waiting for "
+                "the slowest process\n",
+                bytes_text(st.bytes).c_str(), st.buckets, st.buckets == 1 ? "" : "s",
+                per * (st.wait_seconds - st.lag_seconds), per * (st.busy_seconds - st.lag_seconds),
+                100 * (st.busy_seconds - st.lag_seconds) / train_s, per * st.lag_seconds);
+  }
   if (cli.profile) {
     std::printf("profile of the %lld training steps (wall time on the calling thread, %d threads):\n", (long long)done,
                 num_threads());
@@ -247,5 +351,7 @@ int run_train(TrainCli& cli) {
   }
   return 0;
 }
+
+}  // namespace
 
 }  // namespace attn

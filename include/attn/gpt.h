@@ -55,6 +55,12 @@ double gpt_training_bytes_estimate(const GptConfig& c, double B, double T);
 // counted in the mean; PyTorch's ignore_index). If dlogits (N, V) is given it receives dLoss/dlogits
 // (0 on ignored rows). Returns 0 when every target is ignored.
 float cross_entropy(View<const float> logits, const int64_t* targets, View<float> dlogits = {});
+// The same for rows that are a share of a larger batch (data-parallel training): the sum of the row
+// losses (not the mean), and dlogits = (softmax - onehot) / count, where count is the number of scored
+// targets in the whole batch (0: these rows'), so each share's gradient is its part of the whole batch's.
+// cross_entropy is float(cross_entropy_sum(logits, targets, dlogits) / these rows' count).
+double cross_entropy_sum(View<const float> logits, const int64_t* targets, View<float> dlogits = {},
+                         int64_t count = 0);
 
 class Gpt : public Layer {
  public:
@@ -84,6 +90,17 @@ class Gpt : public Layer {
   // Dropout seeds for the next forward, derived from `seed` (the trainer passes f(run seed, step), so a
   // resumed run draws the same masks as an uninterrupted one).
   void reseed(uint64_t seed);
+  // The next training forwards' rows are rows b0... of a larger batch (this process's share of it in
+  // data-parallel training): every dropout draws the masks that the whole batch's forward would draw for
+  // those rows. 0 (the default): the rows are the whole batch.
+  void set_batch_offset(int64_t b0);
+
+  // The parameters in the order backward() finishes their gradients, as groups: the untied lm_head,
+  // ln_f, blocks n_layer-1 down to 0, then the embeddings (wte, wpe; a tied head adds into wte's).
+  std::vector<std::vector<Param>> grad_groups();
+  // If set, backward() calls it with a group's index in grad_groups() as soon as that group's gradients
+  // are final: data-parallel training starts summing them across processes while the backward goes on.
+  std::function<void(size_t group)> on_grads_final;
 
   // transformer.wte.weight, transformer.wpe.weight, transformer.h.<i>.<TransformerEncoderLayer names>,
   // transformer.ln_f.{weight,bias}, lm_head.weight (untied only).

@@ -101,6 +101,9 @@ class MultiheadAttention : public Layer {
 
   // The dropout stream on the attention weights: the next forwards draw from `seed` (as Dropout::reseed).
   void reseed(uint64_t seed);
+  // The next forwards' batches are batches b0... of a larger one: the dropout on the weights draws that
+  // batch's mask for them (SdpaArgs::dropout_batch_offset; data-parallel training).
+  void set_dropout_batch_offset(int64_t b0) { dropout_batch_offset_ = b0; }
 
   const MhaOptions& options() const { return o_; }  // kdim, vdim, num_kv_heads resolved
   int64_t head_dim() const { return o_.embed_dim / o_.num_heads; }
@@ -123,10 +126,12 @@ class MultiheadAttention : public Layer {
     Causal causal = Causal::none;
     double dropout_p = 0;
     uint64_t seed = 0;
+    int64_t dropout_batch_offset = 0;
   };
 
   MhaOptions o_;
   uint64_t dropout_seed_;       // advanced by every forward that applies dropout
+  int64_t dropout_batch_offset_ = 0;
   Saved saved_;
   Tensor* owner_ = nullptr;  // during forward_self: the tensor query views, to keep instead of a copy
   Tensor in_proj_weight_;       // (3E, E) packed, or empty

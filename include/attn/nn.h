@@ -84,6 +84,9 @@ class Dropout : public Layer {
   explicit Dropout(double p = 0.5, uint64_t seed = 0);
   // The next forward draws as a fresh Dropout(p, seed) would (per-step streams for a bit-exact resume).
   void reseed(uint64_t seed);
+  // The next forwards' inputs are rows b0... (along dim 0) of a larger batch: element i draws the keep bit
+  // of element b0·(numel / size(0)) + i of the whole, so a share of a batch gets the whole batch's mask.
+  void set_batch_offset(int64_t b0) { batch_offset_ = b0; }
   Tensor forward(View<const float> x);      // a new tensor, also when it is a copy (eval mode, p = 0)
   Tensor backward(View<const float> dout);
   // Inside a composite layer: x itself (no copy) where dropout is the identity (p = 0 or eval mode),
@@ -96,6 +99,8 @@ class Dropout : public Layer {
  private:
   uint64_t seed_;       // the next forward's seed
   uint64_t last_seed_;  // the last training forward's seed
+  int64_t batch_offset_ = 0;
+  uint64_t last_index0_ = 0;  // the last training forward's first element index
   bool saved_ = false;
 };
 

@@ -11,6 +11,10 @@
 // identity, RNG state, the same id, and the size and FNV-1a hash of model.safetensors). Both are written
 // into a fresh sibling directory which then atomically replaces DIR (renameat2 RENAME_EXCHANGE), so a
 // reader sees the old pair or the new pair, never a mix; loading checks the id and the hash.
+//
+// Data-parallel training (Trainer::distribute, GradientSync): N processes train one model, each on a
+// fixed share of every step's batch, with the gradients summed across them; the run is the one process's
+// up to the order of that sum, and a checkpoint does not depend on N.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -61,6 +65,50 @@ class Dataset {
 };
 
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+
+// ---- Data parallelism ----
+
+struct SyncStats {
+  int64_t steps = 0;         // finish() calls
+  int buckets = 0;           // gradient buckets per step, each summed as soon as its gradients are final
+  double bytes = 0;          // gradient bytes summed per step (each process's whole gradient)
+  double wait_seconds = 0;   // in finish(): the sum's time beyond the backward, what the steps paid for it
+  double lag_seconds = 0;    // of wait_seconds, until every process had reached finish(): the slowest one's
+                             // later backward (load imbalance, a busy machine), not communication
+  double busy_seconds = 0;   // all of the sum's work (packing, MPI calls, adding, unpacking), the wait included
+};
+
+// The processes a Trainer trains with (Trainer::distribute): implemented over MPI by attn::DataParallel
+// (attn/data_parallel.h), so the trainer sees no MPI. Every call is collective: each process makes the
+// same calls in the same order.
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_size() const { return 1; }  // processes on this machine (for the default thread count)
+  // Once, before the first step: the gradients in groups, in the order the backward finishes them
+  // (Gpt::grad_groups()).
+  virtual void attach(const std::vector<std::vector<Param>>& groups) = 0;
+  // During a backward: group g's gradients on this process are final (each group once per step, in order).
+  virtual void grads_final(size_t group) = 0;
+  // After the backward: returns once every gradient holds its sum over the processes, added in rank order
+  // 0, 1, ..., N-1 (the same bits on every process, and on every repeat of the run).
+  virtual void finish() = 0;
+  // values[i] becomes its sum over the processes, added in rank order.
+  virtual void sum(double* values, size_t n) = 0;
+  // Whether every process passed the same value (each learns the answer).
+  virtual bool same_everywhere(uint64_t value) = 0;
+  // The lowest rank's non-empty `error`, or "" when every process passed "": how an error on one process
+  // (a failed save on rank 0) becomes every process's.
+  virtual std::string first_error(const std::string& error) = 0;
+  virtual SyncStats stats() const = 0;
+};
+
+// The number of processes mpirun started this one among (OMPI_COMM_WORLD_SIZE, or PMI_SIZE), 1 when it
+// was not started by mpirun. Reads the environment only (no MPI), so a build without MPI can refuse to
+// train N separate models where one was meant.
+int launched_world_size();
 
 // ---- Training ----
 
@@ -124,6 +172,19 @@ class Trainer {
   EvalStats evaluate();  // mean loss over eval_iters batches of each split (fixed per step, eval mode)
   void save(const std::string& dir, const EvalStats* last_eval = nullptr);
 
+  // Data-parallel training over `sync`'s N processes: each builds the same Trainer (same options and data,
+  // or the same checkpoint) and calls this once (checked: the same parameters, step and data everywhere).
+  // From then on, process r takes rows [B·r/N, B·(r+1)/N) of each step's global batch of B (the rows one
+  // process would draw, so the data order does not depend on N; B >= N), with the dropout masks the whole
+  // batch would draw for them. Its gradient is its rows' part of the batch's mean loss (scaled by the
+  // batch's scored-token count, not its own), and the parts are summed across the processes during the
+  // backward, so clipping and AdamW see the global gradient and every process keeps the same parameters.
+  // step() returns the global batch's loss; evaluate() splits each batch the same way and returns the
+  // whole batch's losses; save() writes on rank 0 alone and returns (or throws) on every process once it
+  // is done. Threads 0 (the default) become the CPUs / the processes on this machine.
+  void distribute(std::shared_ptr<GradientSync> sync);
+  GradientSync* sync() const { return sync_.get(); }  // nullptr: one process
+
   int64_t step_count() const { return step_; }
   const TrainOptions& options() const { return o_; }
   Gpt& model() { return *model_; }
@@ -134,13 +195,16 @@ class Trainer {
   LrSchedule schedule() const;
 
  private:
+  void write_checkpoint(const std::string& dir, const EvalStats* last_eval);
   TrainOptions o_;
   Dataset data_;
   int64_t T_;
   std::unique_ptr<Gpt> model_;
   std::unique_ptr<AdamW> opt_;
   int64_t step_ = 0;
-  std::vector<int64_t> x_, y_;  // (B, T)
+  std::vector<int64_t> x_, y_;  // (B, T): the global batch
+  std::shared_ptr<GradientSync> sync_;
+  int64_t row0_ = 0, rows_ = 0;  // this process's share of x_, y_: rows [row0_, row0_ + rows_)
 };
 
 // ---- Checkpoints without a trainer ----

@@ -336,6 +336,7 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   if (training_ && o_.dropout > 0) {
     args.dropout_p = o_.dropout;
     args.seed = dropout_seed_++;
+    args.dropout_batch_offset = dropout_batch_offset_;
   }
   Tensor ctx_buf = new_buffer(seq_first, B, L, E);
   View<float> ctx = btc(ctx_buf, seq_first);             // (B, L, E)
@@ -408,6 +409,7 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     s.mask = keep_mask(std::move(mask), s.mask_bias, s.mask_bools);
     s.padding = keep_mask(std::move(padding), s.padding_bias, s.padding_bools);
     s.causal = causal, s.dropout_p = args.dropout_p, s.seed = args.seed;
+    s.dropout_batch_offset = args.dropout_batch_offset;
     s.valid = true;
   }
   return {std::move(output), std::move(weights)};
@@ -455,6 +457,7 @@ MhaGrads MultiheadAttention::backward(View<const float> dout) {
   args.causal = s.causal;
   args.dropout_p = s.dropout_p;
   args.seed = s.seed;
+  args.dropout_batch_offset = s.dropout_batch_offset;
   Tensor dq_buf = new_buffer(sf, B, L, E), dk_buf = new_buffer(sf, B, S2, KV), dv_buf = new_buffer(sf, B, S2, KV);
   View<float> dq = btc(dq_buf, sf), dk = btc(dk_buf, sf), dv = btc(dv_buf, sf);  // (B, L, E), (B, S', Hkv·D) ×2
   {

@@ -104,6 +104,15 @@ std::vector<std::string> gpt_config_names() { return {"tiny", "nanogpt-cpu", "gp
 float cross_entropy(View<const float> logits, const int64_t* targets, View<float> dlogits) {
   ATTN_CHECK(logits.rank() == 2 && logits.stride(1) == 1, "Expected logits (N, V) with unit column stride, but got ",
              to_string(logits.shape), " instead");
+  int64_t count = 0;
+  for (int64_t n = 0; n < logits.size(0); ++n) count += targets[n] >= 0;
+  const double total = cross_entropy_sum(logits, targets, dlogits, count);
+  return count == 0 ? 0.0f : float(total / double(count));
+}
+
+double cross_entropy_sum(View<const float> logits, const int64_t* targets, View<float> dlogits, int64_t denominator) {
+  ATTN_CHECK(logits.rank() == 2 && logits.stride(1) == 1, "Expected logits (N, V) with unit column stride, but got ",
+             to_string(logits.shape), " instead");
   const int64_t N = logits.size(0), V = logits.size(1);
   ATTN_CHECK(dlogits.empty() || (dlogits.shape == logits.shape && dlogits.stride(1) == 1),
              "Expected dlogits of shape ", to_string(logits.shape), ", but got ", to_string(dlogits.shape), " instead");
@@ -113,6 +122,7 @@ float cross_entropy(View<const float> logits, const int64_t* targets, View<float
                targets[n], " at position ", n, " instead");
     count += targets[n] >= 0;
   }
+  if (denominator > 0) count = denominator;  // rows of a larger batch: the whole batch's mean
   if (count == 0) {
     for (int64_t n = 0; n < N && !dlogits.empty(); ++n) std::fill_n(dlogits.data + n * dlogits.stride(0), V, 0.0f);
     return 0;
@@ -142,7 +152,7 @@ float cross_entropy(View<const float> logits, const int64_t* targets, View<float
   });
   double total = 0;
   for (double l : row_loss) total += l;
-  return float(total / double(count));
+  return total;
 }
 
 double gpt_parameter_estimate(const GptConfig& c) {
@@ -276,20 +286,54 @@ void Gpt::backward(View<const float> dlogits) {
     linear_backward(y_.view().reshape({B * T, E}), head_weight(), View<const float>(dl, {B * T, V}),
                     dy.view().reshape({B * T, E}), dw.view(), {});
   }
+  size_t group = 0;  // grad_groups()'s index of the next group to finish
+  auto finished = [&] {
+    if (on_grads_final) on_grads_final(group);
+    ++group;
+  };
+  if (!c_.tie_weights) finished();
   Tensor dx;
   {
     profile::Scope p("ln_f");
     dx = ln_f.backward(dy.view());
   }
+  finished();
   for (size_t i = h.size(); i-- > 0;) {
-    profile::Scope p(block_name(i));
-    dx = h[i].backward(std::move(dx));  // the block accumulates over dx's buffer
+    {
+      profile::Scope p(block_name(i));
+      dx = h[i].backward(std::move(dx));  // the block accumulates over dx's buffer
+    }
+    finished();
   }
-  profile::Scope p("embed");
-  if (c_.dropout > 0) dx = drop.backward(dx.view());
-  wte.backward(dx.view());
-  wpe.backward(sum_batch(dx.view()).view());
+  {
+    profile::Scope p("embed");
+    if (c_.dropout > 0) dx = drop.backward(dx.view());
+    wte.backward(dx.view());
+    wpe.backward(sum_batch(dx.view()).view());
+  }
   y_ = Tensor();
+  finished();
+}
+
+std::vector<std::vector<Param>> Gpt::grad_groups() {
+  std::vector<std::vector<Param>> g;  // in backward()'s order of finished() calls
+  if (!c_.tie_weights) lm_head.parameters(g.emplace_back(), "lm_head.");
+  ln_f.parameters(g.emplace_back(), "transformer.ln_f.");
+  for (size_t i = h.size(); i-- > 0;) h[i].parameters(g.emplace_back(), cat("transformer.h.", i, "."));
+  wte.parameters(g.emplace_back(), "transformer.wte.");
+  wpe.parameters(g.back(), "transformer.wpe.");
+  return g;
+}
+
+void Gpt::set_batch_offset(int64_t b0) {
+  ATTN_CHECK(b0 >= 0, "Expected a batch offset >= 0, but got ", b0, " instead");
+  drop.set_batch_offset(b0);
+  for (auto& block : h) {
+    block.dropout1.set_batch_offset(b0);
+    block.dropout2.set_batch_offset(b0);
+    block.ff.dropout.set_batch_offset(b0);
+    block.self_attn.set_dropout_batch_offset(b0);
+  }
 }
 
 float Gpt::forward_backward(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T) {

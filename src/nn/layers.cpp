@@ -220,8 +220,8 @@ Dropout::Dropout(double p, uint64_t seed) : p(p), seed_(mix64(seed)), last_seed_
 void Dropout::reseed(uint64_t seed) { seed_ = mix64(seed); }
 
 namespace {
-// y[i] = keep(seed, i) ? x[i] / (1 - p) : 0, the forward and the backward alike.
-Tensor apply_dropout(View<const float> x, double p, uint64_t seed) {
+// y[i] = keep(seed, index0 + i) ? x[i] / (1 - p) : 0, the forward and the backward alike.
+Tensor apply_dropout(View<const float> x, double p, uint64_t seed, uint64_t index0) {
   Tensor storage;
   View<const float> rows = as_rows(x, storage);
   if (p >= 1) return Tensor(x.shape);  // everything dropped (zeros); 1/(1 - p) would be inf
@@ -232,7 +232,7 @@ Tensor apply_dropout(View<const float> x, double p, uint64_t seed) {
   const float* px = rows.data;
   float* py = y.data();
   parallel_for(n, grain_for(4), [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) py[i] = dropout_keep(seed, uint64_t(i), threshold) ? px[i] * scale : 0.0f;
+    for (int64_t i = b; i < e; ++i) py[i] = dropout_keep(seed, index0 + uint64_t(i), threshold) ? px[i] * scale : 0.0f;
   });
   return y;
 }
@@ -246,13 +246,15 @@ Tensor Dropout::forward(View<const float> x) {
     return Tensor::copy_of(x);
   }
   last_seed_ = seed_++;
-  return apply_dropout(x, p, last_seed_);
+  const int64_t n = x.numel(), rows = x.rank() > 0 ? x.size(0) : 1;
+  last_index0_ = rows > 0 ? uint64_t(batch_offset_) * uint64_t(n / rows) : 0;
+  return apply_dropout(x, p, last_seed_, last_index0_);
 }
 
 Tensor Dropout::backward(View<const float> dout) {
   check_saved(saved_, "Dropout");
   if (p == 0) return Tensor::copy_of(dout);
-  return apply_dropout(dout, p, last_seed_);
+  return apply_dropout(dout, p, last_seed_, last_index0_);
 }
 
 // The identity costs nothing: no copy, and the seed stream does not advance (as in forward()).

@@ -1,8 +1,10 @@
 // Data, the training step, evaluation, resumable checkpoints and the demo. The loop with its progress
 // bar and Ctrl-C handling is the CLI's (tools/train.cpp); this file is what both it and Python call.
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <cmath>
 #include <fstream>
@@ -85,6 +87,14 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
+}
+
+int launched_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+    const char* v = std::getenv(var);
+    if (v && std::atoi(v) > 0) return std::atoi(v);
+  }
+  return 1;
 }
 
 // ---- Dataset ----
@@ -190,6 +200,7 @@ Trainer::Trainer(const TrainOptions& options, Dataset data) : o_(options), data_
                                  [decay_emb](const Param& p) { return nanogpt_decays(p, decay_emb); });
   x_.resize(size_t(o_.batch * T_));
   y_.resize(size_t(o_.batch * T_));
+  rows_ = o_.batch;
 }
 
 LrSchedule Trainer::schedule() const { return {o_.lr, o_.min_lr, o_.warmup, o_.lr_decay_steps}; }
@@ -198,7 +209,7 @@ StepStats Trainer::step() {
   {
     profile::Scope p("data");
     Rng rng(stream_seed(o_.seed, kTrainBatch, step_));
-    data_.batch(0, o_.batch, T_, rng, x_.data(), y_.data());
+    data_.batch(0, o_.batch, T_, rng, x_.data(), y_.data());  // the global batch, on every process
   }
   model_->train();
   model_->reseed(stream_seed(o_.seed, kDropout, step_));
@@ -206,8 +217,37 @@ StepStats Trainer::step() {
     profile::Scope p("zero_grad");
     opt_->zero_grad();
   }
+  // Forward, loss and backward on this process's rows. The loss is the global batch's mean, so every
+  // share's gradient is divided by the global count of scored tokens; the processes' parts then add up
+  // to the one-process gradient. (One process: forward_backward's operations exactly.)
+  const int64_t* x = x_.data() + row0_ * T_;
+  const int64_t* y = y_.data() + row0_ * T_;
+  int64_t count = 0;
+  for (size_t i = 0; i < y_.size(); ++i) count += y_[i] >= 0;
+  Tensor logits = model_->forward(x, rows_, T_);
+  View<float> rows = logits.view().reshape({rows_ * T_, model_->config().vocab_size});
+  double loss_sum;
+  {
+    profile::Scope p("cross_entropy");
+    loss_sum = cross_entropy_sum(rows, y, rows, count);  // dlogits overwrite the logits in place
+  }
+  if (sync_) {
+    struct Unhook {  // the hook lives for this backward only (also when it throws)
+      Gpt& m;
+      ~Unhook() { m.on_grads_final = nullptr; }
+    } unhook{*model_};
+    model_->on_grads_final = [this](size_t group) { sync_->grads_final(group); };
+    model_->backward(logits.view());
+  } else {
+    model_->backward(logits.view());
+  }
+  logits = Tensor();
+  if (sync_) {
+    sync_->finish();  // profiled inside
+    sync_->sum(&loss_sum, 1);
+  }
   StepStats s;
-  s.loss = model_->forward_backward(x_.data(), y_.data(), o_.batch, T_);  // profiled inside
+  s.loss = count == 0 ? 0.0f : float(loss_sum / double(count));
   {
     profile::Scope p("clip_grad_norm");
     s.grad_norm = clip_grad_norm(opt_->params(), o_.grad_clip);
@@ -221,13 +261,27 @@ StepStats Trainer::step() {
 
 EvalStats Trainer::evaluate() {
   model_->eval();
-  float loss[2];
+  // Per batch, this process's rows' loss sum and scored count (summed across the processes); each batch's
+  // loss is their quotient, as one process's cross_entropy over the whole batch.
+  std::vector<double> part(size_t(4 * o_.eval_iters), 0.0);
   for (int split = 0; split < 2; ++split) {
     Rng rng(stream_seed(o_.seed, split == 0 ? kEvalTrain : kEvalVal, step_));
-    double sum = 0;
     for (int64_t i = 0; i < o_.eval_iters; ++i) {
       data_.batch(split, o_.batch, T_, rng, x_.data(), y_.data());
-      sum += model_->evaluate(x_.data(), y_.data(), o_.batch, T_);
+      const int64_t* y = y_.data() + row0_ * T_;
+      Tensor logits = model_->forward(x_.data() + row0_ * T_, rows_, T_);
+      double* p = &part[size_t(2 * (split * o_.eval_iters + i))];
+      p[0] = cross_entropy_sum(logits.view().reshape({rows_ * T_, model_->config().vocab_size}), y);
+      for (int64_t j = 0; j < rows_ * T_; ++j) p[1] += y[j] >= 0;
+    }
+  }
+  if (sync_) sync_->sum(part.data(), part.size());
+  float loss[2];
+  for (int split = 0; split < 2; ++split) {
+    double sum = 0;
+    for (int64_t i = 0; i < o_.eval_iters; ++i) {
+      const double* p = &part[size_t(2 * (split * o_.eval_iters + i))];
+      sum += p[1] > 0 ? float(p[0] / p[1]) : 0.0f;  // Gpt::evaluate's float mean of the batch
     }
     loss[split] = float(sum / double(o_.eval_iters));
   }
@@ -235,7 +289,49 @@ EvalStats Trainer::evaluate() {
   return {loss[0], loss[1]};
 }
 
+void Trainer::distribute(std::shared_ptr<GradientSync> sync) {
+  ATTN_CHECK(sync, "Expected a GradientSync to distribute the training over, but got none instead");
+  ATTN_CHECK(!sync_, "Expected one call of Trainer::distribute, but got a second one instead");
+  const int n = sync->size(), r = sync->rank();
+  // Every process must hold the same run: parameters, optimizer step, options and data (checked first,
+  // so that every check after it fails on every process alike).
+  uint64_t h = fnv1a64(&step_, sizeof step_);
+  const std::string opts = ckpt::to_json(o_).dump() + data_json(data_).dump();
+  h = fnv1a64(opts.data(), opts.size(), h);
+  for (const Param& p : model_->parameter_list()) h = fnv1a64(p.value->data(), size_t(p.value->numel()) * 4, h);
+  ATTN_CHECK(sync->same_everywhere(h), "Expected the same model, options, data and step on all ", n,
+             " processes, but got different ones instead (was every process given the same arguments and files?)");
+  ATTN_CHECK(o_.batch >= n, "Expected batch >= ", n, " (the number of processes: each takes a share of every ",
+             "step's batch), but got ", o_.batch, " instead");
+  sync->attach(model_->grad_groups());
+  sync_ = std::move(sync);
+  row0_ = o_.batch * r / n;
+  rows_ = o_.batch * (r + 1) / n - row0_;
+  model_->set_batch_offset(row0_);
+  if (o_.threads == 0 && sync_->local_size() > 1) {  // the machine's CPUs shared among its processes
+    set_num_threads(0);
+    set_num_threads(std::max(1, num_threads() / sync_->local_size()));
+  }
+}
+
 void Trainer::save(const std::string& dir, const EvalStats* last_eval) {
+  if (sync_) {  // rank 0 writes (every process holds the same state); all return, or throw its error
+    std::string error;
+    if (sync_->rank() == 0) {
+      try {
+        write_checkpoint(dir, last_eval);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    error = sync_->first_error(error);
+    if (!error.empty()) throw Error(error);
+    return;
+  }
+  write_checkpoint(dir, last_eval);
+}
+
+void Trainer::write_checkpoint(const std::string& dir, const EvalStats* last_eval) {
   StateDict tensors = model_->state_dict();
   opt_->save_state(tensors, "optim.");
   json config = {{"step", step_},

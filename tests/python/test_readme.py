@@ -1,7 +1,8 @@
 """The README is a test: every ```sh and ```python block runs, in order, as written, in one empty temp
 directory (shell blocks with bash -e, `build/` there linking to the build being tested; Python blocks
 with this interpreter, which imports the attn under test). Not run: the set-up block, whose `make`
-commands are what runs this test, and ```cpp fragments (examples/quickstart.cpp is the built program).
+commands are what runs this test, ```cpp fragments (examples/quickstart.cpp is the built program), and
+an mpirun block when attn was built without MPI.
 Links to files of the repo must point at files that exist.
 """
 import os
@@ -24,6 +25,7 @@ def test_readme_blocks_run_in_order(tmp_path):
     build = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn").parent
     assert (build / "attn").is_file(), f"no attn binary in {build}"
     (tmp_path / "build").symlink_to(build)
+    (tmp_path / "scripts").symlink_to(REPO / "scripts")  # scripts/mpirun-local
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     ran = {"sh": 0, "python": 0}
     for lang, code in blocks():
@@ -31,6 +33,8 @@ def test_readme_blocks_run_in_order(tmp_path):
             continue  # the set-up block
         if lang not in ran:
             continue
+        if "mpirun" in code and not getattr(_attn, "HAVE_MPI", False):
+            continue  # data-parallel training: attn was built without MPI
         cmd = ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
         r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, f"README {lang} block failed:\n{code}\n--- stdout\n{r.stdout[-3000:]}\n" \

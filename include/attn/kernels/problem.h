@@ -37,6 +37,7 @@ struct SdpaArgs {
   std::optional<double> scale;    // default 1/sqrt(D)
   double dropout_p = 0;           // dropout on the weights; the caller passes 0 in eval mode
   uint64_t seed = 0;              // dropout keep bit of weight (b, h, l, s) = f(seed, index)
+  int64_t dropout_batch_offset = 0;  // Q's rows are batches b0... of a larger batch: b hashes as b0 + b
 };
 
 template <typename T>
@@ -132,9 +133,10 @@ struct SdpaProblem {
 
   // ---- Dropout on the weights (b, h, l, s) ----
   bool dropout() const { return args.dropout_p > 0; }
-  // The element index the keep bit hashes: the position of (b, h, l, s) in a dense (B, H, L, S) tensor.
+  // The element index the keep bit hashes: the position of (b, h, l, s) in a dense (B, H, L, S) tensor
+  // (of the larger batch whose batches b0... these are, with args.dropout_batch_offset b0).
   uint64_t dropout_index(int64_t b, int64_t h, int64_t l, int64_t s) const {
-    return static_cast<uint64_t>(((b * H + h) * L + l) * S + s);
+    return static_cast<uint64_t>((((b + args.dropout_batch_offset) * H + h) * L + l) * S + s);
   }
   bool kept(int64_t b, int64_t h, int64_t l, int64_t s) const {
     return dropout_keep(args.seed, dropout_index(b, h, l, s), drop_threshold);
