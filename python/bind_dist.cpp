@@ -45,9 +45,7 @@ void distribute_if_launched(Trainer& t) {
   abort_job_on_uncaught_exception();
 #else
   (void)t;
-  ATTN_CHECK(launched_world_size() <= 1, "Expected one process (this attn was built without MPI: under mpirun -np ",
-             launched_world_size(), " each process would train a model of its own), but got ", launched_world_size(),
-             " instead: build with MPI (libopenmpi-dev) for data-parallel training");
+  check_trains_alone();
 #endif
 }
 

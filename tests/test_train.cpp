@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -287,6 +288,23 @@ TEST(Synthetic, LossFallsWithin20Steps) {
   // the start to clearly below uniform guessing over the 26 letters, ln(26) = 3.26.
   EXPECT_GT(loss[0], 3.0f);
   EXPECT_LT(last, loss[0] - 0.5f) << "first " << loss[0] << ", last three " << last;
+}
+
+// mpirun's environment says how many processes it started; a build without MPI refuses to train then
+// (each process would train a model of its own), a build with MPI distributes instead.
+TEST(Launch, MpirunsWorldSizeAndABuildWithoutMpiRefusesIt) {
+  ASSERT_EQ(std::getenv("OMPI_COMM_WORLD_SIZE"), nullptr) << "run outside mpirun";
+  EXPECT_EQ(launched_world_size(), 1);
+  EXPECT_EQ(error_of(check_trains_alone), "");
+  ::setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+  EXPECT_EQ(launched_world_size(), 3);
+  const std::string msg = error_of(check_trains_alone);
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+#ifdef ATTN_HAVE_MPI
+  EXPECT_EQ(msg, "");
+#else
+  EXPECT_NE(msg.find("under mpirun -np 3 each process would train a model of its own"), std::string::npos) << msg;
+#endif
 }
 
 }  // namespace

@@ -198,9 +198,7 @@ int run_train(TrainCli& cli) {
     }
   }
 #else
-  ATTN_CHECK(launched_world_size() <= 1, "Expected one process (this attn was built without MPI: under mpirun -np ",
-             launched_world_size(), " each process would train a model of its own), but got ", launched_world_size(),
-             " instead: build with MPI (libopenmpi-dev) for data-parallel training");
+  check_trains_alone();
 #endif
   int threads = -1;
   auto t = make_trainer(cli, true, threads);

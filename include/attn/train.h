@@ -109,6 +109,9 @@ class GradientSync {
 // was not started by mpirun. Reads the environment only (no MPI), so a build without MPI can refuse to
 // train N separate models where one was meant.
 int launched_world_size();
+// In a build without MPI, an Error when mpirun started this process among several (each would train a
+// model of its own, where one was meant); nothing otherwise. With MPI, the caller distributes instead.
+void check_trains_alone();
 
 // ---- Training ----
 

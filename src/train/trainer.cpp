@@ -97,6 +97,15 @@ int launched_world_size() {
   return 1;
 }
 
+void check_trains_alone() {
+#ifndef ATTN_HAVE_MPI
+  const int n = launched_world_size();
+  ATTN_CHECK(n <= 1, "Expected one process (this attn was built without MPI: under mpirun -np ", n,
+             " each process would train a model of its own), but got ", n,
+             " instead: build with MPI (libopenmpi-dev) for data-parallel training");
+#endif
+}
+
 // ---- Dataset ----
 
 Dataset Dataset::text(const std::string& text, const std::string& name) {
