@@ -8,7 +8,14 @@ tied head, its F.scaled_dot_product_attention), the same AdamW, the same thread 
     # nanoGPT's shakespeare_char CPU run (4 layers, 4 heads, E 128, block 64, batch 12, 2000 iterations,
     # lr 1e-3 -> 1e-4 over 2000, warmup 100, beta2 0.99, weight decay 0.1, dropout 0, eval every 250 on
     # 20 batches): `attn train` (the CLI) and PyTorch, val loss and wall time
-    .venv/bin/python bench/train_torch.py quality --threads 2 [--steps 2000]
+    .venv/bin/python bench/train_torch.py quality --threads 2 [--steps 2000] [--seeds 1337,1,2] [--compile]
+
+    # peak memory of training, each side in a fresh process: VmHWM over 3 steps less VmRSS before the
+    # model was built; nanoGPT's CPU shape and gpt2-small (block 256, batch 4, dropout 0)
+    .venv/bin/python bench/train_torch.py memory --threads 2
+
+--compile adds PyTorch with torch.compile (inductor, CPU) beside eager; its compile time (the first
+forward + backward, and the first evaluation, before the timed loop) is reported apart from its steps.
 
 A benchmark, not a test: record the command and the numbers in BENCHMARKS.md. Our side of the throughput
 run is the Python binding (attn.Trainer, whose step is all C++); of the quality run, the attn CLI binary.
@@ -33,7 +40,7 @@ import attn
 from _common import set_threads
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"
+DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"  # --data overrides
 
 
 # ---- The PyTorch model: nanoGPT's GPT, trimmed to what the comparison uses ----
@@ -98,6 +105,22 @@ def nanogpt_lr(it, lr, min_lr, warmup, decay):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / (decay - warmup))) * (lr - min_lr)
 
 
+def get_batch(data, T, B, rng):
+    """nanoGPT's get_batch: B random windows of T tokens and their next tokens."""
+    ix = rng.integers(0, len(data) - T, B)
+    return (torch.from_numpy(np.stack([data[i:i + T] for i in ix])),
+            torch.from_numpy(np.stack([data[i + 1:i + 1 + T] for i in ix])))
+
+
+def torch_step(fwd, model, opt, x, y):
+    """nanoGPT's training step: forward (fwd: the model or its torch.compile), backward, clip 1.0, AdamW."""
+    _, loss = fwd(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def sgemm_gflops(reps=5):
     """2048³ sgemm rates in this run: MKL (torch.mm, torch's) and OpenBLAS (attn.Linear without bias, ours)."""
     n = 2048
@@ -138,29 +161,32 @@ def throughput(args):
     text, ids, V = text_tokens()
     ours = attn.Trainer(text=text, config="nanogpt-cpu", block_size=T, batch=B, steps=10 ** 6, warmup=100,
                         lr=1e-3, min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0, threads=args.threads)
-    torch.manual_seed(0)
-    model = TorchGPT(V, T, L, H, E, bias=False)
-    opt = model.optimizer(1e-3, (0.9, 0.99), 0.1)
     rng = np.random.default_rng(0)
-    it = [0]
 
-    def torch_step():
-        ix = rng.integers(0, len(ids) - T - 1, B)
-        x = torch.from_numpy(np.stack([ids[i:i + T] for i in ix]))
-        y = torch.from_numpy(np.stack([ids[i + 1:i + 1 + T] for i in ix]))
-        for g in opt.param_groups:
-            g["lr"] = nanogpt_lr(it[0], 1e-3, 1e-4, 100, 10 ** 6)
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        it[0] += 1
+    def torch_step_fn(compiled):
+        torch.manual_seed(0)
+        model = TorchGPT(V, T, L, H, E, bias=False)
+        opt = model.optimizer(1e-3, (0.9, 0.99), 0.1)
+        fwd = torch.compile(model) if compiled else model
+        it = [0]
 
-    steps = {"attn (C++ via Python)": ours.step, "torch eager": torch_step}
-    for fn in steps.values():  # warm-up
+        def step():
+            for g in opt.param_groups:
+                g["lr"] = nanogpt_lr(it[0], 1e-3, 1e-4, 100, 10 ** 6)
+            torch_step(fwd, model, opt, *get_batch(ids, T, B, rng))
+            it[0] += 1
+        return model, step
+
+    model, eager_step = torch_step_fn(False)
+    steps = {"attn (C++ via Python)": ours.step, "torch eager": eager_step}
+    if args.compile:
+        steps["torch compile"] = torch_step_fn(True)[1]
+    warm = {}
+    for name, fn in steps.items():  # warm-up; for torch.compile, its compile time
+        t0 = time.perf_counter()
         for _ in range(3):
             fn()
+        warm[name] = time.perf_counter() - t0
     times = {k: [] for k in steps}
     for _ in range(args.reps):
         for name, fn in steps.items():
@@ -181,6 +207,8 @@ def throughput(args):
         blas = "openblas" if name.startswith("attn") else "mkl"
         mfu = tok_s * fpt * 1e-9 / gf[blas]
         vs = "" if name.startswith("attn") else f"  attn is {s / med['attn (C++ via Python)']:.2f}x faster"
+        if name == "torch compile":
+            vs += f"; compile {warm[name] - 3 * s:.1f} s (3 warm-up steps less 3 steady ones)"
         print(f"  {name:<24} {s * 1e3:8.1f} ms/step  {tok_s:9.0f} tok/s  MFU {100 * mfu:5.1f}% of its sgemm{vs}")
 
 
@@ -197,103 +225,193 @@ def full_val_loss(logits_fn, val, T):
     return total / n
 
 
-def quality(args):
-    set_threads(args.threads)
-    text, ids, V = text_tokens()
-    n = int(len(ids) * 0.9)
-    train, val = ids[:n], ids[n:]
-    L, H, E, T, B = 4, 4, 128, 64, 12
-    S, lr, min_lr, warmup, wd, beta2 = args.steps, 1e-3, 1e-4, 100, 0.1, 0.99
-    every, iters = 250, 20
-    binary = args.attn_bin or next((str(p) for p in sorted(ROOT.glob("build*/attn")) if p.is_file()), None)
-    assert binary, "no attn binary: build one (make build) or pass --attn-bin"
-
-    # Ours: the CLI, as a user runs it.
+def run_attn(args, seed, S, binary, val, T):
+    """Ours: the CLI, as a user runs it. Val loss on 20 batches and on the full split, wall time."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ckpt")
         cmd = [binary, "train", "--data", str(DATA), "--out", out, "--config", "nanogpt-cpu", "--steps", str(S),
-               "--batch", str(B), "--lr", str(lr), "--min-lr", str(min_lr), "--warmup", str(warmup),
-               "--lr-decay-steps", str(S), "--beta2", str(beta2), "--weight-decay", str(wd), "--dropout", "0",
-               "--grad-clip", "1", "--eval-every", str(every), "--eval-iters", str(iters),
-               "--threads", str(args.threads), "--log-every", "100", "--seed", str(args.seed)]
-        print("ours:", " ".join(cmd))
+               "--batch", "12", "--lr", "1e-3", "--min-lr", "1e-4", "--warmup", "100", "--lr-decay-steps", str(S),
+               "--beta2", "0.99", "--weight-decay", "0.1", "--dropout", "0", "--grad-clip", "1",
+               "--eval-every", "250", "--eval-iters", "20", "--threads", str(args.threads), "--log-every", "100",
+               "--seed", str(seed)]
+        print("ours:", " ".join(cmd), flush=True)
         env = dict(os.environ)
         if args.passive_attn:
             env["OMP_WAIT_POLICY"] = "PASSIVE"
         t0 = time.perf_counter()
         res = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        ours_wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
         assert res.returncode == 0, res.stdout + res.stderr
-        ours_val = float(re.findall(r"val loss ([0-9.]+)", res.stdout)[-1])
+        loss = float(re.findall(r"val loss ([0-9.]+)", res.stdout)[-1])
         model, _ = attn.GPT.load(out)
         model.eval()
-        ours_full = full_val_loss(lambda x, y: model.evaluate(x, y), val, T)
+        return loss, full_val_loss(lambda x, y: model.evaluate(x, y), val, T), wall, 0.0
 
-    # PyTorch: nanoGPT's loop (get_batch, estimate_loss, get_lr, clip 1.0, AdamW).
-    torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
+
+def run_torch(args, seed, S, train, val, V, T, compiled):
+    """PyTorch: nanoGPT's loop (get_batch, estimate_loss, get_lr, clip 1.0, AdamW), eager or torch.compile'd.
+    Compiling happens before the clock's loop, on a batch of its own and without an optimizer step (dropout
+    is 0, so nothing of the run changes): its time is returned apart and counted in the wall time."""
+    L, H, E, B, lr, min_lr, warmup, wd, beta2, every, iters = 4, 4, 128, 12, 1e-3, 1e-4, 100, 0.1, 0.99, 250, 20
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
     m = TorchGPT(V, T, L, H, E, bias=False)
     opt = m.optimizer(lr, (0.9, beta2), wd)
+    fwd = torch.compile(m) if compiled else m
 
-    def batch(split):
-        data = train if split == 0 else val
-        ix = rng.integers(0, len(data) - T, B)
-        return (torch.from_numpy(np.stack([data[i:i + T] for i in ix])),
-                torch.from_numpy(np.stack([data[i + 1:i + 1 + T] for i in ix])))
+    def batch(split, r=rng):
+        return get_batch(train if split == 0 else val, T, B, r)
 
     @torch.no_grad()
-    def estimate():
+    def estimate(n=iters):
         m.eval()
-        out = [float(np.mean([m(*batch(s))[1].item() for _ in range(iters)])) for s in (0, 1)]
+        out = [float(np.mean([fwd(*batch(s))[1].item() for _ in range(n)])) for s in (0, 1)]
         m.train()
         return out
+
+    compile_s = 0.0
+    if compiled:
+        t0 = time.perf_counter()
+        fwd(*batch(0, np.random.default_rng(0)))[1].backward()
+        m.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            m.eval()
+            fwd(*batch(1, np.random.default_rng(0)))
+            m.train()
+        compile_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     for it in range(S):
         for g in opt.param_groups:
             g["lr"] = nanogpt_lr(it, lr, min_lr, warmup, S)
-        x, y = batch(0)
-        _, loss = m(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
+        torch_step(fwd, m, opt, *batch(0))
         if (it + 1) % every == 0 and it + 1 < S:
             estimate()
-    torch_val = estimate()[1]
-    torch_wall = time.perf_counter() - t0
+    loss = estimate()[1]
+    wall = time.perf_counter() - t0 + compile_s
     with torch.no_grad():
-        m.eval()
-        torch_full = full_val_loss(lambda x, y: m(torch.from_numpy(x), torch.from_numpy(y))[1].item(), val, T)
+        m.eval()  # the uncompiled module: the last window batch has another shape
+        full = full_val_loss(lambda x, y: m(torch.from_numpy(x), torch.from_numpy(y))[1].item(), val, T)
+    return loss, full, wall, compile_s
 
-    print(f"quality: nanoGPT shakespeare_char CPU config, {S} steps, {args.threads} threads, seed {args.seed}"
-          f"{', attn with OMP_WAIT_POLICY=PASSIVE' if args.passive_attn else ''}")
-    print(f"  attn  (CLI)    val loss {ours_val:.4f} (20 batches), {ours_full:.4f} (full val split)  "
-          f"wall {ours_wall:7.1f} s")
-    print(f"  torch (eager)  val loss {torch_val:.4f} (20 batches), {torch_full:.4f} (full val split)  "
-          f"wall {torch_wall:7.1f} s")
-    print(f"  attn wall time = {ours_wall / torch_wall:.2f} x torch's (target <= 0.5); "
-          f"val loss target <= 1.90")
+
+def quality(args):
+    set_threads(args.threads)
+    text, ids, V = text_tokens()
+    n = int(len(ids) * 0.9)
+    train, val = ids[:n], ids[n:]
+    T, S = 64, args.steps
+    binary = args.attn_bin or next((str(p) for p in sorted(ROOT.glob("build*/attn")) if p.is_file()), None)
+    assert binary, "no attn binary: build one (make build) or pass --attn-bin"
+    sides = {"attn  (CLI)": lambda seed: run_attn(args, seed, S, binary, val, T),
+             "torch (eager)": lambda seed: run_torch(args, seed, S, train, val, V, T, False)}
+    if args.compile:
+        sides["torch (compile)"] = lambda seed: run_torch(args, seed, S, train, val, V, T, True)
+    print(f"quality: nanoGPT shakespeare_char CPU config, {S} steps, {args.threads} threads, seeds {args.seeds}"
+          f"{', attn with OMP_WAIT_POLICY=PASSIVE' if args.passive_attn else ''}", flush=True)
+    results = {k: [] for k in sides}
+    for seed in args.seeds:  # interleaved: every side once per seed, so a change in load touches all of them
+        for name, run in sides.items():
+            load = os.getloadavg()[0]
+            loss, full, wall, comp = run(seed)
+            results[name].append(wall)
+            if comp:
+                results.setdefault(name + " less compile", []).append(wall - comp)
+            extra = f"  (compile {comp:.1f} s of it)" if comp else ""
+            print(f"  seed {seed:<5} {name:<16} val loss {loss:.4f} (20 batches), {full:.4f} (full val split)  "
+                  f"wall {wall:7.1f} s{extra}  load {load:.2f} at its start", flush=True)
+        ours = results["attn  (CLI)"][-1]
+        print("  seed " + str(seed) + ": attn wall / " + ", ".join(
+            f"{k.removeprefix('torch ')} {ours / v[-1]:.2f}x" for k, v in results.items() if not k.startswith("attn")) +
+            " (target <= 0.5); val loss target <= 1.90", flush=True)
+
+
+# ---- peak memory of a training step ----
+
+def vm(field):
+    """/proc/self/status's field in bytes (VmRSS, VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def memory_one(args):
+    """In a fresh process: build one side's model and optimizer, reset the high-water mark, run 3 steps;
+    print VmRSS before the model, VmRSS once built, and VmHWM after the steps (the same /proc method on
+    both sides)."""
+    shape = {"nanogpt-cpu": (4, 4, 128, 64, 12, False), "gpt2-small": (12, 12, 768, 256, 4, True)}[args.shape]
+    L, H, E, T, B, bias = shape
+    text, ids, V = text_tokens()
+    base = vm("VmRSS")
+    if args.side == "attn":
+        attn.set_num_threads(args.threads)
+        t = attn.Trainer(text=text, config=args.shape, block_size=T, batch=B, steps=10, dropout=0.0,
+                         threads=args.threads)
+        step = t.step
+    else:
+        torch.set_num_threads(args.threads)
+        torch.manual_seed(0)
+        model = TorchGPT(V, T, L, H, E, bias=bias)
+        opt = model.optimizer(1e-3, (0.9, 0.99), 0.1)
+        rng = np.random.default_rng(0)
+
+        def step():
+            torch_step(model, model, opt, *get_batch(ids, T, B, rng))
+    built = vm("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark restarts at the current RSS
+    for _ in range(3):
+        step()
+    print(f"{base} {built} {vm('VmHWM')}")
+
+
+def memory(args):
+    set_threads(args.threads)
+    print(f"peak memory of training: a fresh process per side and shape, {args.threads} threads, dropout 0; "
+          "'needs' = VmHWM over 3 steps less VmRSS before the model was built (weights, gradients, optimizer "
+          "state, activations; torch allocates its gradients and AdamW state in the first step, attn when the "
+          "model and optimizer are built), 'step' = VmHWM less VmRSS once they were built")
+    for shape, desc in (("nanogpt-cpu", "4 layers, E 128, block 64, batch 12, no bias"),
+                        ("gpt2-small", "12 layers, E 768, block 256, batch 4, bias")):
+        got = {}
+        for side in ("attn", "torch"):
+            out = subprocess.run([sys.executable, __file__, "_memory_one", "--side", side, "--shape", shape,
+                                  "--threads", str(args.threads), "--data", str(DATA)],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            base, built, peak = (int(v) / 2 ** 20 for v in out[-3:])
+            got[side] = peak - base
+            print(f"  {shape:<12} ({desc})  {side:<5} RSS before the model {base:7.1f} MiB, built {built:7.1f} "
+                  f"MiB, peak {peak:7.1f} MiB: needs {peak - base:7.1f} MiB, step {peak - built:7.1f} MiB", flush=True)
+        print(f"  {shape}: attn needs {got['attn'] / got['torch']:.2f}x torch's", flush=True)
 
 
 def main():
+    global DATA
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["throughput", "quality"])
+    ap.add_argument("what", choices=["throughput", "quality", "memory", "_memory_one"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="throughput: steps per timed round (5); quality: 2000")
     ap.add_argument("--reps", type=int, default=5, help="throughput: timed rounds (median)")
     ap.add_argument("--attn-bin", default=None, help="the attn CLI (default: build*/attn)")
-    ap.add_argument("--seed", type=int, default=1337, help="quality: initialisation and batches, both sides")
+    ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[1337],
+                    help="quality: initialisation and batches, both sides, comma-separated (1337,1,2)")
+    ap.add_argument("--compile", action="store_true", help="also PyTorch with torch.compile (inductor, CPU)")
+    ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare.txt (default: ../shared/data)")
+    ap.add_argument("--side", choices=["attn", "torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--shape", choices=["nanogpt-cpu", "gpt2-small"], help=argparse.SUPPRESS)
     ap.add_argument("--passive-attn", action="store_true",
                     help="quality: run the attn CLI with OMP_WAIT_POLICY=PASSIVE (libgomp's spinning threads and "
                          "OpenBLAS's pthreads fight over 2 cores otherwise); torch keeps its default")
     args = ap.parse_args()
+    DATA = args.data
     if args.what == "throughput":
         args.steps = args.steps or 5
         throughput(args)
-    else:
+    elif args.what == "quality":
         args.steps = args.steps or 2000
         quality(args)
+    else:
+        (memory if args.what == "memory" else memory_one)(args)
 
 
 if __name__ == "__main__":

@@ -810,3 +810,48 @@ TEST(NoCopies, EncoderLayerTemporaryGradientGivesTheSameBits) {
 }
 
 }  // namespace
+
+// A leaf that records what its parent passes down.
+struct Probe : Layer {
+  uint64_t seed = 0;
+  int64_t batch_offset = -1;
+  void reseed(uint64_t s) override { seed = s; }
+  void set_batch_offset(int64_t b0) override { batch_offset = b0; }
+};
+
+// A composite that lists a Linear, a nested composite (FeedForward) and probes once, in children().
+struct Composite : Layer {
+  Linear proj{4, 3, true, 1};
+  FeedForward inner{3, 5, Activation::gelu, 0.5, true, 2};
+  Probe probe;
+  std::vector<Child> children() override {
+    return {{"proj.", &proj}, {"inner.", &inner, 8}, {"probe.", &probe, 3}};
+  }
+};
+
+TEST(Layer, ParametersTrainReseedAndBatchOffsetWalkTheChildren) {
+  Composite c;
+  std::vector<std::string> names;
+  for (const Param& p : c.parameter_list()) names.push_back(p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"proj.weight", "proj.bias", "inner.linear1.weight",
+                                             "inner.linear1.bias", "inner.linear2.weight", "inner.linear2.bias"}));
+  std::vector<Param> prefixed;
+  c.parameters(prefixed, "m.");
+  EXPECT_EQ(prefixed.front().name, "m.proj.weight");
+  c.eval();
+  for (Layer* l : std::initializer_list<Layer*>{&c, &c.proj, &c.inner, &c.inner.dropout, &c.probe})
+    EXPECT_FALSE(l->training());
+  c.train();
+  for (Layer* l : std::initializer_list<Layer*>{&c, &c.proj, &c.inner, &c.inner.dropout, &c.probe})
+    EXPECT_TRUE(l->training());
+  c.reseed(64);
+  EXPECT_EQ(c.probe.seed, 64u ^ 3u);
+  Dropout expected(0.5, 0);  // the nested dropout draws as one reseeded with 64 ^ 8 (FeedForward's stream 0)
+  expected.reseed(64 ^ 8);
+  Rng rng(5);
+  Tensor x = init::randn({6, 3}, rng);
+  Tensor a = expected.forward(x.view()), b = c.inner.dropout.forward(x.view());
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data()[i], b.data()[i]) << "element " << i;
+  c.set_batch_offset(7);
+  EXPECT_EQ(c.probe.batch_offset, 7);
+}

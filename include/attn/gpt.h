@@ -87,13 +87,12 @@ class Gpt : public Layer {
   // mode is restored after).
   std::vector<Tensor> attention_weights(const int64_t* idx, int64_t B, int64_t T);
 
-  // Dropout seeds for the next forward, derived from `seed` (the trainer passes f(run seed, step), so a
-  // resumed run draws the same masks as an uninterrupted one).
-  void reseed(uint64_t seed);
+  // Layer::reseed(seed) sets the dropout seeds for the next forward, derived from `seed` (the trainer
+  // passes f(run seed, step), so a resumed run draws the same masks as an uninterrupted one).
   // The next training forwards' rows are rows b0... of a larger batch (this process's share of it in
   // data-parallel training): every dropout draws the masks that the whole batch's forward would draw for
   // those rows. 0 (the default): the rows are the whole batch.
-  void set_batch_offset(int64_t b0);
+  void set_batch_offset(int64_t b0) override;
 
   // The parameters in the order backward() finishes their gradients, as groups: the untied lm_head,
   // ln_f, blocks n_layer-1 down to 0, then the embeddings (wte, wpe; a tied head adds into wte's).
@@ -104,7 +103,8 @@ class Gpt : public Layer {
 
   // transformer.wte.weight, transformer.wpe.weight, transformer.h.<i>.<TransformerEncoderLayer names>,
   // transformer.ln_f.{weight,bias}, lm_head.weight (untied only).
-  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
+  // (the children: wte, wpe, drop, h.<i>, ln_f, and lm_head when untied)
+  std::vector<Child> children() override;
   void train(bool on = true) override;
   const GptConfig& config() const { return c_; }
   int64_t num_parameters();  // counting a tied matrix once

@@ -100,10 +100,10 @@ class MultiheadAttention : public Layer {
   Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer);
 
   // The dropout stream on the attention weights: the next forwards draw from `seed` (as Dropout::reseed).
-  void reseed(uint64_t seed);
+  void reseed(uint64_t seed) override;
   // The next forwards' batches are batches b0... of a larger one: the dropout on the weights draws that
   // batch's mask for them (SdpaArgs::dropout_batch_offset; data-parallel training).
-  void set_dropout_batch_offset(int64_t b0) { dropout_batch_offset_ = b0; }
+  void set_batch_offset(int64_t b0) override { dropout_batch_offset_ = b0; }
 
   const MhaOptions& options() const { return o_; }  // kdim, vdim, num_kv_heads resolved
   int64_t head_dim() const { return o_.embed_dim / o_.num_heads; }

@@ -83,10 +83,10 @@ class Dropout : public Layer {
  public:
   explicit Dropout(double p = 0.5, uint64_t seed = 0);
   // The next forward draws as a fresh Dropout(p, seed) would (per-step streams for a bit-exact resume).
-  void reseed(uint64_t seed);
+  void reseed(uint64_t seed) override;
   // The next forwards' inputs are rows b0... (along dim 0) of a larger batch: element i draws the keep bit
   // of element b0·(numel / size(0)) + i of the whole, so a share of a batch gets the whole batch's mask.
-  void set_batch_offset(int64_t b0) { batch_offset_ = b0; }
+  void set_batch_offset(int64_t b0) override { batch_offset_ = b0; }
   Tensor forward(View<const float> x);      // a new tensor, also when it is a copy (eval mode, p = 0)
   Tensor backward(View<const float> dout);
   // Inside a composite layer: x itself (no copy) where dropout is the identity (p = 0 or eval mode),
@@ -157,8 +157,7 @@ class FeedForward : public Layer {
               double dropout = 0.1, bool bias = true, uint64_t seed = 0);
   Tensor forward(View<const float> x);      // (..., d_model) -> (..., d_model)
   Tensor backward(View<const float> dout);
-  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
-  void train(bool on = true) override;
+  std::vector<Child> children() override;  // linear1, linear2, activation, dropout (stream 0)
 
   Linear linear1, linear2;
   ActivationLayer activation;
@@ -208,9 +207,12 @@ class TransformerEncoderLayer : public Layer {
   // Eval-mode incremental decoding: x holds the T new tokens (layout as forward), attending to
   // themselves and every token already in cache layer `layer` (bottom-right causal); appends their K/V.
   Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer);
-  // self_attn.*, linear1.*, linear2.*, norm1.*, norm2.*
-  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
-  void train(bool on = true) override;
+  // Eval mode: the self-attention's weights per head on src (after norm1 when pre-LN), (N, H, L, L)
+  // (unbatched: (H, L, L)), with forward()'s masks.
+  Tensor attention_weights(View<const float> src, const EncoderArgs& args = {});
+  // self_attn.*, linear1.*, linear2.*, norm1.*, norm2.*; reseed streams: dropout1 2, dropout2 3, the
+  // FeedForward's dropout 4, the attention's 5 (the GPT's since its first checkpoints)
+  std::vector<Child> children() override;
 
   TransformerOptions options;
   MultiheadAttention self_attn;
@@ -234,8 +236,7 @@ class TransformerDecoderLayer : public Layer {
   Tensor forward(View<const float> tgt, View<const float> memory, const DecoderArgs& args = {});
   DecoderGrads backward(View<const float> dout);
   // self_attn.*, multihead_attn.*, linear1.*, linear2.*, norm1.*, norm2.*, norm3.*
-  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;
-  void train(bool on = true) override;
+  std::vector<Child> children() override;
 
   TransformerOptions options;
   MultiheadAttention self_attn, multihead_attn;

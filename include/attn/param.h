@@ -25,13 +25,29 @@ StateDict state_dict(const std::vector<Param>& params);     // copies of the val
 // changed on error.
 void load_state_dict(const std::vector<Param>& params, const StateDict& sd);
 
-// What every trainable layer has: its parameters under PyTorch's names, and a training flag (dropout on,
-// activations saved for backward) that composite layers pass down to their children.
+class Layer;
+
+// A sub-layer as its parent lists it: `prefix` before its parameters' names ("self_attn.", or "" where
+// PyTorch puts them directly under the parent's), and `stream`: reseed(seed) gives it seed ^ stream.
+struct Child {
+  std::string prefix;
+  Layer* layer;
+  uint64_t stream = 0;
+};
+
+// What every trainable layer has: its parameters under PyTorch's names, a training flag (dropout on,
+// activations saved for backward) and dropout streams. A composite lists its sub-layers once, in
+// children(); parameters(), train(), reseed() and set_batch_offset() walk that list unless overridden.
 class Layer {
  public:
   virtual ~Layer() = default;
-  // Appends the parameters in PyTorch's state_dict order, `prefix` before each name ("layers.0.").
-  virtual void parameters(std::vector<Param>& out, const std::string& prefix = "") = 0;
+  // The sub-layers in PyTorch's state_dict order; none for a leaf.
+  virtual std::vector<Child> children() { return {}; }
+  // Appends the parameters in PyTorch's state_dict order, `prefix` before each name ("layers.0."): a
+  // leaf's own, else its children's under their prefixes.
+  virtual void parameters(std::vector<Param>& out, const std::string& prefix = "") {
+    for (const Child& c : children()) c.layer->parameters(out, prefix + c.prefix);
+  }
   std::vector<Param> parameter_list() {
     std::vector<Param> p;
     parameters(p, "");
@@ -42,9 +58,22 @@ class Layer {
   void load_state_dict(const StateDict& sd) { attn::load_state_dict(parameter_list(), sd); }
   // Training mode (the default, as a fresh torch module): dropout applies and forward() saves what
   // backward() needs. Eval mode: no dropout, nothing saved, backward() is an error.
-  virtual void train(bool on = true) { training_ = on; }
+  virtual void train(bool on = true) {
+    training_ = on;
+    for (const Child& c : children()) c.layer->train(on);
+  }
   void eval() { train(false); }
   bool training() const { return training_; }
+  // The next forwards' dropout draws as a fresh layer seeded from `seed` would (per-step streams, for a
+  // bit-exact resume): each child gets seed ^ its stream; the layers that draw override it.
+  virtual void reseed(uint64_t seed) {
+    for (const Child& c : children()) c.layer->reseed(seed ^ c.stream);
+  }
+  // The next training forwards' rows are rows b0... (along the batch dim) of a larger batch: every
+  // dropout draws the masks the whole batch would draw for those rows (Dropout::set_batch_offset).
+  virtual void set_batch_offset(int64_t b0) {
+    for (const Child& c : children()) c.layer->set_batch_offset(b0);
+  }
 
  protected:
   bool training_ = true;

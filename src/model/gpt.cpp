@@ -40,9 +40,9 @@ TransformerOptions block_options(const GptConfig& c, uint64_t seed) {
 namespace streams {
 constexpr uint64_t kWte = 1, kWpe = 2, kEmbedDropout = 3, kLmHead = 4, kInit = 5, kFirstReseed = 6;
 constexpr uint64_t kBlock0 = 100;  // block i's TransformerOptions::seed: kBlock0 + i
-// reseed(seed): the embedding dropout seed ^ 1; block i's streams seed ^ (kPerBlock·i + k) for these k
+// reseed(seed): the embedding dropout seed ^ 1; block i seed ^ (kPerBlock·i), whose streams are that ^ k
+// for k in 2...5 (TransformerEncoderLayer's, each below kPerBlock: as seed ^ (kPerBlock·i + k) before)
 constexpr uint64_t kReseedEmbedDropout = 1, kPerBlock = 16;
-constexpr uint64_t kReseedDropout1 = 2, kReseedDropout2 = 3, kReseedMlpDropout = 4, kReseedAttention = 5;
 }  // namespace streams
 
 GptConfig checked(GptConfig c) {
@@ -194,18 +194,18 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed)
   reseed(mix64(seed ^ streams::kFirstReseed));
 }
 
-void Gpt::parameters(std::vector<Param>& out, const std::string& prefix) {
-  wte.parameters(out, prefix + "transformer.wte.");
-  wpe.parameters(out, prefix + "transformer.wpe.");
-  for (size_t i = 0; i < h.size(); ++i) h[i].parameters(out, cat(prefix, "transformer.h.", i, "."));
-  ln_f.parameters(out, prefix + "transformer.ln_f.");
-  if (!c_.tie_weights) lm_head.parameters(out, prefix + "lm_head.");
+std::vector<Child> Gpt::children() {
+  using namespace streams;
+  std::vector<Child> c = {{"transformer.wte.", &wte}, {"transformer.wpe.", &wpe},
+                          {"transformer.drop.", &drop, kReseedEmbedDropout}};
+  for (size_t i = 0; i < h.size(); ++i) c.push_back({cat("transformer.h.", i, "."), &h[i], kPerBlock * i});
+  c.push_back({"transformer.ln_f.", &ln_f});
+  if (!c_.tie_weights) c.push_back({"lm_head.", &lm_head});
+  return c;
 }
 
 void Gpt::train(bool on) {
-  training_ = on;
-  for (Layer* l : std::initializer_list<Layer*>{&wte, &wpe, &drop, &ln_f, &lm_head}) l->train(on);
-  for (auto& b : h) b.train(on);
+  Layer::train(on);
   if (!on) y_ = Tensor();
 }
 
@@ -213,19 +213,6 @@ int64_t Gpt::num_parameters() {
   int64_t n = 0;
   for (const Param& p : parameter_list()) n += p.value->numel();
   return n;
-}
-
-void Gpt::reseed(uint64_t seed) {
-  // Every dropout stream restarts from f(seed, which layer), so a resumed run draws an uninterrupted run's masks.
-  using namespace streams;
-  drop.reseed(seed ^ kReseedEmbedDropout);
-  for (size_t i = 0; i < h.size(); ++i) {
-    const uint64_t block = kPerBlock * i;
-    h[i].dropout1.reseed(seed ^ (block + kReseedDropout1));
-    h[i].dropout2.reseed(seed ^ (block + kReseedDropout2));
-    h[i].ff.dropout.reseed(seed ^ (block + kReseedMlpDropout));
-    h[i].self_attn.reseed(seed ^ (block + kReseedAttention));
-  }
 }
 
 Tensor Gpt::embed(const int64_t* idx, int64_t B, int64_t T, int64_t pos0) {
@@ -327,13 +314,7 @@ std::vector<std::vector<Param>> Gpt::grad_groups() {
 
 void Gpt::set_batch_offset(int64_t b0) {
   ATTN_CHECK(b0 >= 0, "Expected a batch offset >= 0, but got ", b0, " instead");
-  drop.set_batch_offset(b0);
-  for (auto& block : h) {
-    block.dropout1.set_batch_offset(b0);
-    block.dropout2.set_batch_offset(b0);
-    block.ff.dropout.set_batch_offset(b0);
-    block.self_attn.set_dropout_batch_offset(b0);
-  }
+  Layer::set_batch_offset(b0);
 }
 
 float Gpt::forward_backward(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T) {
@@ -381,12 +362,7 @@ std::vector<Tensor> Gpt::attention_weights(const int64_t* idx, int64_t B, int64_
   EncoderArgs args;
   args.is_causal = true;
   for (auto& block : h) {
-    Tensor n = block.norm1.forward(x.view());
-    MhaArgs a;
-    a.need_weights = true;
-    a.average_attn_weights = false;
-    a.is_causal = true;
-    weights.push_back(block.self_attn.forward(n.view(), n.view(), n.view(), a).weights);  // (B, H, T, T)
+    weights.push_back(block.attention_weights(x.view(), args));  // (B, H, T, T)
     x = block.forward(x.view(), args);
   }
   train(was_training);

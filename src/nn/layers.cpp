@@ -394,14 +394,8 @@ FeedForward::FeedForward(int64_t d_model, int64_t dim_feedforward, Activation ac
       activation(act_kind),
       dropout(p, mix64(seed ^ kDropoutStream)) {}
 
-void FeedForward::parameters(std::vector<Param>& out, const std::string& prefix) {
-  linear1.parameters(out, prefix + "linear1.");
-  linear2.parameters(out, prefix + "linear2.");
-}
-
-void FeedForward::train(bool on) {
-  training_ = on;
-  for (Layer* l : std::initializer_list<Layer*>{&linear1, &linear2, &activation, &dropout}) l->train(on);
+std::vector<Child> FeedForward::children() {
+  return {{"linear1.", &linear1}, {"linear2.", &linear2}, {"activation.", &activation}, {"dropout.", &dropout}};
 }
 
 // Each intermediate is handed on as a temporary, so the layer that saves it keeps it (no copies).

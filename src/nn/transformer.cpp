@@ -14,6 +14,10 @@ namespace streams {
 constexpr uint64_t kEncSelfAttn = 11, kEncFeedForward = 12, kEncDropout1 = 13, kEncDropout2 = 14;
 constexpr uint64_t kDecSelfAttn = 21, kDecCrossAttn = 22, kDecFeedForward = 23;
 constexpr uint64_t kDecDropout1 = 24, kDecDropout2 = 25, kDecDropout3 = 26;
+// reseed(seed): child streams seed ^ k. The encoder's are the GPT's since its first checkpoints; all are
+// below 16, so a parent may give its layer i the seed seed ^ (16·i) (Gpt::children).
+constexpr uint64_t kReseedDropout1 = 2, kReseedDropout2 = 3, kReseedFeedForward = 4, kReseedSelfAttn = 5;
+constexpr uint64_t kReseedCrossAttn = 6, kReseedDropout3 = 7;
 }  // namespace streams
 
 MhaOptions attention_options(const TransformerOptions& o, uint64_t seed) {
@@ -86,16 +90,10 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerOptions& o)
       dropout1(o.dropout, mix64(o.seed ^ streams::kEncDropout1)),
       dropout2(o.dropout, mix64(o.seed ^ streams::kEncDropout2)) {}
 
-void TransformerEncoderLayer::parameters(std::vector<Param>& out, const std::string& prefix) {
-  self_attn.parameters(out, prefix + "self_attn.");
-  ff.parameters(out, prefix);
-  norm1.parameters(out, prefix + "norm1.");
-  norm2.parameters(out, prefix + "norm2.");
-}
-
-void TransformerEncoderLayer::train(bool on) {
-  training_ = on;
-  for (Layer* l : std::initializer_list<Layer*>{&self_attn, &ff, &norm1, &norm2, &dropout1, &dropout2}) l->train(on);
+std::vector<Child> TransformerEncoderLayer::children() {
+  using namespace streams;
+  return {{"self_attn.", &self_attn, kReseedSelfAttn}, {"", &ff, kReseedFeedForward}, {"norm1.", &norm1},
+          {"norm2.", &norm2}, {"dropout1.", &dropout1, kReseedDropout1}, {"dropout2.", &dropout2, kReseedDropout2}};
 }
 
 Tensor TransformerEncoderLayer::forward(View<const float> src, const EncoderArgs& a) {
@@ -160,6 +158,16 @@ Tensor TransformerEncoderLayer::forward_cached(View<const float> x, KVCache& cac
   return norm2.forward(plus(x1.view(), ff.forward(x1.view())).view());
 }
 
+Tensor TransformerEncoderLayer::attention_weights(View<const float> src, const EncoderArgs& a) {
+  ATTN_CHECK(!training_, "Expected eval mode for attention_weights, but got training mode instead");
+  MhaArgs m = attend_args(a.src_mask, a.src_key_padding_mask, a.is_causal);
+  m.need_weights = true;
+  m.average_attn_weights = false;
+  if (!options.norm_first) return std::move(self_attn.forward(src, src, src, m).weights);
+  Tensor n = norm1.forward(src);
+  return std::move(self_attn.forward(n.view(), n.view(), n.view(), m).weights);
+}
+
 // ---- Decoder ----
 
 TransformerDecoderLayer::TransformerDecoderLayer(const TransformerOptions& o)
@@ -174,20 +182,12 @@ TransformerDecoderLayer::TransformerDecoderLayer(const TransformerOptions& o)
       dropout2(o.dropout, mix64(o.seed ^ streams::kDecDropout2)),
       dropout3(o.dropout, mix64(o.seed ^ streams::kDecDropout3)) {}
 
-void TransformerDecoderLayer::parameters(std::vector<Param>& out, const std::string& prefix) {
-  self_attn.parameters(out, prefix + "self_attn.");
-  multihead_attn.parameters(out, prefix + "multihead_attn.");
-  ff.parameters(out, prefix);
-  norm1.parameters(out, prefix + "norm1.");
-  norm2.parameters(out, prefix + "norm2.");
-  norm3.parameters(out, prefix + "norm3.");
-}
-
-void TransformerDecoderLayer::train(bool on) {
-  training_ = on;
-  for (Layer* l : std::initializer_list<Layer*>{&self_attn, &multihead_attn, &ff, &norm1, &norm2, &norm3, &dropout1,
-                                                &dropout2, &dropout3})
-    l->train(on);
+std::vector<Child> TransformerDecoderLayer::children() {
+  using namespace streams;
+  return {{"self_attn.", &self_attn, kReseedSelfAttn}, {"multihead_attn.", &multihead_attn, kReseedCrossAttn},
+          {"", &ff, kReseedFeedForward}, {"norm1.", &norm1}, {"norm2.", &norm2}, {"norm3.", &norm3},
+          {"dropout1.", &dropout1, kReseedDropout1}, {"dropout2.", &dropout2, kReseedDropout2},
+          {"dropout3.", &dropout3, kReseedDropout3}};
 }
 
 Tensor TransformerDecoderLayer::forward(View<const float> tgt, View<const float> memory, const DecoderArgs& a) {
