@@ -91,5 +91,24 @@ TEST(Info, ForcedLowerTargetsAreReportedRefusedByStrictAndStillRight) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// The FMA-peak loop does the work it counts, on every target: with x = x·1 + 1 every lane of every chain
+// ends at iters exactly, so the sum is half the flops (a skipped round or a miscounted lane breaks it).
+TEST(Info, FmaPeakLoopDoesTheFlopsItCounts) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    int64_t flops = 0;
+    const double sum = detail::fma_loop(1000, 1.0f, 1.0f, &flops);
+    EXPECT_EQ(sum, double(flops) / 2);
+    EXPECT_GE(flops, 2 * 1000 * 12);  // at least 12 chains of one lane
+    int64_t none = -1;
+    EXPECT_EQ(detail::fma_loop(0, 1.0f, 1.0f, &none), 0.0);
+    EXPECT_EQ(none, 0);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  const double peak = fma_peak_gflops(1);
+  EXPECT_TRUE(std::isfinite(peak) && peak > 0) << peak;
+}
+
 }  // namespace
 }  // namespace attn

@@ -19,4 +19,15 @@ struct RuntimeInfo {
 RuntimeInfo runtime_info();
 std::string to_string(const RuntimeInfo& info);  // the multi-line header benchmarks print
 
+// The fp32 FMA rate of all num_threads() threads together, GFLOP/s (an FMA counts 2), measured: each
+// thread runs independent vector FMAs in registers on the kernels' SIMD target; median of `reps` runs.
+// The ceiling `attn bench` states each kernel against (sgemm is the other).
+double fma_peak_gflops(int reps = 5);
+
+namespace detail {
+// iters rounds of 12-16 independent vector FMAs x = x·a + b from x = 0; returns the sum of every lane of
+// every chain and sets *flops to the flops done (a = b = 1: the sum is *flops / 2 exactly, below 2^24).
+double fma_loop(int64_t iters, float a, float b, int64_t* flops);
+}  // namespace detail
+
 }  // namespace attn
