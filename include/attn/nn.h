@@ -65,6 +65,12 @@ class LayerNorm : public Layer {
   LayerNorm(int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
   Tensor forward(View<const float> x);      // (..., F) -> (..., F)
   Tensor backward(View<const float> dout);  // (..., F) -> (..., F)
+  // The residual add before a norm and the gradient add after its backward, fused into the row passes
+  // (the bits of add_ then forward / backward then add_):
+  //   forward_add: x += residual (x contiguous, residual of x's shape), returns norm(x)
+  //   backward_add: dx += backward(dout)
+  Tensor forward_add(Tensor& x, View<const float> residual);
+  void backward_add(View<const float> dout, Tensor& dx);
   void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
 
   Tensor weight, bias;            // (F) ones / zeros, or empty
@@ -72,6 +78,8 @@ class LayerNorm : public Layer {
   double eps;
 
  private:
+  Tensor run(View<const float> x, View<const float> add);
+  void run_backward(View<const float> dout, float* dx, bool accumulate);
   Tensor xhat_;  // (N, F): (x - mean) · rstd
   Tensor rstd_;  // (N)
 };

@@ -10,6 +10,7 @@
 #include "attn/nn.h"
 #include "attn/threads.h"
 #include "gelu.h"
+#include "layernorm.h"
 
 namespace attn {
 namespace {
@@ -133,9 +134,18 @@ void LayerNorm::parameters(std::vector<Param>& out, const std::string& prefix) {
   if (bias.data()) out.push_back({prefix + "bias", &bias, &bias_grad});
 }
 
-Tensor LayerNorm::forward(View<const float> x) {
+Tensor LayerNorm::forward(View<const float> x) { return run(x, {}); }
+
+Tensor LayerNorm::forward_add(Tensor& x, View<const float> residual) {
+  ATTN_CHECK(residual.shape == x.shape() && residual.is_contiguous(), "Expected a contiguous residual of x's shape ",
+             to_string(x.shape()), " for LayerNorm.forward_add, but got ", to_string(residual.shape), " instead");
+  return run(x.view(), residual);
+}
+
+// add: empty, or the residual added into x (then x is a Tensor's contiguous, writable buffer) first.
+Tensor LayerNorm::run(View<const float> x, View<const float> add) {
   Tensor storage;
-  View<const float> rows = as_rows(x, storage);  // (N, F)
+  View<const float> rows = as_rows(x, storage);  // (N, F); a view of x itself when add is given
   const int64_t N = rows.size(0), F = rows.size(1);
   ATTN_CHECK(!weight.data() || F == weight.size(0), "Expected input (..., F) with F = ", weight.size(0),
              ", but got shape ", to_string(x.shape), " instead");
@@ -147,68 +157,46 @@ Tensor LayerNorm::forward(View<const float> x) {
     xhat_ = Tensor();
     rstd_ = Tensor();
   }
-  const float* w = weight.data();
-  const float* b = bias.data();
-  float* xhat = xhat_.data();
-  float* rstd_out = rstd_.data();
-  parallel_for(N, grain_for(4 * F), [&](int64_t r0, int64_t r1, int) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = rows.data + r * F;
-    float* yr = y.data() + r * F;
-    // Two passes in double: mean, then the biased variance of (x - mean), as PyTorch computes it.
-    double mean = 0, var = 0;
-    for (int64_t i = 0; i < F; ++i) mean += xr[i];
-    mean /= double(F);
-    for (int64_t i = 0; i < F; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-    const float rstd = float(1.0 / std::sqrt(var / double(F) + eps)), m = float(mean);
-    if (rstd_out) rstd_out[r] = rstd;
-    for (int64_t i = 0; i < F; ++i) {
-      const float h = (xr[i] - m) * rstd;
-      if (xhat) xhat[r * F + i] = h;
-      yr[i] = h * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
-    }
-  }
+  // Written only when add is given: x is then forward_add's Tensor& (non-const, contiguous).
+  float* px = const_cast<float*>(rows.data);
+  parallel_for(N, grain_for(8 * F), [&](int64_t r0, int64_t r1, int) {  // SIMD rows (layernorm.cpp)
+    layernorm_forward(r0, r1, F, px, add.data, eps, weight.data(), bias.data(), y.data(), xhat_.data(), rstd_.data());
   });
   return y;
 }
 
 Tensor LayerNorm::backward(View<const float> dout) {
+  Tensor dx = Tensor::uninitialized(xhat_.data() ? xhat_.shape() : dout.shape);  // every row written
+  run_backward(dout, dx.data(), false);
+  return dx;
+}
+
+void LayerNorm::backward_add(View<const float> dout, Tensor& dx) {
+  ATTN_CHECK(dx.shape() == dout.shape, "Expected a gradient of dout's shape ", to_string(dout.shape),
+             " to add LayerNorm's input gradient to, but got ", to_string(dx.shape()), " instead");
+  run_backward(dout, dx.data(), true);
+}
+
+// dx (N, F) contiguous: written, or added to when accumulate.
+void LayerNorm::run_backward(View<const float> dout, float* dx, bool accumulate) {
   check_saved(xhat_.data() != nullptr, "LayerNorm");
   check_dout(dout, xhat_.shape(), "LayerNorm");
   Tensor storage;
   View<const float> dy = as_rows(dout, storage);  // (N, F)
   const int64_t N = dy.size(0), F = dy.size(1);
   const float* xhat = xhat_.data();
-  const float* w = weight.data();
-  Tensor dx = Tensor::uninitialized(xhat_.shape());  // every row written below
-  // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · weight
-  parallel_for(N, grain_for(4 * F), [&](int64_t r0, int64_t r1, int) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* g = dy.data + r * F;
-    const float* h = xhat + r * F;
-    double mg = 0, mgh = 0;
-    for (int64_t i = 0; i < F; ++i) {
-      const double gi = double(g[i]) * (w ? w[i] : 1.0f);
-      mg += gi;
-      mgh += gi * h[i];
-    }
-    mg /= double(F);
-    mgh /= double(F);
-    const float rstd = rstd_.data()[r];
-    float* dxr = dx.data() + r * F;
-    for (int64_t i = 0; i < F; ++i) dxr[i] = rstd * float(g[i] * (w ? w[i] : 1.0f) - mg - h[i] * mgh);
-  }
+  // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · weight: SIMD rows (layernorm.cpp)
+  parallel_for(N, grain_for(8 * F), [&](int64_t r0, int64_t r1, int) {
+    layernorm_backward(r0, r1, F, dy.data, xhat, rstd_.data(), weight.data(), dx, accumulate);
   });
-  // dweight += Σ_rows dy · xhat, dbias += Σ_rows dy: rows in order.
-  for (int64_t r = 0; r < N; ++r) {
-    const float* g = dy.data + r * F;
-    const float* h = xhat + r * F;
-    if (w)
-      for (int64_t i = 0; i < F; ++i) weight_grad.data()[i] += g[i] * h[i];
-    if (bias.data())
-      for (int64_t i = 0; i < F; ++i) bias_grad.data()[i] += g[i];
-  }
-  return dx;
+  // dweight += Σ_rows dy · xhat, dbias += Σ_rows dy: split over groups of 16 features (whole vectors: a
+  // split inside one would send its features down the scalar tail), each summed over rows in order
+  constexpr int64_t kGroup = 16;
+  if (weight.data() || bias.data())
+    parallel_for((F + kGroup - 1) / kGroup, grain_for(2 * N * kGroup), [&](int64_t g0, int64_t g1, int) {
+      layernorm_param_grads(g0 * kGroup, std::min(F, g1 * kGroup), N, F, dy.data, xhat,
+                            weight.data() ? weight_grad.data() : nullptr, bias.data() ? bias_grad.data() : nullptr);
+    });
 }
 
 // ---- Dropout ----
