@@ -170,6 +170,10 @@ double lane_sum(int64_t F, const std::function<double(int64_t)>& term) {
   return s;
 }
 
+struct Shape3 {
+  int64_t n, in, out;
+};
+
 struct LnRef {
   Tensor y, dx, dw, db;
 };
@@ -394,6 +398,37 @@ TEST(FeedForward, GradientsMatchFiniteDifferences) {
       check_gradients(c, p > 0 ? "FeedForward with dropout" : "FeedForward");
     }
   }
+}
+
+// The activation in linear1's GEMM epilogue against the two layers one after the other: the same bits for
+// the output, the saved pre-activation (through the backward) and every gradient; odd widths, N = 1, with
+// and without bias, in_features past one K block (1100).
+TEST(FeedForward, ActivationInTheEpilogueHasTheBitsOfTwoLayers) {
+  Rng rng(11);
+  for (Activation a : {Activation::relu, Activation::gelu, Activation::gelu_tanh})
+    for (bool bias : {true, false})
+      for (Shape3 s : {Shape3{1, 1, 1}, Shape3{3, 17, 33}, Shape3{67, 13, 129}, Shape3{5, 1100, 7}}) {
+        SCOPED_TRACE(::testing::Message() << to_string(a) << " bias " << bias << " N " << s.n << " in " << s.in
+                                          << " out " << s.out);
+        Linear l1(s.in, s.out, bias, 3), l2(s.in, s.out, bias, 3);
+        ActivationLayer act1(a), act2(a);
+        Tensor x = init::randn({s.n, s.in}, rng), dy = init::randn({s.n, s.out}, rng);
+        Tensor y1 = act1.forward(l1.forward(x.view()));  // unfused
+        Tensor y2 = act2.forward_after(l2, x.view());    // fused
+        expect_same_bits(y2, y1, "output");
+        Tensor dx1 = l1.backward(act1.backward(dy.view()).view());
+        Tensor dx2 = l2.backward(act2.backward(dy.view()).view());
+        expect_same_bits(dx2, dx1, "dx");
+        expect_same_bits(l2.weight_grad, l1.weight_grad, "dweight");
+        if (bias) expect_same_bits(l2.bias_grad, l1.bias_grad, "dbias");
+      }
+  ActivationLayer act(Activation::gelu);
+  Linear lin(4, 3);
+  EXPECT_THROW(act.forward_after(lin, Tensor({2, 5}).view()), Error);  // in_features mismatch
+  act.eval();
+  Tensor y = act.forward_after(lin, Tensor({2, 4}).view());
+  EXPECT_EQ(y.shape(), Shape({2, 3}));
+  EXPECT_THROW(act.backward(y.view()), Error);  // eval mode saved nothing
 }
 
 TEST(Gradients, AccumulateAndZero) {

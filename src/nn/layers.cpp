@@ -84,9 +84,11 @@ void Linear::parameters(std::vector<Param>& out, const std::string& prefix) {
 
 Tensor Linear::forward(View<const float> x) { return run(x, nullptr); }
 Tensor Linear::forward(Tensor&& x) { return run(x.view(), &x); }
+Tensor Linear::forward(View<const float> x, const GemmEpilogue& epilogue) { return run(x, nullptr, &epilogue); }
 
 // owner: the tensor x views, which may be kept as the saved input instead of a copy (nullptr: copy).
-Tensor Linear::run(View<const float> x, Tensor* owner) {
+// epilogue: forward()'s; null when there is none.
+Tensor Linear::run(View<const float> x, Tensor* owner, const GemmEpilogue* epilogue) {
   const int64_t in = weight.size(1), out = weight.size(0);
   ATTN_CHECK(x.rank() >= 1 && x.size(-1) == in, "Expected input (..., in_features) with in_features = ", in,
              ", but got shape ", to_string(x.shape), " instead");
@@ -99,7 +101,12 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
     x_ = Tensor();
   }
   Tensor y = Tensor::uninitialized(with_last(x.shape, out));  // (..., out): linear() writes every element
-  linear<float>(rows, weight.view(), bias.data() ? bias.view() : View<const float>{}, y.view().reshape({rows.size(0), out}));
+  const View<const float> b = bias.data() ? bias.view() : View<const float>{};
+  if (!epilogue) {
+    linear<float>(rows, weight.view(), b, y.view().reshape({rows.size(0), out}));
+    return y;
+  }
+  linear(rows, weight.view(), b, y.view().reshape({rows.size(0), out}), *epilogue);
   return y;
 }
 
@@ -279,6 +286,16 @@ Tensor ActivationLayer::forward(Tensor&& x) { return run(x.view(), &x); }
 Tensor ActivationLayer::backward(View<const float> dout) { return run_backward(dout, nullptr); }
 Tensor ActivationLayer::backward(Tensor&& dout) { return run_backward(dout.view(), &dout); }
 
+namespace {
+// y[i] = act(x[i]) for n values: the one home of the activations' forward arithmetic.
+void activate(Activation kind, const float* x, float* y, int64_t n) {
+  if (kind == Activation::relu)
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
+  else
+    gelu_forward(x, y, n, kind == Activation::gelu_tanh);
+}
+}  // namespace
+
 // owner: the tensor x views, kept as the saved input instead of a copy (nullptr: copy).
 Tensor ActivationLayer::run(View<const float> x, Tensor* owner) {
   Tensor storage;
@@ -287,15 +304,30 @@ Tensor ActivationLayer::run(View<const float> x, Tensor* owner) {
   const int64_t n = y.numel();
   const float* px = rows.data;
   float* py = y.data();
-  if (kind == Activation::relu) {
-    parallel_for(n, grain_for(1), [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) py[i] = px[i] > 0 ? px[i] : 0.0f;
-    });
-  } else {
-    const bool approx = kind == Activation::gelu_tanh;
-    parallel_for(n, grain_for(16), [&](int64_t b, int64_t e, int) { gelu_forward(px + b, py + b, e - b, approx); });
-  }
+  parallel_for(n, grain_for(kind == Activation::relu ? 1 : 16),
+               [&](int64_t b, int64_t e, int) { activate(kind, px + b, py + b, e - b); });
   x_ = !training_ ? Tensor() : storage.data() ? std::move(storage) : owner ? std::move(*owner) : Tensor::copy_of(x);
+  return y;
+}
+
+Tensor ActivationLayer::forward_after(Linear& linear, View<const float> x) {
+  // The GEMM's epilogue: each finished block of linear's output (the pre-activation, in L1) activated
+  // into y, on the thread that computed it.
+  struct Ctx {
+    Activation kind;
+    float* y;
+    int64_t ldy;
+  };
+  ATTN_CHECK(x.rank() >= 1, "Expected an input of rank >= 1 (..., F), but got shape ", to_string(x.shape), " instead");
+  Tensor y = Tensor::uninitialized(with_last(x.shape, linear.weight.size(0)));  // every element: the epilogue
+  Ctx ctx{kind, y.data(), linear.weight.size(0)};
+  const GemmEpilogue epi{[](void* c, const float* pre, int64_t ldc, int64_t i, int64_t j, int64_t rows, int64_t cols) {
+                           const Ctx& k = *static_cast<const Ctx*>(c);
+                           for (int64_t r = 0; r < rows; ++r) activate(k.kind, pre + r * ldc, k.y + (i + r) * k.ldy + j, cols);
+                         },
+                         &ctx};
+  Tensor pre = linear.forward(x, epi);
+  x_ = training_ ? std::move(pre) : Tensor();  // the pre-activation, saved for backward (no copy)
   return y;
 }
 
@@ -387,8 +419,9 @@ std::vector<Child> FeedForward::children() {
 }
 
 // Each intermediate is handed on as a temporary, so the layer that saves it keeps it (no copies).
+// The activation runs in linear1's GEMM epilogue (forward_after: the bits of activation(linear1(x))).
 Tensor FeedForward::forward(View<const float> x) {
-  return linear2.forward(dropout.apply(activation.forward(linear1.forward(x))));
+  return linear2.forward(dropout.apply(activation.forward_after(linear1, x)));
 }
 
 Tensor FeedForward::backward(View<const float> dout) {

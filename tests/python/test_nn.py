@@ -160,12 +160,15 @@ class _TorchFFN(torch.nn.Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
+# The activation runs in linear1's GEMM epilogue: odd widths (hidden 65: a partial register block; 17, 1)
+# and a single row, beside the 16 -> 40 block.
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_feed_forward(activation):
+@pytest.mark.parametrize("d,f,shape", [(16, 40, (2, 7)), (17, 65, (1, 1)), (9, 1, (3, 5))])
+def test_feed_forward(activation, d, f, shape):
     rng = np.random.default_rng(5)
     torch.manual_seed(5)
-    compare(attn.FeedForward(16, 40, activation=activation, dropout=0.0), _TorchFFN(16, 40, activation),
-            [randn(rng, 2, 7, 16)], lambda mod, x: mod(x), lambda l, x: l(x))
+    compare(attn.FeedForward(d, f, activation=activation, dropout=0.0), _TorchFFN(d, f, activation),
+            [randn(rng, *shape, d)], lambda mod, x: mod(x), lambda l, x: l(x))
 
 
 def test_embedding_matches_torch():
