@@ -400,14 +400,15 @@ TEST(FeedForward, GradientsMatchFiniteDifferences) {
   }
 }
 
-// The activation in linear1's GEMM epilogue against the two layers one after the other: the same bits for
-// the output, the saved pre-activation (through the backward) and every gradient; odd widths, N = 1, with
-// and without bias, in_features past one K block (1100).
+// The activation in linear1's GEMM epilogue, and linear1's bias gradient in the activation's backward,
+// against the two layers one after the other: the same bits for the output, the saved pre-activation
+// (through the backward) and every gradient; odd widths (out 1100: several column groups and a partial
+// one), N = 1, with and without bias.
 TEST(FeedForward, ActivationInTheEpilogueHasTheBitsOfTwoLayers) {
   Rng rng(11);
   for (Activation a : {Activation::relu, Activation::gelu, Activation::gelu_tanh})
     for (bool bias : {true, false})
-      for (Shape3 s : {Shape3{1, 1, 1}, Shape3{3, 17, 33}, Shape3{67, 13, 129}, Shape3{5, 1100, 7}}) {
+      for (Shape3 s : {Shape3{1, 1, 1}, Shape3{3, 17, 33}, Shape3{67, 13, 129}, Shape3{5, 1100, 7}, Shape3{9, 5, 1100}}) {
         SCOPED_TRACE(::testing::Message() << to_string(a) << " bias " << bias << " N " << s.n << " in " << s.in
                                           << " out " << s.out);
         Linear l1(s.in, s.out, bias, 3), l2(s.in, s.out, bias, 3);
@@ -417,7 +418,9 @@ TEST(FeedForward, ActivationInTheEpilogueHasTheBitsOfTwoLayers) {
         Tensor y2 = act2.forward_after(l2, x.view());    // fused
         expect_same_bits(y2, y1, "output");
         Tensor dx1 = l1.backward(act1.backward(dy.view()).view());
-        Tensor dx2 = l2.backward(act2.backward(dy.view()).view());
+        // fused: with a bias, linear's bias gradient summed in the activation's backward pass
+        Tensor g2 = bias ? act2.backward_before(l2, Tensor::copy_of(dy.view())) : act2.backward(dy.view());
+        Tensor dx2 = l2.backward(g2.view(), !bias);
         expect_same_bits(dx2, dx1, "dx");
         expect_same_bits(l2.weight_grad, l1.weight_grad, "dweight");
         if (bias) expect_same_bits(l2.bias_grad, l1.bias_grad, "dbias");
@@ -429,6 +432,8 @@ TEST(FeedForward, ActivationInTheEpilogueHasTheBitsOfTwoLayers) {
   Tensor y = act.forward_after(lin, Tensor({2, 4}).view());
   EXPECT_EQ(y.shape(), Shape({2, 3}));
   EXPECT_THROW(act.backward(y.view()), Error);  // eval mode saved nothing
+  Linear no_bias(4, 3, false);
+  EXPECT_THROW(act.backward_before(no_bias, Tensor({2, 3})), Error);
 }
 
 TEST(Gradients, AccumulateAndZero) {

@@ -51,6 +51,8 @@ class Linear : public Layer {
   // The same, with `epilogue` run on the output's blocks as the GEMM finishes them (gemm.h).
   Tensor forward(View<const float> x, const GemmEpilogue& epilogue);
   Tensor backward(View<const float> dout);  // (..., out) -> (..., in)
+  // add_bias_grad = false: bias_grad left alone, the caller has added it (ActivationLayer::backward_before).
+  Tensor backward(View<const float> dout, bool add_bias_grad);
   void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
 
   Tensor weight, bias;            // (out, in), (out) or empty
@@ -130,12 +132,16 @@ class ActivationLayer : public Layer {
   Tensor forward_after(Linear& linear, View<const float> x);
   Tensor backward(View<const float> dout);
   Tensor backward(Tensor&& dout);  // writes dx over dout's buffer (elementwise, so in place is exact)
+  // backward(dout) for an activation after `linear` (which has a bias): also adds linear's bias gradient,
+  // the column sums of the result, in the same pass; then linear.backward(result, false) has the bits
+  // of linear.backward(result).
+  Tensor backward_before(Linear& linear, Tensor&& dout);
   void parameters(std::vector<Param>&, const std::string& = "") override {}
   Activation kind;
 
  private:
   Tensor run(View<const float> x, Tensor* owner);
-  Tensor run_backward(View<const float> dout, Tensor* owner);
+  Tensor run_backward(View<const float> dout, Tensor* owner, float* bias_grad = nullptr);
   Tensor x_;
 };
 struct ReLU : ActivationLayer {

@@ -110,7 +110,9 @@ Tensor Linear::run(View<const float> x, Tensor* owner, const GemmEpilogue* epilo
   return y;
 }
 
-Tensor Linear::backward(View<const float> dout) {
+Tensor Linear::backward(View<const float> dout) { return backward(dout, true); }
+
+Tensor Linear::backward(View<const float> dout, bool add_bias_grad) {
   check_saved(x_.data() != nullptr, "Linear");
   const int64_t in = weight.size(1), out = weight.size(0), N = x_.numel() / in;
   check_dout(dout, with_last(x_.shape(), out), "Linear");
@@ -118,7 +120,7 @@ Tensor Linear::backward(View<const float> dout) {
   View<const float> dy = as_rows(dout, storage);  // (N, out)
   Tensor dx = Tensor::uninitialized(x_.shape());  // (..., in): the gemm's beta = 0 overwrites it
   linear_backward({x_.data(), {N, in}}, weight.view(), dy, dx.view().reshape({N, in}), weight_grad.view(),
-                  opt(bias_grad));
+                  add_bias_grad ? opt(bias_grad) : View<float>{});
   return dx;
 }
 
@@ -285,6 +287,12 @@ Tensor ActivationLayer::forward(View<const float> x) { return run(x, nullptr); }
 Tensor ActivationLayer::forward(Tensor&& x) { return run(x.view(), &x); }
 Tensor ActivationLayer::backward(View<const float> dout) { return run_backward(dout, nullptr); }
 Tensor ActivationLayer::backward(Tensor&& dout) { return run_backward(dout.view(), &dout); }
+Tensor ActivationLayer::backward_before(Linear& linear, Tensor&& dout) {
+  ATTN_CHECK(linear.bias.data() && dout.shape().back() == linear.bias.size(0), "Expected a Linear with a bias of ",
+             dout.shape().back(), " features before the activation, but got ",
+             linear.bias.data() ? to_string(linear.bias.shape()) : std::string("none"), " instead");
+  return run_backward(dout.view(), &dout, linear.bias_grad.data());
+}
 
 namespace {
 // y[i] = act(x[i]) for n values: the one home of the activations' forward arithmetic.
@@ -293,6 +301,14 @@ void activate(Activation kind, const float* x, float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
   else
     gelu_forward(x, y, n, kind == Activation::gelu_tanh);
+}
+
+// dx[i] = dy[i]·act'(x[i]) (dx may be dy), and of the backward's. ReLU's gradient is 0 at x = 0, as PyTorch.
+void activate_backward(Activation kind, const float* x, const float* dy, float* dx, int64_t n) {
+  if (kind == Activation::relu)
+    for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0 ? dy[i] : 0.0f;
+  else
+    gelu_backward(x, dy, dx, n, kind == Activation::gelu_tanh);
 }
 }  // namespace
 
@@ -332,7 +348,7 @@ Tensor ActivationLayer::forward_after(Linear& linear, View<const float> x) {
 }
 
 // owner: the tensor dout views; dx is written over it when it is contiguous (nullptr: a new dx).
-Tensor ActivationLayer::run_backward(View<const float> dout, Tensor* owner) {
+Tensor ActivationLayer::run_backward(View<const float> dout, Tensor* owner, float* bias_grad) {
   check_saved(x_.data() != nullptr, to_string(kind));
   check_dout(dout, x_.shape(), to_string(kind));
   Tensor storage;
@@ -342,14 +358,23 @@ Tensor ActivationLayer::run_backward(View<const float> dout, Tensor* owner) {
   const float* px = x_.data();
   const float* pg = dy.data;
   float* pd = dx.data();
-  if (kind == Activation::relu) {  // gradient 0 at x = 0, as PyTorch
-    parallel_for(n, grain_for(1), [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) pd[i] = px[i] > 0 ? pg[i] : 0.0f;
-    });
-  } else {
-    const bool approx = kind == Activation::gelu_tanh;
-    parallel_for(n, grain_for(16), [&](int64_t b, int64_t e, int) { gelu_backward(px + b, pg + b, pd + b, e - b, approx); });
+  if (!bias_grad) {
+    parallel_for(n, grain_for(kind == Activation::relu ? 1 : 16),
+                 [&](int64_t b, int64_t e, int) { activate_backward(kind, px + b, pg + b, pd + b, e - b); });
+    return dx;
   }
+  // With the bias gradient of the Linear before: split over groups of kGroup columns, each group row by
+  // row (dx while in L1, then its column sums), so each column sums its rows in order as linear_backward.
+  const int64_t cols = dy.size(1), rows = dy.size(0);
+  constexpr int64_t kGroup = 128;
+  parallel_for((cols + kGroup - 1) / kGroup, grain_for(16 * rows * kGroup), [&](int64_t g0, int64_t g1, int) {
+    const int64_t c0 = g0 * kGroup, c1 = std::min(cols, g1 * kGroup);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = r * cols + c0;
+      activate_backward(kind, px + at, pg + at, pd + at, c1 - c0);
+      for (int64_t c = c0; c < c1; ++c) bias_grad[c] += pd[r * cols + c];
+    }
+  });
   return dx;
 }
 
@@ -424,9 +449,12 @@ Tensor FeedForward::forward(View<const float> x) {
   return linear2.forward(dropout.apply(activation.forward_after(linear1, x)));
 }
 
+// With a bias, linear1's bias gradient is summed in the activation's backward pass (backward_before).
 Tensor FeedForward::backward(View<const float> dout) {
-  Tensor g = activation.backward(dropout.apply_backward(linear2.backward(dout)));  // in place
-  return linear1.backward(g.view());
+  Tensor g = dropout.apply_backward(linear2.backward(dout));
+  if (!linear1.bias.data()) return linear1.backward(activation.backward(std::move(g)).view());  // in place
+  g = activation.backward_before(linear1, std::move(g));  // in place; adds linear1.bias_grad
+  return linear1.backward(g.view(), false);
 }
 
 }  // namespace attn
