@@ -200,49 +200,6 @@ TEST(Gemm, SameBitsFor1And2And3Threads) {
   set_num_threads(saved);
 }
 
-// The epilogue sees each element of C once, after its last K block (so with C's final bits), and C itself
-// is what the product without an epilogue gives. K = 1100 spans several K blocks on every target; K = 0
-// is the no-product path.
-TEST(Gemm, EpilogueSeesEveryFinishedElementOnce) {
-  struct Seen {
-    const float* c0;  // C's first element
-    int64_t ldc, N;
-    std::vector<int> count;    // (M, N): calls that covered the element
-    std::vector<float> value;  // (M, N): what the epilogue read there
-  };
-  const int saved = num_threads();
-  for (int threads : {1, 2})
-    for (Shape3 s : {Shape3{1, 1, 1, false, true}, Shape3{7, 65, 1100, false, true, 3},
-                     Shape3{129, 63, 65, true, false, 0, 1, 1}, Shape3{6, 64, 0, false, false, 0, 1, 0.5}}) {
-      SCOPED_TRACE(::testing::Message() << "M " << s.M << " N " << s.N << " K " << s.K << " threads " << threads);
-      set_num_threads(threads);
-      const Problem<float> p(s);
-      std::vector<float> c = p.c;
-      Seen seen{c.data(), p.ldc, s.N, std::vector<int>(size_t(s.M * s.N)), std::vector<float>(size_t(s.M * s.N))};
-      auto fn = [](void* ctx, const float* blk, int64_t ldc, int64_t i, int64_t j, int64_t rows, int64_t cols) {
-        Seen& z = *static_cast<Seen*>(ctx);
-        EXPECT_EQ(blk, z.c0 + i * z.ldc + j);
-        EXPECT_EQ(ldc, z.ldc);
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t q = 0; q < cols; ++q) {  // blocks are disjoint: no two threads touch one element
-            z.count[size_t((i + r) * z.N + j + q)] += 1;
-            z.value[size_t((i + r) * z.N + j + q)] = blk[r * ldc + q];
-          }
-      };
-      const GemmEpilogue epi{fn, &seen};
-      gemm(s.ta, s.tb, s.M, s.N, s.K, float(s.alpha), p.a.data(), p.lda, p.b.data(), p.ldb, float(s.beta), c.data(),
-           p.ldc, &epi);
-      const std::vector<float> plain = p.run();
-      for (int64_t i = 0; i < s.M; ++i)
-        for (int64_t j = 0; j < s.N; ++j) {
-          ASSERT_EQ(seen.count[size_t(i * s.N + j)], 1) << i << "," << j;
-          ASSERT_EQ(seen.value[size_t(i * s.N + j)], c[size_t(i * p.ldc + j)]) << i << "," << j;  // final C
-          ASSERT_EQ(c[size_t(i * p.ldc + j)], plain[size_t(i * p.ldc + j)]) << i << "," << j;
-        }
-    }
-  set_num_threads(saved);
-}
-
 TEST(Gemm, EverySimdTargetCompiledIn) {
   // Each target Highway compiled and this CPU runs: the result still passes the fp64 rule, and
   // gemm_kernel() names that target (so `attn info` can never report one kernel while another runs).

@@ -9,21 +9,10 @@
 
 namespace attn {
 
-// Work on each finished block of a float product while it is still in L1: fn(ctx, c, ldc, i, j, rows, cols)
-// once per register block C[i .. i + rows, j .. j + cols) (at c, leading dimension ldc), after its last
-// K block is written, on the thread that computed it. It may read the block and write elsewhere (an
-// activation of C to a second matrix); the blocks partition C, each seen once.
-struct GemmEpilogue {
-  void (*fn)(void* ctx, const float* c, int64_t ldc, int64_t i, int64_t j, int64_t rows, int64_t cols);
-  void* ctx;
-};
-
 // C (M, N) = alpha · op(A) (M, K) · op(B) (K, N) + beta · C, row-major with leading dimensions; op =
 // transpose if set. beta == 0: C is not read (it may hold NaN). Bitwise the same for any thread count.
-// epilogue: null, or run on C's blocks as they finish (C's bits are the same either way).
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-          const GemmEpilogue* epilogue = nullptr);
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
@@ -35,9 +24,6 @@ std::string gemm_kernel();
 // any row stride (a column slice of a wider matrix) but unit column stride; bias may be empty.
 template <typename T>
 void linear(View<const T> x, View<const T> weight, View<const T> bias, View<T> y);
-// The same (float), with an epilogue on y's blocks as they finish (after the bias is in).
-void linear(View<const float> x, View<const float> weight, View<const float> bias, View<float> y,
-            const GemmEpilogue& epilogue);
 
 // Backward of linear: dx (N, in) = dy · W (overwritten; skipped if empty), dw (out, in) += dyᵀ · x,
 // db (out) += column sums of dy (skipped if empty). Rows of x, dy and dx may be strided.

@@ -48,8 +48,6 @@ class Linear : public Layer {
   Linear(int64_t in_features, int64_t out_features, bool bias = true, uint64_t seed = 0);
   Tensor forward(View<const float> x);      // (..., in) -> (..., out)
   Tensor forward(Tensor&& x);               // the same; when training, keeps x's buffer as the saved input
-  // The same, with `epilogue` run on the output's blocks as the GEMM finishes them (gemm.h).
-  Tensor forward(View<const float> x, const GemmEpilogue& epilogue);
   Tensor backward(View<const float> dout);  // (..., out) -> (..., in)
   // add_bias_grad = false: bias_grad left alone, the caller has added it (ActivationLayer::backward_before).
   Tensor backward(View<const float> dout, bool add_bias_grad);
@@ -59,7 +57,7 @@ class Linear : public Layer {
   Tensor weight_grad, bias_grad;  // same shapes
 
  private:
-  Tensor run(View<const float> x, Tensor* owner, const GemmEpilogue* epilogue = nullptr);
+  Tensor run(View<const float> x, Tensor* owner);
   Tensor x_;  // (N, in): the saved input
 };
 
@@ -127,9 +125,6 @@ class ActivationLayer : public Layer {
   explicit ActivationLayer(Activation kind) : kind(kind) {}
   Tensor forward(View<const float> x);
   Tensor forward(Tensor&& x);  // when training, keeps x's buffer as the saved input
-  // forward(linear.forward(x)) with the activation in linear's GEMM epilogue, on each block of the
-  // pre-activation while it is in L1 (no second pass over it); the same bits. Saves the pre-activation.
-  Tensor forward_after(Linear& linear, View<const float> x);
   Tensor backward(View<const float> dout);
   Tensor backward(Tensor&& dout);  // writes dx over dout's buffer (elementwise, so in place is exact)
   // backward(dout) for an activation after `linear` (which has a bias): also adds linear's bias gradient,

@@ -10,8 +10,7 @@
 //     for each output tile (MC rows x NT columns), one thread per tile:        (parallel_for)
 //       for each MR panel of A (stays in L1), for each NR panel of B (streams from L2): microkernel
 //   microkernel: acc (MR, NR) = Σ_k a[:, k] ⊗ b[k, :] in k order, then
-//                C = alpha·acc + beta'·C with beta' = beta for the first K block and 1 after it;
-//                after the last K block, the caller's epilogue (gemm.h) on that MR x NR block, in L1.
+//                C = alpha·acc + beta'·C with beta' = beta for the first K block and 1 after it.
 // Determinism: every C element is acc over k in order inside each K block, combined block after block;
 // KC depends on K, the target and the caches only. The tiles (how the output is cut between threads)
 // decide who computes an element, never how, so any thread count gives the same bits. Edge tiles run
@@ -26,7 +25,6 @@
 #include <cstring>
 #include <new>
 #include <string>
-#include <type_traits>
 
 #include "attn/cpu.h"
 #include "attn/threads.h"
@@ -48,7 +46,6 @@ struct Args {
   T beta;
   T* C;
   int64_t ldc;
-  const GemmEpilogue* epilogue;  // float only; null: none
 };
 
 // Blocking of one product, derived from the caches, the target's register block and the shape.
@@ -132,8 +129,8 @@ int64_t NR() {
 }
 
 // The write-back of one accumulator vector to C[0, cols) (cols <= lanes): C = alpha·acc + beta·C, C not
-// read when beta == 0 (BLAS: C may hold NaN then). Work on the finished block (an activation) is
-// GemmEpilogue's, after the block's last write-back. A partial vector goes through a lane buffer so that it is computed by the same instructions.
+// read when beta == 0 (BLAS: C may hold NaN then). The one place an epilogue (bias, activation) goes.
+// A partial vector goes through a lane buffer so that it is computed by the same instructions.
 template <class D, class V = hn::Vec<D>, typename T = hn::TFromD<D>>
 HWY_INLINE void WriteBack(D d, V acc, T* HWY_RESTRICT c, int64_t cols, V alpha, T beta) {
   const int64_t N = hn::Lanes(d);
@@ -271,7 +268,6 @@ void Gemm(const Args<T>& g) {
   for (int64_t pc = 0; pc < K; pc += bl.kc) {
     const int64_t kc = std::min(bl.kc, K - pc);
     const T beta = pc == 0 ? g.beta : T(1);  // later K blocks add to what the earlier ones wrote
-    const GemmEpilogue* epi = pc + kc == K ? g.epilogue : nullptr;  // C is final after the last K block
     parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
       for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, bp + p * nr * kc);
     });
@@ -287,13 +283,9 @@ void Gemm(const Args<T>& g) {
       const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
       const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
       for (int64_t i = i0; i < i1; i += kMR)
-        for (int64_t j = j0; j < j1; j += nr) {
-          const int64_t cols = std::min(nr, j1 - j), rows = std::min<int64_t>(kMR, i1 - i);
-          MicroCols<T>(cols, ap + i / kMR * PanelStride<T>(kc), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
-                       rows, g.alpha, beta);
-          if constexpr (std::is_same_v<T, float>)
-            if (epi) epi->fn(epi->ctx, g.C + i * g.ldc + j, g.ldc, i, j, rows, cols);  // the block, in L1
-        }
+        for (int64_t j = j0; j < j1; j += nr)
+          MicroCols<T>(std::min(nr, j1 - j), ap + i / kMR * PanelStride<T>(kc), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
+                       std::min<int64_t>(kMR, i1 - i), g.alpha, beta);
      }
     });
   }
@@ -338,28 +330,23 @@ std::string gemm_kernel() {
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-          const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue* epilogue) {
-  const gemm_detail::Args<float> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, epilogue};
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const gemm_detail::Args<float> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
   if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.f) {
-    gemm_detail::scale_c(g);
-    if (epilogue) epilogue->fn(epilogue->ctx, C, ldc, 0, 0, M, N);  // one block: all of C
-    return;
-  }
+  if (K <= 0 || alpha == 0.f) return gemm_detail::scale_c(g);
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
           const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  const gemm_detail::Args<double> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr};
+  const gemm_detail::Args<double> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
   if (M <= 0 || N <= 0) return;
   if (K <= 0 || alpha == 0.0) return gemm_detail::scale_c(g);
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
 }
 
-namespace {
 template <typename T>
-void linear_impl(View<const T> x, View<const T> w, View<const T> bias, View<T> y, const GemmEpilogue* epilogue) {
+void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
   ATTN_CHECK(x.rank() == 2 && w.rank() == 2 && w.size(1) == in, "Expected weight of shape (out, ", in,
              ") for input ", to_string(x.shape), ", but got ", to_string(w.shape), " instead");
@@ -378,21 +365,7 @@ void linear_impl(View<const T> x, View<const T> w, View<const T> bias, View<T> y
       for (int64_t c = 0; c < out; ++c) y.data[r * ys + c] = bias.data[c * bs];
     beta = 1;
   }
-  if constexpr (std::is_same_v<T, float>)
-    gemm(false, true, n, out, in, T(1), x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0), epilogue);
-  else
-    gemm(false, true, n, out, in, T(1), x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
-}
-}  // namespace
-
-template <typename T>
-void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
-  linear_impl<T>(x, w, bias, y, nullptr);
-}
-
-void linear(View<const float> x, View<const float> w, View<const float> bias, View<float> y,
-            const GemmEpilogue& epilogue) {
-  linear_impl<float>(x, w, bias, y, &epilogue);
+  gemm(false, true, n, out, in, T(1), x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
 }
 
 void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,

@@ -84,11 +84,9 @@ void Linear::parameters(std::vector<Param>& out, const std::string& prefix) {
 
 Tensor Linear::forward(View<const float> x) { return run(x, nullptr); }
 Tensor Linear::forward(Tensor&& x) { return run(x.view(), &x); }
-Tensor Linear::forward(View<const float> x, const GemmEpilogue& epilogue) { return run(x, nullptr, &epilogue); }
 
 // owner: the tensor x views, which may be kept as the saved input instead of a copy (nullptr: copy).
-// epilogue: forward()'s; null when there is none.
-Tensor Linear::run(View<const float> x, Tensor* owner, const GemmEpilogue* epilogue) {
+Tensor Linear::run(View<const float> x, Tensor* owner) {
   const int64_t in = weight.size(1), out = weight.size(0);
   ATTN_CHECK(x.rank() >= 1 && x.size(-1) == in, "Expected input (..., in_features) with in_features = ", in,
              ", but got shape ", to_string(x.shape), " instead");
@@ -101,12 +99,7 @@ Tensor Linear::run(View<const float> x, Tensor* owner, const GemmEpilogue* epilo
     x_ = Tensor();
   }
   Tensor y = Tensor::uninitialized(with_last(x.shape, out));  // (..., out): linear() writes every element
-  const View<const float> b = bias.data() ? bias.view() : View<const float>{};
-  if (!epilogue) {
-    linear<float>(rows, weight.view(), b, y.view().reshape({rows.size(0), out}));
-    return y;
-  }
-  linear(rows, weight.view(), b, y.view().reshape({rows.size(0), out}), *epilogue);
+  linear<float>(rows, weight.view(), bias.data() ? bias.view() : View<const float>{}, y.view().reshape({rows.size(0), out}));
   return y;
 }
 
@@ -326,27 +319,6 @@ Tensor ActivationLayer::run(View<const float> x, Tensor* owner) {
   return y;
 }
 
-Tensor ActivationLayer::forward_after(Linear& linear, View<const float> x) {
-  // The GEMM's epilogue: each finished block of linear's output (the pre-activation, in L1) activated
-  // into y, on the thread that computed it.
-  struct Ctx {
-    Activation kind;
-    float* y;
-    int64_t ldy;
-  };
-  ATTN_CHECK(x.rank() >= 1, "Expected an input of rank >= 1 (..., F), but got shape ", to_string(x.shape), " instead");
-  Tensor y = Tensor::uninitialized(with_last(x.shape, linear.weight.size(0)));  // every element: the epilogue
-  Ctx ctx{kind, y.data(), linear.weight.size(0)};
-  const GemmEpilogue epi{[](void* c, const float* pre, int64_t ldc, int64_t i, int64_t j, int64_t rows, int64_t cols) {
-                           const Ctx& k = *static_cast<const Ctx*>(c);
-                           for (int64_t r = 0; r < rows; ++r) activate(k.kind, pre + r * ldc, k.y + (i + r) * k.ldy + j, cols);
-                         },
-                         &ctx};
-  Tensor pre = linear.forward(x, epi);
-  x_ = training_ ? std::move(pre) : Tensor();  // the pre-activation, saved for backward (no copy)
-  return y;
-}
-
 // owner: the tensor dout views; dx is written over it when it is contiguous (nullptr: a new dx).
 Tensor ActivationLayer::run_backward(View<const float> dout, Tensor* owner, float* bias_grad) {
   check_saved(x_.data() != nullptr, to_string(kind));
@@ -444,9 +416,9 @@ std::vector<Child> FeedForward::children() {
 }
 
 // Each intermediate is handed on as a temporary, so the layer that saves it keeps it (no copies).
-// The activation runs in linear1's GEMM epilogue (forward_after: the bits of activation(linear1(x))).
+// Each intermediate is handed on as a temporary, so the layer that saves it keeps it (no copies).
 Tensor FeedForward::forward(View<const float> x) {
-  return linear2.forward(dropout.apply(activation.forward_after(linear1, x)));
+  return linear2.forward(dropout.apply(activation.forward(linear1.forward(x))));
 }
 
 // With a bias, linear1's bias gradient is summed in the activation's backward pass (backward_before).

@@ -160,8 +160,8 @@ class _TorchFFN(torch.nn.Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
-# The activation runs in linear1's GEMM epilogue: odd widths (hidden 65: a partial register block; 17, 1)
-# and a single row, beside the 16 -> 40 block.
+# linear1's bias gradient is summed in the activation's backward (128-column groups): odd widths (hidden
+# 65, 1) and a single row, beside the 16 -> 40 block.
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("d,f,shape", [(16, 40, (2, 7)), (17, 65, (1, 1)), (9, 1, (3, 5))])
 def test_feed_forward(activation, d, f, shape):
