@@ -1,6 +1,7 @@
 // The elementary layers of nn.h: Linear, LayerNorm, Dropout, ReLU/GELU, Embedding and the feed-forward
-// block, forward and backward. Row-wise loops are plain and split over rows by parallel_for (threads.h); reductions
-// into parameter gradients run in a fixed order, so results do not depend on the thread count.
+// block, forward and backward. Row-wise loops are split over rows by parallel_for (threads.h), the SIMD ones
+// in gelu.cpp and layernorm.cpp; reductions into parameter gradients (split over features, if at all) sum
+// the rows in order, so results do not depend on the thread count.
 // Not the Transformer layers (transformer.cpp) and no attention (attention/).
 #include <algorithm>
 #include <cmath>
@@ -296,7 +297,7 @@ void activate(Activation kind, const float* x, float* y, int64_t n) {
     gelu_forward(x, y, n, kind == Activation::gelu_tanh);
 }
 
-// dx[i] = dy[i]·act'(x[i]) (dx may be dy), and of the backward's. ReLU's gradient is 0 at x = 0, as PyTorch.
+// dx[i] = dy[i]·act'(x[i]) (dx may be dy): the backward's one home. ReLU's gradient is 0 at x = 0, as PyTorch.
 void activate_backward(Activation kind, const float* x, const float* dy, float* dx, int64_t n) {
   if (kind == Activation::relu)
     for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0 ? dy[i] : 0.0f;
@@ -415,7 +416,6 @@ std::vector<Child> FeedForward::children() {
   return {{"linear1.", &linear1}, {"linear2.", &linear2}, {"activation.", &activation}, {"dropout.", &dropout}};
 }
 
-// Each intermediate is handed on as a temporary, so the layer that saves it keeps it (no copies).
 // Each intermediate is handed on as a temporary, so the layer that saves it keeps it (no copies).
 Tensor FeedForward::forward(View<const float> x) {
   return linear2.forward(dropout.apply(activation.forward(linear1.forward(x))));
