@@ -49,6 +49,8 @@ class Linear : public Layer {
   Tensor forward(View<const float> x);      // (..., in) -> (..., out)
   Tensor forward(Tensor&& x);               // the same; when training, keeps x's buffer as the saved input
   Tensor backward(View<const float> dout);  // (..., out) -> (..., in)
+  // add_bias_grad = false: bias_grad left alone, the caller has added it (ActivationLayer::backward_before).
+  Tensor backward(View<const float> dout, bool add_bias_grad);
   void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
 
   Tensor weight, bias;            // (out, in), (out) or empty
@@ -65,6 +67,12 @@ class LayerNorm : public Layer {
   LayerNorm(int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
   Tensor forward(View<const float> x);      // (..., F) -> (..., F)
   Tensor backward(View<const float> dout);  // (..., F) -> (..., F)
+  // The residual add before a norm and the gradient add after its backward, fused into the row passes
+  // (the bits of add_ then forward / backward then add_):
+  //   forward_add: x += residual (x contiguous, residual of x's shape), returns norm(x)
+  //   backward_add: dx += backward(dout)
+  Tensor forward_add(Tensor& x, View<const float> residual);
+  void backward_add(View<const float> dout, Tensor& dx);
   void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
 
   Tensor weight, bias;            // (F) ones / zeros, or empty
@@ -72,6 +80,8 @@ class LayerNorm : public Layer {
   double eps;
 
  private:
+  Tensor run(View<const float> x, View<const float> add);
+  void run_backward(View<const float> dout, float* dx, bool accumulate);
   Tensor xhat_;  // (N, F): (x - mean) · rstd
   Tensor rstd_;  // (N)
 };
@@ -117,12 +127,16 @@ class ActivationLayer : public Layer {
   Tensor forward(Tensor&& x);  // when training, keeps x's buffer as the saved input
   Tensor backward(View<const float> dout);
   Tensor backward(Tensor&& dout);  // writes dx over dout's buffer (elementwise, so in place is exact)
+  // backward(dout) for an activation after `linear` (which has a bias): also adds linear's bias gradient,
+  // the column sums of the result, in the same pass; then linear.backward(result, false) has the bits
+  // of linear.backward(result).
+  Tensor backward_before(Linear& linear, Tensor&& dout);
   void parameters(std::vector<Param>&, const std::string& = "") override {}
   Activation kind;
 
  private:
   Tensor run(View<const float> x, Tensor* owner);
-  Tensor run_backward(View<const float> dout, Tensor* owner);
+  Tensor run_backward(View<const float> dout, Tensor* owner, float* bias_grad = nullptr);
   Tensor x_;
 };
 struct ReLU : ActivationLayer {

@@ -34,7 +34,9 @@ class AdamW {
   //   step += 1;  θ ← θ·(1 − lr·λ);  m ← lerp(m, g, 1 − β1);  v ← β2·v + (1 − β2)·g²
   //   θ ← θ − lr/(1 − β1^step) · m / (sqrt(v)/sqrt(1 − β2^step) + ε)
   // in float32 with torch's operation order (eps added after the bias correction of sqrt(v)).
-  void step(double lr);
+  // grad_scale: clipping folded into the same pass, g·grad_scale used for g (clip_coefficient(); the
+  // bits of clip_grad_norm then step, without a pass that writes the scaled gradients back).
+  void step(double lr, float grad_scale = 1.0f);
   void step() { step(options_.lr); }
   void zero_grad() { attn::zero_grad(params_); }
 
@@ -52,6 +54,7 @@ class AdamW {
   std::vector<Param> params_;
   std::vector<bool> decay_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // same shapes as the parameters
+  std::vector<int64_t> offsets_ = {0};         // parameter i is [offsets_[i], offsets_[i + 1]) of one pass
   AdamWOptions options_;
   int64_t step_ = 0;
 };
@@ -60,6 +63,11 @@ class AdamW {
 // together, as torch.nn.utils.clip_grad_norm_; returns that norm (before clipping). max_norm <= 0: no
 // clipping, the norm is still returned.
 double clip_grad_norm(const std::vector<Param>& params, double max_norm);
+// Its two halves, for the trainer's fused clip + AdamW: the global L2 norm of the gradients (in parallel,
+// in an order that depends on the gradients' sizes only), and the scale min(1, max_norm / (norm + 1e-6))
+// as the float the gradients are multiplied by (1 when max_norm <= 0).
+double grad_norm(const std::vector<Param>& params);
+float clip_coefficient(double norm, double max_norm);
 
 // nanoGPT's get_lr: linear warmup lr·(it+1)/(warmup+1) for it < warmup, cosine from lr down to min_lr
 // until decay_steps, then min_lr.

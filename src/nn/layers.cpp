@@ -1,6 +1,7 @@
 // The elementary layers of nn.h: Linear, LayerNorm, Dropout, ReLU/GELU, Embedding and the feed-forward
-// block, forward and backward. Row-wise loops are plain and split over rows by parallel_for (threads.h); reductions
-// into parameter gradients run in a fixed order, so results do not depend on the thread count.
+// block, forward and backward. Row-wise loops are split over rows by parallel_for (threads.h), the SIMD ones
+// in gelu.cpp and layernorm.cpp; reductions into parameter gradients (split over features, if at all) sum
+// the rows in order, so results do not depend on the thread count.
 // Not the Transformer layers (transformer.cpp) and no attention (attention/).
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "attn/nn.h"
 #include "attn/threads.h"
 #include "gelu.h"
+#include "layernorm.h"
 
 namespace attn {
 namespace {
@@ -102,7 +104,9 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
   return y;
 }
 
-Tensor Linear::backward(View<const float> dout) {
+Tensor Linear::backward(View<const float> dout) { return backward(dout, true); }
+
+Tensor Linear::backward(View<const float> dout, bool add_bias_grad) {
   check_saved(x_.data() != nullptr, "Linear");
   const int64_t in = weight.size(1), out = weight.size(0), N = x_.numel() / in;
   check_dout(dout, with_last(x_.shape(), out), "Linear");
@@ -110,7 +114,7 @@ Tensor Linear::backward(View<const float> dout) {
   View<const float> dy = as_rows(dout, storage);  // (N, out)
   Tensor dx = Tensor::uninitialized(x_.shape());  // (..., in): the gemm's beta = 0 overwrites it
   linear_backward({x_.data(), {N, in}}, weight.view(), dy, dx.view().reshape({N, in}), weight_grad.view(),
-                  opt(bias_grad));
+                  add_bias_grad ? opt(bias_grad) : View<float>{});
   return dx;
 }
 
@@ -133,9 +137,18 @@ void LayerNorm::parameters(std::vector<Param>& out, const std::string& prefix) {
   if (bias.data()) out.push_back({prefix + "bias", &bias, &bias_grad});
 }
 
-Tensor LayerNorm::forward(View<const float> x) {
+Tensor LayerNorm::forward(View<const float> x) { return run(x, {}); }
+
+Tensor LayerNorm::forward_add(Tensor& x, View<const float> residual) {
+  ATTN_CHECK(residual.shape == x.shape() && residual.is_contiguous(), "Expected a contiguous residual of x's shape ",
+             to_string(x.shape()), " for LayerNorm.forward_add, but got ", to_string(residual.shape), " instead");
+  return run(x.view(), residual);
+}
+
+// add: empty, or the residual added into x (then x is a Tensor's contiguous, writable buffer) first.
+Tensor LayerNorm::run(View<const float> x, View<const float> add) {
   Tensor storage;
-  View<const float> rows = as_rows(x, storage);  // (N, F)
+  View<const float> rows = as_rows(x, storage);  // (N, F); a view of x itself when add is given
   const int64_t N = rows.size(0), F = rows.size(1);
   ATTN_CHECK(!weight.data() || F == weight.size(0), "Expected input (..., F) with F = ", weight.size(0),
              ", but got shape ", to_string(x.shape), " instead");
@@ -147,68 +160,46 @@ Tensor LayerNorm::forward(View<const float> x) {
     xhat_ = Tensor();
     rstd_ = Tensor();
   }
-  const float* w = weight.data();
-  const float* b = bias.data();
-  float* xhat = xhat_.data();
-  float* rstd_out = rstd_.data();
-  parallel_for(N, grain_for(4 * F), [&](int64_t r0, int64_t r1, int) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = rows.data + r * F;
-    float* yr = y.data() + r * F;
-    // Two passes in double: mean, then the biased variance of (x - mean), as PyTorch computes it.
-    double mean = 0, var = 0;
-    for (int64_t i = 0; i < F; ++i) mean += xr[i];
-    mean /= double(F);
-    for (int64_t i = 0; i < F; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-    const float rstd = float(1.0 / std::sqrt(var / double(F) + eps)), m = float(mean);
-    if (rstd_out) rstd_out[r] = rstd;
-    for (int64_t i = 0; i < F; ++i) {
-      const float h = (xr[i] - m) * rstd;
-      if (xhat) xhat[r * F + i] = h;
-      yr[i] = h * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
-    }
-  }
+  // Written only when add is given: x is then forward_add's Tensor& (non-const, contiguous).
+  float* px = const_cast<float*>(rows.data);
+  parallel_for(N, grain_for(8 * F), [&](int64_t r0, int64_t r1, int) {  // SIMD rows (layernorm.cpp)
+    layernorm_forward(r0, r1, F, px, add.data, eps, weight.data(), bias.data(), y.data(), xhat_.data(), rstd_.data());
   });
   return y;
 }
 
 Tensor LayerNorm::backward(View<const float> dout) {
+  Tensor dx = Tensor::uninitialized(xhat_.data() ? xhat_.shape() : dout.shape);  // every row written
+  run_backward(dout, dx.data(), false);
+  return dx;
+}
+
+void LayerNorm::backward_add(View<const float> dout, Tensor& dx) {
+  ATTN_CHECK(dx.shape() == dout.shape, "Expected a gradient of dout's shape ", to_string(dout.shape),
+             " to add LayerNorm's input gradient to, but got ", to_string(dx.shape()), " instead");
+  run_backward(dout, dx.data(), true);
+}
+
+// dx (N, F) contiguous: written, or added to when accumulate.
+void LayerNorm::run_backward(View<const float> dout, float* dx, bool accumulate) {
   check_saved(xhat_.data() != nullptr, "LayerNorm");
   check_dout(dout, xhat_.shape(), "LayerNorm");
   Tensor storage;
   View<const float> dy = as_rows(dout, storage);  // (N, F)
   const int64_t N = dy.size(0), F = dy.size(1);
   const float* xhat = xhat_.data();
-  const float* w = weight.data();
-  Tensor dx = Tensor::uninitialized(xhat_.shape());  // every row written below
-  // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · weight
-  parallel_for(N, grain_for(4 * F), [&](int64_t r0, int64_t r1, int) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* g = dy.data + r * F;
-    const float* h = xhat + r * F;
-    double mg = 0, mgh = 0;
-    for (int64_t i = 0; i < F; ++i) {
-      const double gi = double(g[i]) * (w ? w[i] : 1.0f);
-      mg += gi;
-      mgh += gi * h[i];
-    }
-    mg /= double(F);
-    mgh /= double(F);
-    const float rstd = rstd_.data()[r];
-    float* dxr = dx.data() + r * F;
-    for (int64_t i = 0; i < F; ++i) dxr[i] = rstd * float(g[i] * (w ? w[i] : 1.0f) - mg - h[i] * mgh);
-  }
+  // dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · weight: SIMD rows (layernorm.cpp)
+  parallel_for(N, grain_for(8 * F), [&](int64_t r0, int64_t r1, int) {
+    layernorm_backward(r0, r1, F, dy.data, xhat, rstd_.data(), weight.data(), dx, accumulate);
   });
-  // dweight += Σ_rows dy · xhat, dbias += Σ_rows dy: rows in order.
-  for (int64_t r = 0; r < N; ++r) {
-    const float* g = dy.data + r * F;
-    const float* h = xhat + r * F;
-    if (w)
-      for (int64_t i = 0; i < F; ++i) weight_grad.data()[i] += g[i] * h[i];
-    if (bias.data())
-      for (int64_t i = 0; i < F; ++i) bias_grad.data()[i] += g[i];
-  }
-  return dx;
+  // dweight += Σ_rows dy · xhat, dbias += Σ_rows dy: split over groups of 16 features (whole vectors: a
+  // split inside one would send its features down the scalar tail), each summed over rows in order
+  constexpr int64_t kGroup = 16;
+  if (weight.data() || bias.data())
+    parallel_for((F + kGroup - 1) / kGroup, grain_for(2 * N * kGroup), [&](int64_t g0, int64_t g1, int) {
+      layernorm_param_grads(g0 * kGroup, std::min(F, g1 * kGroup), N, F, dy.data, xhat,
+                            weight.data() ? weight_grad.data() : nullptr, bias.data() ? bias_grad.data() : nullptr);
+    });
 }
 
 // ---- Dropout ----
@@ -290,6 +281,30 @@ Tensor ActivationLayer::forward(View<const float> x) { return run(x, nullptr); }
 Tensor ActivationLayer::forward(Tensor&& x) { return run(x.view(), &x); }
 Tensor ActivationLayer::backward(View<const float> dout) { return run_backward(dout, nullptr); }
 Tensor ActivationLayer::backward(Tensor&& dout) { return run_backward(dout.view(), &dout); }
+Tensor ActivationLayer::backward_before(Linear& linear, Tensor&& dout) {
+  ATTN_CHECK(linear.bias.data() && dout.shape().back() == linear.bias.size(0), "Expected a Linear with a bias of ",
+             dout.shape().back(), " features before the activation, but got ",
+             linear.bias.data() ? to_string(linear.bias.shape()) : std::string("none"), " instead");
+  return run_backward(dout.view(), &dout, linear.bias_grad.data());
+}
+
+namespace {
+// y[i] = act(x[i]) for n values: the one home of the activations' forward arithmetic.
+void activate(Activation kind, const float* x, float* y, int64_t n) {
+  if (kind == Activation::relu)
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
+  else
+    gelu_forward(x, y, n, kind == Activation::gelu_tanh);
+}
+
+// dx[i] = dy[i]·act'(x[i]) (dx may be dy): the backward's one home. ReLU's gradient is 0 at x = 0, as PyTorch.
+void activate_backward(Activation kind, const float* x, const float* dy, float* dx, int64_t n) {
+  if (kind == Activation::relu)
+    for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0 ? dy[i] : 0.0f;
+  else
+    gelu_backward(x, dy, dx, n, kind == Activation::gelu_tanh);
+}
+}  // namespace
 
 // owner: the tensor x views, kept as the saved input instead of a copy (nullptr: copy).
 Tensor ActivationLayer::run(View<const float> x, Tensor* owner) {
@@ -299,20 +314,14 @@ Tensor ActivationLayer::run(View<const float> x, Tensor* owner) {
   const int64_t n = y.numel();
   const float* px = rows.data;
   float* py = y.data();
-  if (kind == Activation::relu) {
-    parallel_for(n, grain_for(1), [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) py[i] = px[i] > 0 ? px[i] : 0.0f;
-    });
-  } else {
-    const bool approx = kind == Activation::gelu_tanh;
-    parallel_for(n, grain_for(16), [&](int64_t b, int64_t e, int) { gelu_forward(px + b, py + b, e - b, approx); });
-  }
+  parallel_for(n, grain_for(kind == Activation::relu ? 1 : 16),
+               [&](int64_t b, int64_t e, int) { activate(kind, px + b, py + b, e - b); });
   x_ = !training_ ? Tensor() : storage.data() ? std::move(storage) : owner ? std::move(*owner) : Tensor::copy_of(x);
   return y;
 }
 
 // owner: the tensor dout views; dx is written over it when it is contiguous (nullptr: a new dx).
-Tensor ActivationLayer::run_backward(View<const float> dout, Tensor* owner) {
+Tensor ActivationLayer::run_backward(View<const float> dout, Tensor* owner, float* bias_grad) {
   check_saved(x_.data() != nullptr, to_string(kind));
   check_dout(dout, x_.shape(), to_string(kind));
   Tensor storage;
@@ -322,14 +331,23 @@ Tensor ActivationLayer::run_backward(View<const float> dout, Tensor* owner) {
   const float* px = x_.data();
   const float* pg = dy.data;
   float* pd = dx.data();
-  if (kind == Activation::relu) {  // gradient 0 at x = 0, as PyTorch
-    parallel_for(n, grain_for(1), [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) pd[i] = px[i] > 0 ? pg[i] : 0.0f;
-    });
-  } else {
-    const bool approx = kind == Activation::gelu_tanh;
-    parallel_for(n, grain_for(16), [&](int64_t b, int64_t e, int) { gelu_backward(px + b, pg + b, pd + b, e - b, approx); });
+  if (!bias_grad) {
+    parallel_for(n, grain_for(kind == Activation::relu ? 1 : 16),
+                 [&](int64_t b, int64_t e, int) { activate_backward(kind, px + b, pg + b, pd + b, e - b); });
+    return dx;
   }
+  // With the bias gradient of the Linear before: split over groups of kGroup columns, each group row by
+  // row (dx while in L1, then its column sums), so each column sums its rows in order as linear_backward.
+  const int64_t cols = dy.size(1), rows = dy.size(0);
+  constexpr int64_t kGroup = 128;
+  parallel_for((cols + kGroup - 1) / kGroup, grain_for(16 * rows * kGroup), [&](int64_t g0, int64_t g1, int) {
+    const int64_t c0 = g0 * kGroup, c1 = std::min(cols, g1 * kGroup);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = r * cols + c0;
+      activate_backward(kind, px + at, pg + at, pd + at, c1 - c0);
+      for (int64_t c = c0; c < c1; ++c) bias_grad[c] += pd[r * cols + c];
+    }
+  });
   return dx;
 }
 
@@ -403,9 +421,12 @@ Tensor FeedForward::forward(View<const float> x) {
   return linear2.forward(dropout.apply(activation.forward(linear1.forward(x))));
 }
 
+// With a bias, linear1's bias gradient is summed in the activation's backward pass (backward_before).
 Tensor FeedForward::backward(View<const float> dout) {
-  Tensor g = activation.backward(dropout.apply_backward(linear2.backward(dout)));  // in place
-  return linear1.backward(g.view());
+  Tensor g = dropout.apply_backward(linear2.backward(dout));
+  if (!linear1.bias.data()) return linear1.backward(activation.backward(std::move(g)).view());  // in place
+  g = activation.backward_before(linear1, std::move(g));  // in place; adds linear1.bias_grad
+  return linear1.backward(g.view(), false);
 }
 
 }  // namespace attn

@@ -105,12 +105,12 @@ Tensor TransformerEncoderLayer::forward(View<const float> src, const EncoderArgs
     Tensor x1;
     {
       profile::Scope p("attention");
-      // x1 = src + dropout1(self_attn(norm1(src))), the norm's output handed to the attention to keep
-      x1 = plus(src, dropout1.apply(attend_self(self_attn, norm1.forward(src), a.src_mask, a.src_key_padding_mask,
-                                                a.is_causal)));
+      // dropout1(self_attn(norm1(src))), the norm's output handed to the attention to keep
+      x1 = dropout1.apply(attend_self(self_attn, norm1.forward(src), a.src_mask, a.src_key_padding_mask, a.is_causal));
     }
     profile::Scope p("mlp");
-    return plus(x1.view(), ffb(norm2.forward(x1.view()).view()));
+    Tensor h = norm2.forward_add(x1, src);  // x1 += src (the residual), then norm2(x1), in one pass
+    return plus(x1.view(), ffb(h.view()));
   }
   // x = norm1(x + sa(x)); x = norm2(x + ff(x))
   Tensor x1 = norm1.forward(plus(src, sa(src)).view());
@@ -134,10 +134,10 @@ Tensor TransformerEncoderLayer::run_backward(View<const float> dout, Tensor* own
     Tensor g1 = owner ? std::move(*owner) : Tensor::copy_of(dout);  // d x1, accumulated in place
     {
       profile::Scope p("mlp");
-      accumulate(g1, norm2.backward(ffb(g1).view()));
+      norm2.backward_add(ffb(g1).view(), g1);  // g1 += norm2'ᵀ(...), the residual's sum fused in
     }
     profile::Scope p("attention");
-    accumulate(g1, norm1.backward(sa(g1).view()));  // d src
+    norm1.backward_add(sa(g1).view(), g1);  // d src
     return g1;
   }
   Tensor g = norm2.backward(dout);  // d (x1 + ff(x1))
@@ -199,9 +199,11 @@ Tensor TransformerDecoderLayer::forward(View<const float> tgt, View<const float>
   };
   auto ffb = [&](View<const float> x) { return dropout3.apply(ff.forward(x)); };
   if (options.norm_first) {  // x += sa(norm1(x)); x += mha(norm2(x), memory); x += ff(norm3(x))
-    Tensor x1 = plus(tgt, sa(norm1.forward(tgt).view()));
-    Tensor x2 = plus(x1.view(), mha(norm2.forward(x1.view()).view()));
-    return plus(x2.view(), ffb(norm3.forward(x2.view()).view()));
+    Tensor x1 = sa(norm1.forward(tgt).view());
+    Tensor n2 = norm2.forward_add(x1, tgt);  // x1 += tgt, then norm2(x1)
+    Tensor x2 = mha(n2.view());
+    Tensor n3 = norm3.forward_add(x2, x1.view());  // x2 += x1, then norm3(x2)
+    return plus(x2.view(), ffb(n3.view()));
   }
   // x = norm1(x + sa(x)); x = norm2(x + mha(x, memory)); x = norm3(x + ff(x))
   Tensor x1 = norm1.forward(plus(tgt, sa(tgt)).view());
@@ -228,9 +230,9 @@ DecoderGrads TransformerDecoderLayer::backward(View<const float> dout) {
   };
   if (options.norm_first) {
     Tensor g = Tensor::copy_of(dout);  // d x2
-    accumulate(g, norm3.backward(ffb(g).view()));
-    accumulate(g, norm2.backward(mha(g).view()));  // d x1
-    accumulate(g, norm1.backward(sa(g).view()));   // d tgt
+    norm3.backward_add(ffb(g).view(), g);
+    norm2.backward_add(mha(g).view(), g);  // d x1
+    norm1.backward_add(sa(g).view(), g);   // d tgt
     return {std::move(g), std::move(dmemory)};
   }
   Tensor g = norm3.backward(dout);  // d (x2 + ff(x2))

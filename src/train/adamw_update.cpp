@@ -18,10 +18,11 @@ void Update(int64_t n, float* theta, const float* g, float* m, float* v, const A
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
   const V decay = hn::Set(d, s.decay), w1 = hn::Set(d, s.w1), b2 = hn::Set(d, s.b2), w2 = hn::Set(d, s.w2),
-          bc2 = hn::Set(d, s.bc2_sqrt), eps = hn::Set(d, s.eps), neg_step = hn::Set(d, -s.step_size);
+          bc2 = hn::Set(d, s.bc2_sqrt), eps = hn::Set(d, s.eps), neg_step = hn::Set(d, -s.step_size),
+          scale = hn::Set(d, s.grad_scale);
   // One vector of elements: loads, the update, stores.
   auto one = [&](float* th, const float* gr, float* mm, float* vv) {
-    const V gi = hn::LoadU(d, gr);
+    const V gi = hn::Mul(hn::LoadU(d, gr), scale);                        // clip_grad_norm's g *= c
     const V t = hn::Mul(hn::LoadU(d, th), decay);                          // param.mul_(1 - lr·wd)
     V mi = hn::LoadU(d, mm);
     mi = hn::Add(mi, hn::Mul(w1, hn::Sub(gi, mi)));                        // exp_avg.lerp_(g, 1 - β1)

@@ -13,10 +13,11 @@ struct AdamWScalars {
   float bc2_sqrt;   // sqrt(1 - β2^step)
   float eps;
   float step_size;  // lr / (1 - β1^step)
+  float grad_scale; // the clip coefficient g is multiplied by first (1: unclipped, g·1 = g exactly)
 };
 
 // θ, m, v updated in place from g, with torch's operation order (no fused multiply-adds):
-//   θ ← θ·decay;  m ← m + w1·(g − m);  v ← v·β2 + (w2·g)·g;  θ ← θ + (−step_size·m) / (sqrt(v)/bc2_sqrt + ε)
+//   g ← g·grad_scale (in a register: the bits clip_grad_norm's in-place g *= c gave);  θ ← θ·decay;  m ← m + w1·(g − m);  v ← v·β2 + (w2·g)·g;  θ ← θ + (−step_size·m) / (sqrt(v)/bc2_sqrt + ε)
 void adamw_update(int64_t n, float* theta, const float* g, float* m, float* v, const AdamWScalars& s);
 
 }  // namespace attn

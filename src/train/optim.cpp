@@ -3,6 +3,7 @@
 // trajectories agree to float32 rounding. Not a second copy of the parameters: it updates them in place.
 #include "attn/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -32,10 +33,11 @@ AdamW::AdamW(std::vector<Param> params, const AdamWOptions& o, const std::functi
     decay_.push_back(decays(p));
     exp_avg_.emplace_back(p.value->shape());
     exp_avg_sq_.emplace_back(p.value->shape());
+    offsets_.push_back(offsets_.back() + p.value->numel());
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, float grad_scale) {
   ++step_;
   const double beta1 = options_.beta1, beta2 = options_.beta2;
   // Python floats (double) in torch, turned into float32 scalars where they meet a float tensor.
@@ -45,18 +47,20 @@ void AdamW::step(double lr) {
   const float bc2_sqrt = float(std::sqrt(bias_correction2));
   const float w1 = float(1 - beta1), b2 = float(beta2), w2 = float(1 - beta2), eps = float(options_.eps);
   const float shrink = float(1 - lr * options_.weight_decay);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const float decay = decay_[i] ? shrink : 1.0f;  // θ·1 is exact: no branch in the loop
-    float* theta = params_[i].value->data();
-    const float* g = params_[i].grad->data();
-    float* m = exp_avg_[i].data();
-    float* v = exp_avg_sq_[i].data();
-    // Elementwise, so any split gives the same bits; ~20 operations per element.
-    const AdamWScalars sc{decay, w1, b2, w2, bc2_sqrt, eps, step_size};
-    parallel_for(params_[i].value->numel(), grain_for(20), [&](int64_t b, int64_t e, int) {
-      adamw_update(e - b, theta + b, g + b, m + b, v + b, sc);  // SIMD (adamw_update.cpp)
-    });
-  }
+  // One pass over all parameters as one index space [0, offsets_.back()): one parallel_for, not one per
+  // parameter (most are small: a LayerNorm's F values). Elementwise, so any split gives the same bits;
+  // ~20 operations per element.
+  parallel_for(offsets_.back(), grain_for(20), [&](int64_t b, int64_t e, int) {
+    size_t i = size_t(std::upper_bound(offsets_.begin(), offsets_.end(), b) - offsets_.begin()) - 1;
+    for (; b < e; ++i) {  // the part of parameter i in [b, e)
+      const int64_t o = offsets_[i], end = std::min(e, offsets_[i + 1]);
+      const float decay = decay_[i] ? shrink : 1.0f;  // θ·1 is exact: no branch in the loop
+      const AdamWScalars sc{decay, w1, b2, w2, bc2_sqrt, eps, step_size, grad_scale};
+      adamw_update(end - b, params_[i].value->data() + (b - o), params_[i].grad->data() + (b - o),
+                   exp_avg_[i].data() + (b - o), exp_avg_sq_[i].data() + (b - o), sc);  // SIMD (adamw_update.cpp)
+      b = end;
+    }
+  });
 }
 
 void AdamW::save_state(StateDict& out, const std::string& prefix) const {
@@ -80,30 +84,55 @@ void AdamW::load_state(const StateDict& in, int64_t step, const std::string& pre
   step_ = step;
 }
 
-double clip_grad_norm(const std::vector<Param>& params, double max_norm) {
-  double lanes[8] = {};  // fp64, in 8 fixed lanes (vectorisable, and the same order every run)
-  for (const Param& p : params) {
-    const float* g = p.grad->data();
-    const int64_t n = p.grad->numel();
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-      for (int l = 0; l < 8; ++l) lanes[l] += double(g[j + l]) * g[j + l];
-    for (; j < n; ++j) lanes[0] += double(g[j]) * g[j];
-  }
+namespace {
+constexpr int64_t kNormBlock = 4096;  // elements per partial sum of the norm: fixed, so is the order
+
+// Σ g² over n values in double, in 8 fixed lanes (vectorisable; the tail in lane 0), lanes added 0..7.
+double sum_squares(const float* g, int64_t n) {
+  double lanes[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += double(g[j + l]) * g[j + l];
+  for (; j < n; ++j) lanes[0] += double(g[j]) * g[j];
   double sum = 0;
   for (double l : lanes) sum += l;
-  const double norm = std::sqrt(sum);
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1) {
-      const float c = float(coef);
-      for (const Param& p : params) {
-        float* g = p.grad->data();
-        const int64_t n = p.grad->numel();
-        for (int64_t j = 0; j < n; ++j) g[j] *= c;
-      }
+  return sum;
+}
+}  // namespace
+
+double grad_norm(const std::vector<Param>& params) {
+  // Blocks of kNormBlock values of each gradient in order, a partial sum each (in parallel), the partials
+  // added in block order: the same bits for any thread count.
+  std::vector<std::pair<const float*, int64_t>> blocks;
+  for (const Param& p : params)
+    for (int64_t b = 0; b < p.grad->numel(); b += kNormBlock)
+      blocks.push_back({p.grad->data() + b, std::min(kNormBlock, p.grad->numel() - b)});
+  std::vector<double> part(blocks.size());
+  parallel_for(int64_t(blocks.size()), grain_for(2 * kNormBlock), [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) part[size_t(i)] = sum_squares(blocks[size_t(i)].first, blocks[size_t(i)].second);
+  });
+  double sum = 0;
+  for (double s : part) sum += s;
+  return std::sqrt(sum);
+}
+
+float clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0f;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1 ? float(coef) : 1.0f;
+}
+
+double clip_grad_norm(const std::vector<Param>& params, double max_norm) {
+  const double norm = grad_norm(params);
+  const float c = clip_coefficient(norm, max_norm);
+  if (c != 1.0f)
+    for (const Param& p : params) {
+      float* g = p.grad->data();
+      const int64_t n = p.grad->numel();
+      parallel_for(n, grain_for(1), [&](int64_t b, int64_t e, int) {
+        for (int64_t j = b; j < e; ++j) g[j] *= c;
+      });
     }
-  }
   return norm;
 }
 

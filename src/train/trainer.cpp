@@ -259,11 +259,11 @@ StepStats Trainer::step() {
   s.loss = count == 0 ? 0.0f : float(loss_sum / double(count));
   {
     profile::Scope p("clip_grad_norm");
-    s.grad_norm = clip_grad_norm(opt_->params(), o_.grad_clip);
+    s.grad_norm = grad_norm(opt_->params());
   }
   s.lr = schedule().at(step_);
   profile::Scope p("optimizer");
-  opt_->step(s.lr);
+  opt_->step(s.lr, clip_coefficient(s.grad_norm, o_.grad_clip));  // the clip folded into the update's pass
   ++step_;
   return s;
 }

@@ -94,16 +94,19 @@ def test_linear(bias):
     compare(attn.Linear(13, 7, bias=bias), m, [randn(rng, 2, 5, 13)], lambda mod, x: mod(x), lambda l, x: l(x))
 
 
+# F = 24 (three 8-lane blocks), and odd sizes for the SIMD kernel's tails: 1 (var = 0), 7, 17 (not a
+# multiple of 16 or 8), 130; shape (1, 1, F) is a single row.
 @pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
-def test_layer_norm(affine, bias):
+@pytest.mark.parametrize("F,shape", [(24, (3, 4)), (1, (3, 4)), (7, (1, 1)), (17, (5, 3)), (130, (2, 7))])
+def test_layer_norm(affine, bias, F, shape):
     rng = np.random.default_rng(2)
     torch.manual_seed(2)
-    m = torch.nn.LayerNorm(24, eps=1e-5, elementwise_affine=affine, bias=bias)
+    m = torch.nn.LayerNorm(F, eps=1e-5, elementwise_affine=affine, bias=bias)
     with torch.no_grad():  # non-trivial affine parameters
         for p in m.parameters():
             p.copy_(torch.randn_like(p))
-    x = randn(rng, 3, 4, 24) * 3 + 1  # not already normalised
-    ours = attn.LayerNorm(24, eps=1e-5, elementwise_affine=affine, bias=bias)
+    x = randn(rng, *shape, F) * 3 + 1  # not already normalised
+    ours = attn.LayerNorm(F, eps=1e-5, elementwise_affine=affine, bias=bias)
     if not affine:  # no parameters to copy; still compare output and input gradient
         ours.load_state_dict({})
     compare(ours, m if affine else _WithDummy(m), [x], lambda mod, x: mod(x), lambda l, x: l(x))
@@ -157,12 +160,15 @@ class _TorchFFN(torch.nn.Module):
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
+# linear1's bias gradient is summed in the activation's backward (128-column groups): odd widths (hidden
+# 65, 1) and a single row, beside the 16 -> 40 block.
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_feed_forward(activation):
+@pytest.mark.parametrize("d,f,shape", [(16, 40, (2, 7)), (17, 65, (1, 1)), (9, 1, (3, 5))])
+def test_feed_forward(activation, d, f, shape):
     rng = np.random.default_rng(5)
     torch.manual_seed(5)
-    compare(attn.FeedForward(16, 40, activation=activation, dropout=0.0), _TorchFFN(16, 40, activation),
-            [randn(rng, 2, 7, 16)], lambda mod, x: mod(x), lambda l, x: l(x))
+    compare(attn.FeedForward(d, f, activation=activation, dropout=0.0), _TorchFFN(d, f, activation),
+            [randn(rng, *shape, d)], lambda mod, x: mod(x), lambda l, x: l(x))
 
 
 def test_embedding_matches_torch():
