@@ -3,8 +3,11 @@
 // prefill kernel (flash_forward.cpp) and no weights. fp32 K/V run it too: it is flash_forward's decode path.
 //
 // Work item = (batch b, KV head kvh, chunk c of kChunk keys); its L·G query rows (row r: position r/G,
-// head first_head(kvh) + r%G, as in flash_forward.cpp) all read the chunk's K and V rows, each row
-// converted to fp32 in registers once. Per item, in the log2 domain (Q pre-scaled by scale·log2e):
+// head first_head(kvh) + r%G, as in flash_forward.cpp) all read the chunk's K and V rows, converted to
+// fp32 in registers (never through memory) and met by a block of rows there: 4 keys x kQR rows of dot
+// products folded to N sums at once (no horizontal reduction per key), P·V with a kMR x kNV block of O
+// in registers (flash_common.h's PVTile). K and V rows are prefetched kAhead keys on, so the reads overlap the arithmetic and
+// the step runs at the speed of reading K/V. Per item, in the log2 domain (Q pre-scaled by scale·log2e):
 //   S (rows, n) = Q·Kᵀ + log2e·mask, -inf past each row's causal edge
 //   m = rowmax(S); P = 2^(S − m); l = rowsum(P); O (rows, Dv) = P·V
 // The items' (m, l, O) are merged per row in chunk order (softmax.h), so any thread count gives the
@@ -132,23 +135,20 @@ HWY_INLINE void PromoteRow(const uint16_t* HWY_RESTRICT src, int64_t /*cs: 1*/, 
 
 // N stored elements at src as one float vector: converted in registers, never through memory.
 template <KvDtype T>
-HWY_INLINE VF LoadKV(const float* HWY_RESTRICT src) {
-  return hn::LoadU(DF(), src);
-}
-template <KvDtype T>
-HWY_INLINE VF LoadKV(const uint16_t* HWY_RESTRICT src) {
-  return Promote<T>(src);
-}
+struct LoadKV {
+  HWY_INLINE VF operator()(const float* HWY_RESTRICT src) const { return hn::LoadU(DF(), src); }
+  HWY_INLINE VF operator()(const uint16_t* HWY_RESTRICT src) const { return Promote<T>(src); }
+};
 
-// Register blocks (AVX-512 has 32 vector registers, the others 16). Scores: kQR rows x 4 keys of
-// accumulators plus the 4 key vectors. Values: kPR rows x kPV vectors plus kPV value vectors.
+// Register blocks of the scores (AVX-512 has 32 vector registers, the others 16): kQR rows x 4 keys of
+// accumulators plus the 4 key vectors. P·V is flash_common.h's PVTile (kMR x kNV).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr int kQR = 4, kPR = 4, kPV = 4;
+constexpr int kQR = 4;
 #else
-constexpr int kQR = 2, kPR = 4, kPV = 2;
+constexpr int kQR = 2;
 #endif
-constexpr int64_t kVB = 64;     // keys per pass over the Dv vectors: their V rows stay in L1 between passes
 constexpr int64_t kAhead = 64;  // keys between a prefetch of a K/V row and its use
+constexpr int64_t kVB = kAhead;  // keys per pass over the Dv vectors: each prefetches its columns of the next kVB
 constexpr size_t kLanes = hn::MaxLanes(DF());
 
 // Calls f(std::integral_constant<int, R>) with R = min(r, MAX): runtime row counts to template blocks.
@@ -157,13 +157,6 @@ HWY_INLINE void WithRows(int64_t r, F&& f) {
   if constexpr (MAX > 1)
     if (r < MAX) return WithRows<MAX - 1>(r, f);
   f(std::integral_constant<int, MAX>());
-}
-
-// The cache lines of `bytes` bytes at byte offset `at` from p, towards L1: a hint, so past the end of
-// the data it does nothing (the address is formed as an integer, never as an out-of-range pointer).
-HWY_INLINE void PrefetchRow(const void* p, int64_t at, int64_t bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + uintptr_t(at);
-  for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(a + uintptr_t(b)));
 }
 
 #if HWY_TARGET != HWY_SCALAR  // one lane: nothing to fold
@@ -201,8 +194,9 @@ HWY_INLINE V FoldBlocks(D d, const V* u) {
 
 // S rows [0, R) over n keys: s[r·kChunk + j] = q_r·k_j for j < round_up(n, N) (keys past n score 0).
 // q: (R, Dp) rows, zero past D. k: key rows ldk elements apart, D elements each (D a multiple of N).
-// zero: a row of D zero elements, stands in for the keys past n. prefetch: the K rows kAhead keys on. Each K vector is converted once per
-// R rows and meets all R of them in registers; 4 keys at a time, folded (Fold4, FoldBlocks).
+// zero: a row of D zero elements, stands in for the keys past n. prefetch: the K rows kAhead keys on.
+// Each K vector is converted once per R rows and meets all R of them in registers; 4 keys at a time,
+// folded (Fold4, FoldBlocks).
 template <KvDtype T, int R, typename E>
 HWY_NOINLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t Dp, const E* HWY_RESTRICT k, int64_t ldk, int64_t n,
                             int64_t D, const E* HWY_RESTRICT zero, float* HWY_RESTRICT s, bool prefetch) {
@@ -212,7 +206,7 @@ HWY_NOINLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t Dp, const E* HW
 #if HWY_TARGET == HWY_SCALAR  // one lane: a key's sum is its accumulator
     for (int r = 0; r < R; ++r) {
       VF a = hn::Zero(df);
-      for (int64_t d = 0; d < D; d += N) a = hn::MulAdd(hn::LoadU(df, q + r * Dp + d), LoadKV<T>(k + j * ldk + d), a);
+      for (int64_t d = 0; d < D; d += N) a = hn::MulAdd(hn::LoadU(df, q + r * Dp + d), LoadKV<T>()(k + j * ldk + d), a);
       s[r * kChunk + j] = hn::GetLane(a);
     }
     (void)zero, (void)prefetch;
@@ -234,7 +228,7 @@ HWY_NOINLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t Dp, const E* HW
         for (int64_t d = 0; d < D; d += N) {
           VF kv[4];
 #pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) kv[i] = LoadKV<T>(kp[i] + d);
+          for (int i = 0; i < 4; ++i) kv[i] = LoadKV<T>()(kp[i] + d);
 #pragma GCC unroll 16
           for (int r = 0; r < R; ++r) {
             const VF qv = hn::LoadU(df, q + r * Dp + d);
@@ -250,37 +244,6 @@ HWY_NOINLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t Dp, const E* HW
     }
 #endif
   }
-}
-
-// O (R, NV·N) += P (R, n) · V (n, NV·N): key by key, in key order (so the sums do not depend on the
-// blocking), the accumulators in registers. p: row stride kChunk. v: rows ldv elements apart. o: row
-// stride ldo. pf_bytes: of each V row kAhead keys on, to prefetch (0: none).
-template <KvDtype T, int R, int NV, typename E>
-HWY_NOINLINE void ValueRows(const float* HWY_RESTRICT p, const E* HWY_RESTRICT v, int64_t ldv, int64_t n,
-                            float* HWY_RESTRICT o, int64_t ldo, int64_t pf_bytes) {
-  const DF df;
-  const int64_t N = hn::Lanes(df);
-  VF acc[R][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) acc[r][j] = hn::LoadU(df, o + r * ldo + j * N);
-  for (int64_t s = 0; s < n; ++s) {
-    if (pf_bytes) PrefetchRow(v, (s + kAhead) * ldv * int64_t(sizeof(E)), pf_bytes);
-    VF b[NV];
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) b[j] = LoadKV<T>(v + s * ldv + j * N);
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const VF a = hn::Set(df, p[r * kChunk + s]);
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) hn::StoreU(acc[r][j], df, o + r * ldo + j * N);
 }
 
 // Per-worker scratch of one item. Dp, Dvp: D, Dv rounded up to N.
@@ -325,24 +288,13 @@ void Scores(const Scratch& sc, int64_t rows, int64_t Dp, const E* k, int64_t ldk
     });
 }
 
-// O (rows, Dvp) += P·V over keys [0, n) of v (rows ldv apart, Dvp elements); kVB keys at a time, so
-// the passes over the Dv vectors find the V rows in L1. prefetch: the V rows kAhead keys on (v as stored).
+// O (rows, Dvp) += P·V over keys [0, n) of v (rows ldv apart, Dvp elements), kVB keys at a time.
+// prefetch: the V rows kAhead keys on (v as stored).
 template <KvDtype T, typename E>
 void Values(const Scratch& sc, int64_t rows, const E* v, int64_t ldv, int64_t n, int64_t Dvp, float* o, bool prefetch) {
-  const int64_t N = hn::Lanes(DF()), nvec = Dvp / N;
-  for (int64_t s = 0; s < n; s += kVB) {
-    const int64_t m = std::min(kVB, n - s);
-    for (int64_t c = 0; c < nvec; c += kPV)
-      for (int64_t r = 0; r < rows; r += kPR) {
-        // the first pass over these keys prefetches the V rows kAhead keys on
-        const int64_t pf = prefetch && c == 0 && r == 0 ? Dvp * int64_t(sizeof(E)) : 0;
-        WithRows<kPV>(nvec - c, [&](auto NV) {
-          WithRows<kPR>(rows - r, [&](auto R) {
-            ValueRows<T, R.value, NV.value>(sc.s + r * kChunk + s, v + s * ldv + c * N, ldv, m, o + r * Dvp + c * N, Dvp, pf);
-          });
-        });
-      }
-  }
+  for (int64_t s = 0; s < n; s += kVB)
+    PVTile(sc.s + s, rows, kChunk, v + s * ldv, ldv, std::min(kVB, n - s), o, Dvp, nullptr, LoadKV<T>(),
+           prefetch ? kAhead : 0);
 }
 
 template <KvDtype T, typename E>
@@ -397,7 +349,7 @@ void DecodeT(const SdpaProblem<float>& p, const Stored<E>& kv) {
       pls[r] = Exp2Row(row, npad, m_use);
       if (p.dropout()) DropRow(p, b, h, l, s0, end, 1, row);  // after l: the sum stays pre-dropout
     }
-    // O = P·V: each V vector read and converted once per kPR rows, in registers
+    // O = P·V: each V vector read and converted once per kMR rows, in registers
     if (v_direct) {
       Values<T>(sc, rows, vb, kv.vs[2], nv, Dvp, o, true);
     } else {
