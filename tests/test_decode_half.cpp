@@ -1,8 +1,8 @@
 // Half-precision K/V for decoding: the fp32 <-> fp16/bf16 conversions (round to nearest even, the
 // error bound u per element), flash_decode_half against the fp64 reference over the original fp32 K/V
-// with a bound derived from u, MHA/GQA/MQA, masks, the zero policy, the same bits for any thread count,
-// and KVCache + MultiheadAttention::forward_cached with a 16-bit cache against an fp32 one. Not a
-// benchmark (bench/bench_kernels.cpp is).
+// with a bound derived from u, MHA/GQA/MQA, masks, every compiled SIMD target, the zero policy, the same
+// bits for any thread count, and KVCache + MultiheadAttention::forward_cached with a 16-bit cache
+// against an fp32 one. Not a benchmark (bench/bench_kernels.cpp is).
 #include <gtest/gtest.h>
 #include <hwy/targets.h>  // with the library's HWY_DISABLED_TARGETS (CMakeLists.txt): its targets, no more
 

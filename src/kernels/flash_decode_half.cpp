@@ -17,13 +17,13 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/kernels/flash_decode_half.cpp"  // found through include/
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/aligned_allocator.h>
-#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "attn/check.h"
