@@ -1,9 +1,10 @@
 // Half-precision K/V for decoding: the fp32 <-> fp16/bf16 conversions (round to nearest even, the
 // error bound u per element), flash_decode_half against the fp64 reference over the original fp32 K/V
-// with a bound derived from u, MHA/GQA/MQA, masks, the zero policy, the same bits for any thread count,
-// and KVCache + MultiheadAttention::forward_cached with a 16-bit cache against an fp32 one. Not a
-// benchmark (bench/bench_kernels.cpp is).
+// with a bound derived from u, MHA/GQA/MQA, masks, every compiled SIMD target, the zero policy, the same
+// bits for any thread count, and KVCache + MultiheadAttention::forward_cached with a 16-bit cache
+// against an fp32 one. Not a benchmark (bench/bench_kernels.cpp is).
 #include <gtest/gtest.h>
+#include <hwy/targets.h>  // with the library's HWY_DISABLED_TARGETS (CMakeLists.txt): its targets, no more
 
 #include <cmath>
 #include <cstring>
@@ -220,6 +221,29 @@ TEST(DecodeHalf, MatchesTheFp64ReferenceWithinTheDerivedBound) {
       r.check(t);
       r.check_kernel(t);
     }
+}
+
+// The kernel's register blocks and folds of the scores differ per SIMD target (4, 8 or 16 lanes; 2 or 4
+// rows a block), so every compiled target runs the bound check on shapes that reach the tails of each:
+// rows left over past a block (9 = 3 queries x G 3, 8, 1), keys ending inside a group of 4 and inside a
+// vector, D and Dv read in place (64) and packed (40, 24 on 16 lanes; 63, 8).
+TEST(DecodeHalf, EverySimdTargetCompiledIn) {
+  std::vector<DecodeCase> cases(3);
+  cases[0].H = 8, cases[0].Hkv = 1, cases[0].S = 1001;                     // G = 8, D = Dv = 64
+  cases[1].B = 2, cases[1].H = 6, cases[1].Hkv = 2, cases[1].L = 3, cases[1].S = 77, cases[1].D = 40,
+  cases[1].Dv = 24, cases[1].mask = cases[1].padding = true;               // 9 rows, both masks
+  cases[2].H = cases[2].Hkv = 2, cases[2].S = 6, cases[2].D = 63, cases[2].Dv = 8;  // one row
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    for (KvDtype t : kHalves)
+      for (const DecodeCase& c : cases) {
+        const DecodeRun r(c, t);
+        r.check(t);
+        r.check_kernel(t);
+      }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(DecodeHalf, FullyMaskedRowGivesZeros) {

@@ -22,6 +22,7 @@
 #define ATTN_FLASH_COMMON_TOGGLE
 #endif
 
+#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
@@ -116,11 +117,26 @@ HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float*
     }
 }
 
+// The loads of the V rows PVBlock reads: fp32 as stored (flash_decode_half.cpp's LoadKV also converts
+// fp16/bf16 rows, in registers).
+struct LoadF32 {
+  HWY_INLINE VF operator()(const float* HWY_RESTRICT p) const { return hn::LoadU(DF(), p); }
+};
+
+// The cache lines of `bytes` bytes at byte offset `at` from p, towards L1: a hint, so past the end of
+// the data it does nothing (the address is formed as an integer, never as an out-of-range pointer).
+HWY_INLINE void PrefetchRow(const void* p, int64_t at, int64_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + uintptr_t(at);
+  for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(a + uintptr_t(b)));
+}
+
 // O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N); α per row, or none (nullptr: α = 1).
-// p: row stride ldp. v: rows ldv apart. o: row stride ldo.
-template <int MR, int NV>
-HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const float* HWY_RESTRICT v, int64_t ldv,
-                          int64_t n, float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha) {
+// p: row stride ldp. v: rows ldv apart, elements E read by load. o: row stride ldo. pf_rows: with each
+// V row s, prefetch the same columns of row s + pf_rows (0: none; decoding streams V from memory).
+template <int MR, int NV, typename E, class Load>
+HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY_RESTRICT v, int64_t ldv,
+                          int64_t n, float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha, Load load,
+                          int64_t pf_rows) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
@@ -132,9 +148,10 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const float*
       if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
     }
   for (int64_t s = 0; s < n; ++s) {
+    if (pf_rows) PrefetchRow(v, (s + pf_rows) * ldv * int64_t(sizeof(E)), NV * N * int64_t(sizeof(E)));
     VF b[NV];
 #pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) b[j] = hn::LoadU(d, v + s * ldv + j * N);
+    for (int j = 0; j < NV; ++j) b[j] = load(v + s * ldv + j * N);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
       const VF a = hn::Set(d, p[r * ldp + s]);
@@ -186,16 +203,18 @@ HWY_INLINE void QKTile(const float* q, int64_t rows, int64_t D, const float* kt,
   }
 }
 
-// O (rows, Dvp) = α ⊙ O + P (rows, n) · V (n, Dvp), blocked kMR x kNV; alpha may be nullptr.
-HWY_INLINE void PVTile(const float* p, int64_t rows, int64_t ldp, const float* v, int64_t ldv, int64_t n,
-                       float* o, int64_t Dvp, const float* alpha) {
+// O (rows, Dvp) = α ⊙ O + P (rows, n) · V (n, Dvp), blocked kMR x kNV; alpha may be nullptr. V's elements
+// E are read by load; pf_rows: prefetch V pf_rows rows ahead (PVBlock), on the first block of rows.
+template <typename E = float, class Load = LoadF32>
+HWY_INLINE void PVTile(const float* p, int64_t rows, int64_t ldp, const E* v, int64_t ldv, int64_t n,
+                       float* o, int64_t Dvp, const float* alpha, Load load = Load(), int64_t pf_rows = 0) {
   const int64_t N = hn::Lanes(DF());
   const int64_t nvec = Dvp / N;
   for (int64_t c = 0; c < nvec; c += kNV) {
     const int64_t nv = nvec - c < kNV ? nvec - c : kNV;
     for (int64_t r = 0; r < rows; r += kMR)
       PV(rows - r < kMR ? rows - r : kMR, nv, p + r * ldp, ldp, v + c * N, ldv, n, o + r * Dvp + c * N, Dvp,
-         alpha ? alpha + r : nullptr);
+         alpha ? alpha + r : nullptr, load, r == 0 ? pf_rows : 0);
   }
 }
 

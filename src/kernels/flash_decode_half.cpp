@@ -3,8 +3,11 @@
 // prefill kernel (flash_forward.cpp) and no weights. fp32 K/V run it too: it is flash_forward's decode path.
 //
 // Work item = (batch b, KV head kvh, chunk c of kChunk keys); its L·G query rows (row r: position r/G,
-// head first_head(kvh) + r%G, as in flash_forward.cpp) all read the chunk's K and V rows, each row
-// converted to fp32 in registers once. Per item, in the log2 domain (Q pre-scaled by scale·log2e):
+// head first_head(kvh) + r%G, as in flash_forward.cpp) all read the chunk's K and V rows, converted to
+// fp32 in registers (never through memory) and met by a block of rows there: 4 keys x kQR rows of dot
+// products folded to N sums at once (no horizontal reduction per key), P·V with a kMR x kNV block of O
+// in registers (flash_common.h's PVTile). K and V rows are prefetched kAhead keys on, so the reads overlap the arithmetic and
+// the step runs at the speed of reading K/V. Per item, in the log2 domain (Q pre-scaled by scale·log2e):
 //   S (rows, n) = Q·Kᵀ + log2e·mask, -inf past each row's causal edge
 //   m = rowmax(S); P = 2^(S − m); l = rowsum(P); O (rows, Dv) = P·V
 // The items' (m, l, O) are merged per row in chunk order (softmax.h), so any thread count gives the
@@ -14,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
@@ -108,7 +112,7 @@ void FromHalf(KvDtype t, const uint16_t* src, int64_t n, float* dst) {
 }
 
 // Row of n stored elements (halves, or floats with column stride cs) into n floats of dst; dst has room
-// for round_up(n, N).
+// for round_up(n, N). The packing of the shapes the direct loads do not cover (see Direct below).
 template <KvDtype T>
 HWY_INLINE void PromoteRow(const float* HWY_RESTRICT src, int64_t cs, int64_t n, float* HWY_RESTRICT dst) {
   static_assert(T == KvDtype::f32);
@@ -129,47 +133,137 @@ HWY_INLINE void PromoteRow(const uint16_t* HWY_RESTRICT src, int64_t /*cs: 1*/, 
   }
 }
 
-// Per-worker scratch of one item. Dp, Dvp: D, Dv rounded up to N; np: kChunk rounded up to N.
-struct Scratch {
-  hwy::AlignedFreeUniquePtr<float[]> buf;
-  float *q, *s, *o, *kf, *vf;  // (rows, Dp) Q·scale·log2e; (rows, kChunk) S then P; (rows, Dvp) O; (Dp); (Dvp)
-  Scratch(int64_t rows, int64_t Dp, int64_t Dvp)
-      : buf(hwy::AllocateAligned<float>(static_cast<size_t>(rows * (Dp + kChunk + Dvp) + Dp + Dvp))) {
-    q = buf.get(), s = q + rows * Dp, o = s + rows * kChunk, kf = o + rows * Dvp, vf = kf + Dp;
-  }
+// N stored elements at src as one float vector: converted in registers, never through memory.
+template <KvDtype T>
+struct LoadKV {
+  HWY_INLINE VF operator()(const float* HWY_RESTRICT src) const { return hn::LoadU(DF(), src); }
+  HWY_INLINE VF operator()(const uint16_t* HWY_RESTRICT src) const { return Promote<T>(src); }
 };
 
-// Dot products of the rows with one key: x[r·kChunk] = q_r·k for r < rows (Dp a multiple of N).
-HWY_INLINE void ScoreKey(const float* HWY_RESTRICT q, int64_t rows, int64_t Dp, const float* HWY_RESTRICT k,
-                         float* HWY_RESTRICT x) {
+// Register blocks of the scores (AVX-512 has 32 vector registers, the others 16): kQR rows x 4 keys of
+// accumulators plus the 4 key vectors. P·V is flash_common.h's PVTile (kMR x kNV).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr int kQR = 4;
+#else
+constexpr int kQR = 2;
+#endif
+constexpr int64_t kAhead = 64;  // keys between a prefetch of a K/V row and its use
+constexpr int64_t kVB = kAhead;  // keys per pass over the Dv vectors: each prefetches its columns of the next kVB
+constexpr size_t kLanes = hn::MaxLanes(DF());
+
+// Calls f(std::integral_constant<int, R>) with R = min(r, MAX): runtime row counts to template blocks.
+template <int MAX, class F>
+HWY_INLINE void WithRows(int64_t r, F&& f) {
+  if constexpr (MAX > 1)
+    if (r < MAX) return WithRows<MAX - 1>(r, f);
+  f(std::integral_constant<int, MAX>());
+}
+
+#if HWY_TARGET != HWY_SCALAR  // one lane: nothing to fold
+// The horizontal sums of many dot products without one reduction each: a tree whose adds each halve
+// the lanes of two vectors and pack the halves side by side, so N accumulators (one per key) end as one
+// vector of N sums, lane j the sum of accumulator j, at ~1 shuffle per key instead of log2(N) per key.
+// Fold4: 4 accumulators to one vector whose 128-bit block i holds, in lane 4i + j, part of Σ a_j.
+template <class D, class V>
+HWY_INLINE V Fold4(D d, V a0, V a1, V a2, V a3) {
+  const hn::Repartition<uint64_t, D> d64;
+  // per block: (a0 lanes 0+2, a1 0+2, a0 1+3, a1 1+3), then 64-bit halves of two such: (a0, a1, a2, a3)
+  const V t01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const V t23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto w01 = hn::BitCast(d64, t01), w23 = hn::BitCast(d64, t23);
+  return hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)), hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
+}
+// FoldBlocks: the Fold4 vectors of keys [0, 4), [4, 8), ... (u[g], N/4 of them) to one vector, lane j
+// the sum for key j: the blocks of each u[g] are added and u[g]'s sum lands in block g.
+template <class D, class V>
+HWY_INLINE V FoldBlocks(D d, const V* u) {
+  constexpr size_t n = hn::MaxLanes(D());
+  if constexpr (n == 4) {
+    return u[0];
+  } else if constexpr (n == 8) {  // halves: (u0.lo + u0.hi, u1.lo + u1.hi)
+    return hn::Add(hn::ConcatLowerLower(d, u[1], u[0]), hn::ConcatUpperUpper(d, u[1], u[0]));
+  } else {  // n == 16, blocks b0..b3: x02 = (u0 b0+b2, u0 b1+b3, u2 b0+b2, u2 b1+b3), x13 likewise
+    static_assert(n == 16);
+    const V x02 = hn::Add(hn::ConcatLowerLower(d, u[2], u[0]), hn::ConcatUpperUpper(d, u[2], u[0]));
+    const V x13 = hn::Add(hn::ConcatLowerLower(d, u[3], u[1]), hn::ConcatUpperUpper(d, u[3], u[1]));
+    // block g = the two blocks of u[g]'s pair added: (x02 b0+b1, x13 b0+b1, x02 b2+b3, x13 b2+b3)
+    return hn::Add(hn::OddEvenBlocks(x13, x02), hn::SwapAdjacentBlocks(hn::OddEvenBlocks(x02, x13)));
+  }
+}
+#endif
+
+// S rows [0, R) over n keys: s[r·kChunk + j] = q_r·k_j for j < round_up(n, N) (keys past n score 0).
+// q: (R, Dp) rows, zero past D. k: key rows ldk elements apart, D elements each (D a multiple of N).
+// zero: a row of D zero elements, stands in for the keys past n. prefetch: the K rows kAhead keys on.
+// Each K vector is converted once per R rows and meets all R of them in registers; 4 keys at a time,
+// folded (Fold4, FoldBlocks).
+template <KvDtype T, int R, typename E>
+HWY_NOINLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t Dp, const E* HWY_RESTRICT k, int64_t ldk, int64_t n,
+                            int64_t D, const E* HWY_RESTRICT zero, float* HWY_RESTRICT s, bool prefetch) {
   const DF df;
   const int64_t N = hn::Lanes(df);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* qr = q + r * Dp;
-    VF a0 = hn::Zero(df), a1 = hn::Zero(df);  // two chains, so the FMA latency is hidden
-    int64_t d = 0;
-    for (; d + 2 * N <= Dp; d += 2 * N) {
-      a0 = hn::MulAdd(hn::Load(df, qr + d), hn::Load(df, k + d), a0);
-      a1 = hn::MulAdd(hn::Load(df, qr + d + N), hn::Load(df, k + d + N), a1);
+  for (int64_t j = 0; j < n; j += N) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: a key's sum is its accumulator
+    for (int r = 0; r < R; ++r) {
+      VF a = hn::Zero(df);
+      for (int64_t d = 0; d < D; d += N) a = hn::MulAdd(hn::LoadU(df, q + r * Dp + d), LoadKV<T>()(k + j * ldk + d), a);
+      s[r * kChunk + j] = hn::GetLane(a);
     }
-    if (d < Dp) a0 = hn::MulAdd(hn::Load(df, qr + d), hn::Load(df, k + d), a0);
-    x[r * kChunk] = hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1)));
+    (void)zero, (void)prefetch;
+#else
+    {
+      VF u[R][kLanes / 4];
+      for (size_t g = 0; g < kLanes / 4; ++g) {
+        const E* kp[4];
+        for (int i = 0; i < 4; ++i) {
+          const int64_t key = j + int64_t(4 * g) + i;
+          kp[i] = key < n ? k + key * ldk : zero;
+          if (prefetch) PrefetchRow(k, (key + kAhead) * ldk * int64_t(sizeof(E)), D * int64_t(sizeof(E)));
+        }
+        VF acc[R][4];
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) acc[r][i] = hn::Zero(df);
+        for (int64_t d = 0; d < D; d += N) {
+          VF kv[4];
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) kv[i] = LoadKV<T>()(kp[i] + d);
+#pragma GCC unroll 16
+          for (int r = 0; r < R; ++r) {
+            const VF qv = hn::LoadU(df, q + r * Dp + d);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) acc[r][i] = hn::MulAdd(qv, kv[i], acc[r][i]);
+          }
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) u[r][g] = Fold4(df, acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) hn::StoreU(FoldBlocks(df, u[r]), df, s + r * kChunk + j);
+    }
+#endif
   }
 }
 
-// O_r += p_r·v for r < rows (Dvp a multiple of N).
-HWY_INLINE void AccumulateValue(const float* HWY_RESTRICT p, int64_t rows, const float* HWY_RESTRICT v, int64_t Dvp,
-                                float* HWY_RESTRICT o) {
-  const DF df;
-  const int64_t N = hn::Lanes(df);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float pr = p[r * kChunk];
-    if (pr == 0.f) continue;  // masked or past the causal edge (and exp2 underflow): adds nothing
-    const VF a = hn::Set(df, pr);
-    float* orow = o + r * Dvp;
-    for (int64_t e = 0; e < Dvp; e += N) hn::Store(hn::MulAdd(a, hn::Load(df, v + e), hn::Load(df, orow + e)), df, orow + e);
+// Per-worker scratch of one item. Dp, Dvp: D, Dv rounded up to N.
+struct Scratch {
+  hwy::AlignedFreeUniquePtr<float[]> buf;
+  float *q, *s, *zero;  // (rows, Dp) Q·scale·log2e; (rows, kChunk) S then P; (Dp) zeros
+  hwy::AlignedFreeUniquePtr<float[]> kp, vp;  // (kChunk, Dp), (kChunk, Dvp): packed K/V, when not Direct
+  Scratch(int64_t rows, int64_t Dp) : buf(hwy::AllocateAligned<float>(static_cast<size_t>(rows * (Dp + kChunk) + Dp))) {
+    q = buf.get(), s = q + rows * Dp, zero = s + rows * kChunk;
+    std::fill(zero, zero + Dp, 0.f);
   }
-}
+  // A zeroed (kChunk, cols) buffer on first use: the columns past what PromoteRow writes stay 0.
+  static float* Packed(hwy::AlignedFreeUniquePtr<float[]>& x, int64_t cols) {
+    if (!x) {
+      x = hwy::AllocateAligned<float>(static_cast<size_t>(kChunk * cols));
+      std::fill(x.get(), x.get() + kChunk * cols, 0.f);
+    }
+    return x.get();
+  }
+};
 
 // K and V as stored: E = uint16_t (f16, bf16) or float (f32), element strides.
 template <typename E>
@@ -180,6 +274,29 @@ struct Stored {
   const int64_t* vs;  // (4) strides of V (B, Hkv, S, Dv)
 };
 
+// Rows read in place need unit column stride and a width that is whole vectors; others are packed.
+inline bool Direct(const int64_t* strides, int64_t cols, int64_t N) { return strides[3] == 1 && cols % N == 0; }
+
+// S (rows, kChunk) = Q·Kᵀ over keys [0, n) of k (rows ldk apart, D elements, D a multiple of N).
+// prefetch: the K rows kAhead keys on, on the first pass (k is the data as stored).
+template <KvDtype T, typename E>
+void Scores(const Scratch& sc, int64_t rows, int64_t Dp, const E* k, int64_t ldk, int64_t n, int64_t D, bool prefetch) {
+  for (int64_t r = 0; r < rows; r += kQR)
+    WithRows<kQR>(rows - r, [&](auto R) {
+      ScoreRows<T, R.value>(sc.q + r * Dp, Dp, k, ldk, n, D, reinterpret_cast<const E*>(sc.zero), sc.s + r * kChunk,
+                            prefetch && r == 0);
+    });
+}
+
+// O (rows, Dvp) += P·V over keys [0, n) of v (rows ldv apart, Dvp elements), kVB keys at a time.
+// prefetch: the V rows kAhead keys on (v as stored).
+template <KvDtype T, typename E>
+void Values(const Scratch& sc, int64_t rows, const E* v, int64_t ldv, int64_t n, int64_t Dvp, float* o, bool prefetch) {
+  for (int64_t s = 0; s < n; s += kVB)
+    PVTile(sc.s + s, rows, kChunk, v + s * ldv, ldv, std::min(kVB, n - s), o, Dvp, nullptr, LoadKV<T>(),
+           prefetch ? kAhead : 0);
+}
+
 template <KvDtype T, typename E>
 void DecodeT(const SdpaProblem<float>& p, const Stored<E>& kv) {
   const DF df;
@@ -187,12 +304,13 @@ void DecodeT(const SdpaProblem<float>& p, const Stored<E>& kv) {
   const int64_t rows = p.L * p.G, Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
   const int64_t pairs = p.B * p.Hkv, nc = (p.S + kChunk - 1) / kChunk;
   const float qscale = float(p.scale) * kLog2e;
+  const bool k_direct = Direct(kv.ks, p.D, N), v_direct = Direct(kv.vs, p.Dv, N);
   auto part_m = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, pairs * nc * rows)));
   auto part_l = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, pairs * nc * rows)));
   auto part_o = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, pairs * nc * rows * Dvp)));
   PerWorker<Scratch> scratch;
   parallel_items(pairs * nc, rows * std::min(p.S, kChunk) * (p.D + p.Dv), [&](int64_t item, int worker) {
-    Scratch& sc = scratch.get(worker, rows, Dp, Dvp);
+    Scratch& sc = scratch.get(worker, rows, Dp);
     const int64_t pair = item / nc, c = item % nc, b = pair / p.Hkv, kvh = pair % p.Hkv;
     const int64_t s0 = c * kChunk, n = std::min(kChunk, p.S - s0), npad = round_up(n, N);
     // Q rows of the group, scaled into the log2 domain, zero past D
@@ -203,24 +321,26 @@ void DecodeT(const SdpaProblem<float>& p, const Stored<E>& kv) {
       for (int64_t d = 0; d < p.D; ++d) dst[d] = src[d * Q.strides[3]] * qscale;
       std::fill(dst + p.D, dst + Dp, 0.f);
     }
-    std::fill(sc.kf + p.D, sc.kf + Dp, 0.f);
-    std::fill(sc.vf + p.Dv, sc.vf + Dvp, 0.f);
-    std::fill(sc.o, sc.o + rows * Dvp, 0.f);
+    float* o = part_o.get() + item * rows * Dvp;  // (rows, Dvp)
+    std::fill(o, o + rows * Dvp, 0.f);
     // keys visible to some row: [s0, s_end); the last row (last query) sees the most
-    const int64_t s_end = std::min(s0 + n, std::max(s0, p.key_end(p.L - 1)));
-    const E* kb = kv.k + b * kv.ks[0] + kvh * kv.ks[1];
-    const E* vb = kv.v + b * kv.vs[0] + kvh * kv.vs[1];
-    // S = Q·Kᵀ: each K row read and converted once, for all rows
-    for (int64_t s = s0; s < s_end; ++s) {
-      PromoteRow<T>(kb + s * kv.ks[2], kv.ks[3], p.D, sc.kf);
-      ScoreKey(sc.q, rows, Dp, sc.kf, sc.s + (s - s0));
+    const int64_t s_end = std::min(s0 + n, std::max(s0, p.key_end(p.L - 1))), nv = s_end - s0;
+    const E* kb = kv.k + b * kv.ks[0] + kvh * kv.ks[1] + s0 * kv.ks[2];
+    const E* vb = kv.v + b * kv.vs[0] + kvh * kv.vs[1] + s0 * kv.vs[2];
+    // S = Q·Kᵀ: each K vector read and converted once per kQR rows, in registers
+    if (k_direct) {
+      Scores<T>(sc, rows, Dp, kb, kv.ks[2], nv, p.D, true);
+    } else {
+      float* kp = Scratch::Packed(sc.kp, Dp);
+      for (int64_t s = 0; s < nv; ++s) PromoteRow<T>(kb + s * kv.ks[2], kv.ks[3], p.D, kp + s * Dp);
+      Scores<KvDtype::f32>(sc, rows, Dp, static_cast<const float*>(kp), Dp, nv, Dp, false);
     }
     // + masks, -inf past each row's causal edge; m = rowmax(S); P = 2^(S − m); l = rowsum(P)
     float* pm = part_m.get() + item * rows;
     float* pls = part_l.get() + item * rows;
     for (int64_t r = 0; r < rows; ++r) {
       float* row = sc.s + r * kChunk;
-      const int64_t l = r / p.G, h = p.first_head(kvh) + r % p.G, end = VisibleKeys(p, l, s0, s_end - s0);
+      const int64_t l = r / p.G, h = p.first_head(kvh) + r % p.G, end = VisibleKeys(p, l, s0, nv);
       std::fill(row + end, row + npad, -kInfF);
       if (p.has_bias()) AddMaskRow(p, b, h, l, s0, end, row, 1);
       const float m = RowMax(row, npad);
@@ -229,12 +349,14 @@ void DecodeT(const SdpaProblem<float>& p, const Stored<E>& kv) {
       pls[r] = Exp2Row(row, npad, m_use);
       if (p.dropout()) DropRow(p, b, h, l, s0, end, 1, row);  // after l: the sum stays pre-dropout
     }
-    // O = P·V: each V row read and converted once, for all rows
-    for (int64_t s = s0; s < s_end; ++s) {
-      PromoteRow<T>(vb + s * kv.vs[2], kv.vs[3], p.Dv, sc.vf);
-      AccumulateValue(sc.s + (s - s0), rows, sc.vf, Dvp, sc.o);
+    // O = P·V: each V vector read and converted once per kMR rows, in registers
+    if (v_direct) {
+      Values<T>(sc, rows, vb, kv.vs[2], nv, Dvp, o, true);
+    } else {
+      float* vp = Scratch::Packed(sc.vp, Dvp);
+      for (int64_t s = 0; s < nv; ++s) PromoteRow<T>(vb + s * kv.vs[2], kv.vs[3], p.Dv, vp + s * Dvp);
+      Values<KvDtype::f32>(sc, rows, static_cast<const float*>(vp), Dvp, nv, Dvp, o, false);
     }
-    std::copy(sc.o, sc.o + rows * Dvp, part_o.get() + item * rows * Dvp);
   });
   // merge per row in chunk order, then out = O/l (softmax.h)
   PerWorker<std::vector<float>> row_o;
