@@ -117,8 +117,9 @@ HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float*
 }
 
 // O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N); α per row, or none (nullptr: α = 1).
-// p: row stride ldp. v: rows ldv apart. o: row stride ldo.
-template <int MR, int NV>
+// p: row stride ldp, or with TransA P's transpose stored (n, ldp) (the backward's dQ = dS·K from dSᵀ).
+// v: rows ldv apart. o: row stride ldo.
+template <int MR, int NV, bool TransA = false>
 HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const float* HWY_RESTRICT v, int64_t ldv,
                           int64_t n, float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha) {
   const DF d;
@@ -137,7 +138,7 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const float*
     for (int j = 0; j < NV; ++j) b[j] = hn::LoadU(d, v + s * ldv + j * N);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const VF a = hn::Set(d, p[r * ldp + s]);
+      const VF a = hn::Set(d, TransA ? p[s * ldp + r] : p[r * ldp + s]);
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
     }
@@ -162,17 +163,17 @@ HWY_INLINE void QK(int64_t mr, int64_t nv, Args... args) {
     if (nv < NV) return QK<NV - 1>(mr, nv, args...);
   QKRows<NV>(mr, args...);
 }
-template <int NV, int MR = kMR, class... Args>
+template <int NV, int MR = kMR, bool TransA = false, class... Args>
 HWY_INLINE void PVRows(int64_t mr, Args... args) {
   if constexpr (MR > 1)
-    if (mr < MR) return PVRows<NV, MR - 1>(mr, args...);
-  PVBlock<MR, NV>(args...);
+    if (mr < MR) return PVRows<NV, MR - 1, TransA>(mr, args...);
+  PVBlock<MR, NV, TransA>(args...);
 }
-template <int NV = kNV, class... Args>
+template <int NV = kNV, bool TransA = false, class... Args>
 HWY_INLINE void PV(int64_t mr, int64_t nv, Args... args) {
   if constexpr (NV > 1)
-    if (nv < NV) return PV<NV - 1>(mr, nv, args...);
-  PVRows<NV>(mr, args...);
+    if (nv < NV) return PV<NV - 1, TransA>(mr, nv, args...);
+  PVRows<NV, kMR, TransA>(mr, args...);
 }
 
 // S (rows, lds) = Q (rows, D) · Kᵀ over np panels (+ S if add), blocked kMR x kNV.

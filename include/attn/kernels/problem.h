@@ -181,5 +181,11 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
 // FlashAttention-2 backward, fp32 only: needs p.out.out and p.out.lse from the forward. dout (B, H, L, Dv).
 // Same result for any thread count.
 void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g);
+// Tile sizes of flash_backward for L queries and S keys: keys per KV block (with the chunk count, it fixes
+// dQ's summation order, so it comes from the sizes alone, never from the CPU) and queries per tile
+// (rounded up to the vector lanes by the kernel). set_flash_backward_tiles forces them (tests,
+// benchmarks), {} derives them again.
+FlashTiles flash_backward_tiles(int64_t L, int64_t S);
+void set_flash_backward_tiles(FlashTiles t);
 
 }  // namespace attn
