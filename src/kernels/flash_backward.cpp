@@ -121,6 +121,54 @@ struct Plan {
   }
 };
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// (16, wc) floats at src (rows rs apart; rows past nr read as 0) transposed into rows [0, wc) of a (16, 16)
+// panel block at dst (rows 16 apart), times mul: unpack pairs, then quads, then 128-bit lanes twice.
+HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc, float mul, float* dst) {
+  const __mmask16 cols = static_cast<__mmask16>((1u << wc) - 1);
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = i < nr ? _mm512_maskz_loadu_ps(cols, src + i * rs) : _mm512_setzero_ps();
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  auto lo = [](__m512 x, __m512 y) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))); };
+  auto hi = [](__m512 x, __m512 y) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))); };
+  for (int i = 0; i < 4; ++i) {  // r[4i + k], lane L: rows 4i..4i+3 of column 4L + k
+    r[4 * i] = lo(t[4 * i], t[4 * i + 2]), r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]), r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+  }
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int k = 0; k < 4; ++k) {
+    const __m512 u0 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), u1 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
+    const __m512 u2 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE), u3 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
+    const __m512 col[4] = {_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xDD),
+                           _mm512_shuffle_f32x4(u2, u3, 0x88), _mm512_shuffle_f32x4(u2, u3, 0xDD)};
+    for (int L = 0; L < 4; ++L)
+      if (4 * L + k < wc) _mm512_storeu_ps(dst + (4 * L + k) * 16, mul == 1.f ? col[L] : _mm512_mul_ps(col[L], m));
+  }
+}
+#endif
+
+// Rows [0, n) of a (n, D) matrix with strides (rs, cs), times mul, as (D, N) panels, 0 past n. With
+// AVX-512 and unit column stride by 16x16 register transposes (the scalar transpose was a fifth of a small
+// problem's time, gathers more), else pack_panels.
+void PanelsOf(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, float mul, float* dst) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (cs == 1 && N == 16) {
+    for (int64_t i0 = 0; i0 < n; i0 += 16, dst += D * 16)
+      for (int64_t d0 = 0; d0 < D; d0 += 16)
+        Transpose16(src + i0 * rs + d0, rs, std::min<int64_t>(16, n - i0), std::min<int64_t>(16, D - d0), mul,
+                    dst + d0 * 16);
+    return;
+  }
+#endif
+  pack_panels(src, rs, cs, n, D, N, dst);
+  if (mul != 1.f)
+    for (int64_t i = 0; i < round_up(n, N) * D; ++i) dst[i] *= mul;
+}
+
 // One unit of group (b, kvh): Qᵀ·scale·log2e and dOᵀ panels, Q and dO rows where they can't be read in
 // place, LSE·log2e, and D = rowsum(dO∘O), each row summed in order over Dv (N rows at once, one per lane).
 void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, float* ot) {
@@ -129,17 +177,15 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
   const DF df;
   const int64_t D = p.D, Dv = p.Dv, N = pl.N;
   QHead r = pl.head(b, kvh, u, ju, 0);
-  const int64_t n = r.l_end - r.l_begin, filled = round_up(n, N);  // pack_panels writes [0, filled), padding 0
+  const int64_t n = r.l_end - r.l_begin, filled = round_up(n, N);  // panels cover [0, filled), padding 0
   const float* q = a.q.data + b * a.q.strides[0] + r.h * a.q.strides[1] + r.l_begin * a.q.strides[2];
   const float* dO = pl.dout.data + b * pl.dout.strides[0] + r.h * pl.dout.strides[1] + r.l_begin * pl.dout.strides[2];
   const auto& O = p.out.out;
   const auto& lse = p.out.lse;
   const float* o = O.data + b * O.strides[0] + r.h * O.strides[1] + r.l_begin * O.strides[2];
   const float* m = lse.data + b * lse.strides[0] + r.h * lse.strides[1] + r.l_begin * lse.strides[2];
-  const float c2 = float(p.scale) * kLog2e;
-  pack_panels(q, a.q.strides[2], a.q.strides[3], n, D, N, r.qt);
-  for (int64_t i = 0; i < filled * D; ++i) r.qt[i] *= c2;
-  pack_panels(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, N, r.dot);
+  PanelsOf(q, a.q.strides[2], a.q.strides[3], n, D, float(p.scale) * kLog2e, r.qt);
+  PanelsOf(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, 1.f, r.dot);
   if (!pl.q_in_place) pack_rows(q, a.q.strides[2], a.q.strides[3], n, D, pl.Dp, const_cast<float*>(r.q));
   if (!pl.dout_in_place)
     pack_rows(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, pl.Dvp, const_cast<float*>(r.dout));
@@ -149,7 +195,7 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
   }
   // D: O of N rows as a (Dv, N) panel beside dOᵀ's; s = Σ_e dO·O in the order e = 0, 1, ... per lane
   for (int64_t l0 = 0; l0 < filled; l0 += N) {
-    pack_panels(o + l0 * O.strides[2], O.strides[2], O.strides[3], std::min(N, n - l0), Dv, N, ot);
+    PanelsOf(o + l0 * O.strides[2], O.strides[2], O.strides[3], std::min(N, n - l0), Dv, 1.f, ot);
     const float* dot = r.dot + l0 * Dv;
     VF s = hn::Zero(df);
     for (int64_t e = 0; e < Dv; ++e) s = hn::Add(s, hn::Mul(hn::LoadU(df, dot + e * N), hn::LoadU(df, ot + e * N)));
@@ -201,6 +247,20 @@ void LoadKV(const Plan& pl, Block& k, bool first) {
             GV.strides[3], k.bc, Dv, pl.Dvp, k.dv);
 }
 
+// y[d·stride] = scale·x[d] for d < n; whole vectors where y has unit stride.
+void StoreRow(const float* x, int64_t n, float scale, float* y, int64_t stride) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), vec_end = stride == 1 ? n / N * N : 0;
+  for (int64_t d = 0; d < vec_end; d += N) hn::StoreU(hn::Mul(hn::Set(df, scale), hn::LoadU(df, x + d)), df, y + d);
+  for (int64_t d = vec_end; d < n; ++d) y[d * stride] = scale * x[d];
+}
+
+// x[0, n) = 0, n a multiple of the lanes: a few vector stores (std::fill calls memset, slow for short rows).
+void ZeroRow(float* x, int64_t n) {
+  const DF df;
+  for (int64_t i = 0; i < n; i += static_cast<int64_t>(hn::Lanes(df))) hn::StoreU(hn::Zero(df), df, x + i);
+}
+
 // dK = scale·dSᵀ·Q (or, before the last phase, dSᵀ·Q as it is) and dV of the block into g.
 void StoreKV(const Plan& pl, const Block& k, bool last) {
   const auto& GK = pl.g.dk;
@@ -209,8 +269,8 @@ void StoreKV(const Plan& pl, const Block& k, bool last) {
   float* gk = GK.data + k.b * GK.strides[0] + k.kvh * GK.strides[1] + k.s0 * GK.strides[2];
   float* gv = GV.data + k.b * GV.strides[0] + k.kvh * GV.strides[1] + k.s0 * GV.strides[2];
   for (int64_t s = 0; s < k.bc; ++s) {
-    for (int64_t d = 0; d < pl.p.D; ++d) gk[s * GK.strides[2] + d * GK.strides[3]] = scale * k.dk[s * pl.Dp + d];
-    for (int64_t e = 0; e < pl.p.Dv; ++e) gv[s * GV.strides[2] + e * GV.strides[3]] = k.dv[s * pl.Dvp + e];
+    StoreRow(k.dk + s * pl.Dp, pl.p.D, scale, gk + s * GK.strides[2], GK.strides[3]);
+    StoreRow(k.dv + s * pl.Dvp, pl.p.Dv, 1.f, gv + s * GV.strides[2], GV.strides[3]);
   }
 }
 
@@ -246,7 +306,7 @@ bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, i
   for (int64_t s = 0; s < k.bc; ++s) {
     float* x = k.st + s * pl.Br;
     const int64_t h = k.hid[s], ha = h / N * N;
-    std::fill(x, x + ha, 0.f);
+    ZeroRow(x, ha);
     std::fill(x + ha, x + h, -kInf);
     for (int64_t l = ha; l < w; l += N) {
       const VF pv = Exp2(df, hn::Sub(hn::LoadU(df, x + l), hn::LoadU(df, r.lse2 + l0 + l)));
@@ -273,7 +333,7 @@ void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t b
   const VF ks = hn::Set(df, p.keep_scale);
   for (int64_t s = 0; s < k.bc; ++s) {
     const int64_t ha = k.hid[s] / N * N;
-    std::fill(k.dpt + s * ld, k.dpt + s * ld + ha, 0.f);
+    ZeroRow(k.dpt + s * ld, ha);
     for (int64_t l = ha; l < w; l += N) {
       const VF pv = hn::LoadU(df, k.st + s * ld + l);
       const VF dp = hn::LoadU(df, k.dpt + s * ld + l);
@@ -339,14 +399,22 @@ void BlockTask(const Plan& pl, Block& k, int64_t c, int64_t u0, int64_t u1, bool
 void StoreDq(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju) {
   const auto& p = pl.p;
   const auto& GQ = pl.g.dq;
+  const DF df;
+  const int64_t N = pl.N;
   const float scale = float(p.scale);
   const QHead r = pl.head(b, kvh, u, ju, 0);
   const int64_t chunk = p.B * p.Hkv * pl.per_phase * pl.Ls * pl.Dp;  // floats between two chunks' partials
+  const int64_t vec_end = GQ.strides[3] == 1 ? p.D / N * N : 0;       // columns stored a vector at a time
   float* gq = GQ.data + b * GQ.strides[0] + r.h * GQ.strides[1] + r.l_begin * GQ.strides[2];
   for (int64_t l = 0; l < r.l_end - r.l_begin; ++l) {
     const float* x = r.dq + l * pl.Dp;
     float* y = gq + l * GQ.strides[2];
-    for (int64_t d = 0; d < p.D; ++d) {
+    for (int64_t d = 0; d < vec_end; d += N) {
+      VF sum = hn::Zero(df);
+      for (int64_t c = 0; c < pl.C; ++c) sum = hn::Add(sum, hn::LoadU(df, x + c * chunk + d));
+      hn::StoreU(hn::Mul(hn::Set(df, scale), sum), df, y + d);
+    }
+    for (int64_t d = vec_end; d < p.D; ++d) {
       float sum = 0;
       for (int64_t c = 0; c < pl.C; ++c) sum += x[c * chunk + d];
       y[d * GQ.strides[3]] = scale * sum;
