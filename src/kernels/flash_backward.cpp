@@ -22,7 +22,8 @@
 // Bounded scratch: the query side (Qᵀ, dOᵀ panels, LSE, D, dQ partials) is packed per unit, the rows of one
 // segment of one query head of every (b, KV head) group, and processed in phases of a few units in the
 // order (head within the group, segment), so the sums above keep their order; between phases dK/dV wait,
-// unscaled, in the caller's dK/dV. A phase holds at most kPhaseFloats (or one segment of one tile).
+// unscaled, in the caller's dK/dV. A phase holds at most 32 MB (flash_backward_tiles().scratch), or one
+// tile's rows of every group.
 //
 // Sections, one function each: PackUnit (Qᵀ, dOᵀ panels, LSE·log2e, D), then per task KV block j: LoadKV,
 // per query tile ScoresT (Sᵀ, masks, causal edge, Pᵀ) and GradScoresT (dPᵀ, dropout, dSᵀ), Products,
@@ -50,7 +51,6 @@ namespace attn::flash::HWY_NAMESPACE {
 namespace {
 
 constexpr int64_t kMinTasks = 16;  // split each KV head's blocks into chunks until there are this many tasks
-constexpr int64_t kPhaseFloats = 8 << 20;  // 32 MB: packed query rows and dQ partials held at once
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // What the backward needs of the rows [l_begin, l_end) of query head (b, h), packed (n = rows rounded up to N):
@@ -92,10 +92,11 @@ struct Plan {
     // Segments: the whole of L where every unit fits the budget, else as many tiles as one unit's budget holds.
     const int64_t groups = std::max<int64_t>(1, p.B * p.Hkv), row_floats = groups * (per_row + C * Dp);
     const int64_t Lr = round_up(std::max<int64_t>(p.L, 1), Br);
-    Ls = p.G * Lr * row_floats <= kPhaseFloats ? Lr : std::clamp(kPhaseFloats / row_floats / Br * Br, Br, Lr);
+    const int64_t budget = t.scratch;
+    Ls = p.G * Lr * row_floats <= budget ? Lr : std::clamp(budget / row_floats / Br * Br, Br, Lr);
     nseg = std::max<int64_t>(1, (p.L + Ls - 1) / Ls);  // L = 0: one empty unit still writes dK = dV = 0
     units = p.G * nseg;
-    per_phase = std::clamp<int64_t>(kPhaseFloats / (Ls * row_floats), 1, std::max<int64_t>(1, units));
+    per_phase = std::clamp<int64_t>(budget / (Ls * row_floats), 1, std::max<int64_t>(1, units));
     packed = hwy::AllocateAligned<float>(static_cast<size_t>(groups * per_phase * Ls * per_row));
     dq = hwy::AllocateAligned<float>(static_cast<size_t>(C * groups * per_phase * Ls * Dp));
   }
@@ -481,10 +482,12 @@ FlashTiles g_forced_backward;  // set_flash_backward_tiles; 0 = derived
 // keys: 96 per block (64x64 to 128x192 tiles measured within noise on 1 MiB L2), or all of a shorter S;
 // queries: 128 per tile, or all of a shorter L, so a small problem is one tile padded to the lanes only.
 FlashTiles flash_backward_tiles(int64_t L, int64_t S) {
-  constexpr int64_t kKeys = 96, kQueries = 128;
+  constexpr int64_t kKeys = 96, kQueries = 128, kScratch = 8 << 20;  // 32 MB of floats
+  const FlashTiles& f = g_forced_backward;
   FlashTiles t;
-  t.keys = g_forced_backward.keys > 0 ? g_forced_backward.keys : std::clamp<int64_t>(S, 1, kKeys);
-  t.rows = g_forced_backward.rows > 0 ? g_forced_backward.rows : std::clamp<int64_t>(L, 1, kQueries);
+  t.keys = f.keys > 0 ? f.keys : std::clamp<int64_t>(S, 1, kKeys);
+  t.rows = f.rows > 0 ? f.rows : std::clamp<int64_t>(L, 1, kQueries);
+  t.scratch = f.scratch > 0 ? f.scratch : kScratch;
   return t;
 }
 
