@@ -294,6 +294,13 @@ TEST(FlashBackward, FullyMaskedRowsGiveZeroGradient) {
   }
 }
 
+// dQ, dK and dV of got bitwise those of want.
+void expect_same_bits(const Grads<float>& got, const Grads<float>& want, const std::string& what) {
+  EXPECT_EQ(std::memcmp(got.dq.data(), want.dq.data(), want.dq.numel() * sizeof(float)), 0) << what;
+  EXPECT_EQ(std::memcmp(got.dk.data(), want.dk.data(), want.dk.numel() * sizeof(float)), 0) << what;
+  EXPECT_EQ(std::memcmp(got.dv.data(), want.dv.data(), want.dv.numel() * sizeof(float)), 0) << what;
+}
+
 TEST(FlashBackward, SameBitsForOneTwoAndThreeThreads) {
   Config c{2, 4, 2, 300, 333, 40, 24, MaskCase::padding, Causal::bottom_right, 0.2};
   Inputs<float> in(c, 29);
@@ -303,9 +310,7 @@ TEST(FlashBackward, SameBitsForOneTwoAndThreeThreads) {
   for (int threads : {2, 3}) {
     set_num_threads(threads);
     Grads<float> two = flash_grads(c, in, f);
-    EXPECT_EQ(std::memcmp(one.dq.data(), two.dq.data(), one.dq.numel() * sizeof(float)), 0) << threads << " threads";
-    EXPECT_EQ(std::memcmp(one.dk.data(), two.dk.data(), one.dk.numel() * sizeof(float)), 0) << threads << " threads";
-    EXPECT_EQ(std::memcmp(one.dv.data(), two.dv.data(), one.dv.numel() * sizeof(float)), 0) << threads << " threads";
+    expect_same_bits(two, one, cat(threads, " threads"));
   }
 }
 
@@ -408,10 +413,7 @@ TEST(FlashBackward, PhasesOfBoundedScratchGiveTheSameBits) {
   set_flash_backward_tiles({0, 16, 1});
   for (int threads : {1, 2}) {
     set_num_threads(threads);
-    Grads<float> got = flash_grads(c, in, f);
-    EXPECT_EQ(std::memcmp(got.dq.data(), want.dq.data(), want.dq.numel() * sizeof(float)), 0) << threads << " threads";
-    EXPECT_EQ(std::memcmp(got.dk.data(), want.dk.data(), want.dk.numel() * sizeof(float)), 0) << threads << " threads";
-    EXPECT_EQ(std::memcmp(got.dv.data(), want.dv.data(), want.dv.numel() * sizeof(float)), 0) << threads << " threads";
+    expect_same_bits(flash_grads(c, in, f), want, cat(threads, " threads"));
   }
   set_flash_backward_tiles({});
   set_num_threads(0);
