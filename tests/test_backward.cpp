@@ -2,8 +2,8 @@
 // the flash backward (fp32) against the fp64 reference backward with the derived tolerance, over every
 // mask kind, both causal alignments, GQA ratios 1, 2, 4, dropout and odd sizes; zero gradients of fully
 // masked rows; flash bitwise the same for 1 and 2 threads and with its query side in phases; forced small and
-// large tiles against the oracle; the flash backward drops exactly the forward's elements (DropRow shared);
-// the argument checks of sdpa_backward.
+// large tiles and every SIMD target against the oracle; the flash backward drops exactly the forward's
+// elements (DropRow shared); the argument checks of sdpa_backward.
 // Not a benchmark.
 #include <gtest/gtest.h>
 
@@ -13,6 +13,8 @@
 #include <limits>
 #include <string>
 #include <tuple>
+
+#include <hwy/targets.h>
 
 #include "attn/rng.h"
 #include "attn/sdpa.h"
@@ -417,6 +419,19 @@ TEST(FlashBackward, PhasesOfBoundedScratchGiveTheSameBits) {
   }
   set_flash_backward_tiles({});
   set_num_threads(0);
+}
+
+// Every SIMD target compiled in (AVX-512 transposes its panels in registers, the others copy them; lanes
+// 16, 8, 4 or 1 set the tile padding): within the derived tolerance on a causal GQA case with dropout,
+// packed Q rows (D = 24) and tiles the causal edge crosses, and on the training shape.
+TEST(FlashBackward, EverySimdTargetCompiledIn) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    expect_flash_close({2, 4, 2, 129, 65, 24, 20, MaskCase::keep, Causal::top_left, 0.3}, 53);
+    expect_flash_close({1, 4, 4, 64, 64, 32, 32, MaskCase::none, Causal::top_left}, 53);
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 // sdpa_backward: every argument's shape is checked, and the error names the argument and both shapes.
