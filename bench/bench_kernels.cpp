@@ -1,4 +1,4 @@
-// Google Benchmark of the attention kernels: the flash forward (and the reference where it is quick) in
+// Google Benchmark of the attention kernels: the flash forward and backward (and the reference where it is quick) in
 // GFLOP/s and as a percentage of OpenBLAS sgemm at 2048³, measured first in the same program as the
 // practical peak. A measurement program, not a test; numbers go to BENCHMARKS.md.
 //
@@ -153,6 +153,22 @@ void BM_ReadKV(benchmark::State& state) {
   state.SetLabel(to_string(KvDtype(state.range(0))));
 }
 
+// The flash backward, FLOPs 2.5x the forward's (five products instead of two). args: B, H, L (= S), D,
+// causal; Q, K, V, dO (B, H, L, D) random, out and LSE from one flash forward.
+void BM_FlashBackward(benchmark::State& state) {
+  const int64_t B = state.range(0), H = state.range(1), L = state.range(2), D = state.range(3);
+  Tensor q = init::randn({B, H, L, D}, 3), k = init::randn({B, H, L, D}, 4), v = init::randn({B, H, L, D}, 5),
+         dout = init::randn({B, H, L, D}, 6), out({B, H, L, D}), lse({B, H, L}), dq({B, H, L, D}), dk({B, H, L, D}),
+         dv({B, H, L, D});
+  SdpaArgs<float> args{q, k, v};
+  args.causal = state.range(4) ? Causal::top_left : Causal::none;
+  const SdpaProblem<float> p = make_problem(args, SdpaOut<float>{out, {}, lse});
+  flash_forward(p);
+  const SdpaGrads<float> g{dq, dk, dv};
+  const double flops = 2.5 * 4.0 * double(B * H) * double(L) * double(L) * double(D) * (state.range(4) ? 0.5 : 1);
+  time_flops(state, flops, [&] { flash_backward(p, dout, g); });
+}
+
 // Peak memory of one flash run above its inputs and output (VmHWM growth after clear_refs resets it).
 void BM_FlashMemory(benchmark::State& state) {
   Attn a(8, 8, state.range(0), state.range(0), 64, Causal::top_left);
@@ -169,6 +185,9 @@ BENCHMARK(BM_Sgemm2048)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 BENCHMARK(BM_Flash)->ArgsProduct({{1024, 4096}, {0, 1}})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Reference)->Args({1024, 0})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_FlashGqa)->Arg(2048)->ArgName("L")->Unit(benchmark::kMillisecond);
+// nanoGPT's CPU training shape (B 12, H 4, T 64, D 32, causal), then L = 1024 causal and 4096 at D 64, 128
+BENCHMARK(BM_FlashBackward)->Args({12, 4, 64, 32, 1})->Args({1, 8, 1024, 64, 1})->Args({1, 8, 4096, 64, 0})
+    ->Args({1, 8, 4096, 128, 0})->ArgNames({"B", "H", "L", "D", "causal"})->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FlashDecode)->Arg(4096)->Arg(32768)->ArgName("S")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ReadKV)->Arg(int(KvDtype::f32))->Arg(int(KvDtype::f16))->ArgName("kv")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStep)->Arg(int(KvDtype::f32))->Arg(int(KvDtype::f16))->Arg(int(KvDtype::bf16))->ArgName("kv")->Unit(benchmark::kMicrosecond);

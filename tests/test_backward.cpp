@@ -1,7 +1,8 @@
 // SDPA backward: the reference backward against central finite differences in fp64 on tiny shapes, and
 // the flash backward (fp32) against the fp64 reference backward with the derived tolerance, over every
 // mask kind, both causal alignments, GQA ratios 1, 2, 4, dropout and odd sizes; zero gradients of fully
-// masked rows; flash bitwise the same for 1 and 2 threads; the flash backward drops exactly the forward's
+// masked rows; flash bitwise the same for 1 and 2 threads and with its query side in phases; forced small and
+// large tiles and every SIMD target against the oracle; the flash backward drops exactly the forward's
 // elements (DropRow shared); the argument checks of sdpa_backward.
 // Not a benchmark.
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 #include <limits>
 #include <string>
 #include <tuple>
+
+#include <hwy/targets.h>
 
 #include "attn/rng.h"
 #include "attn/sdpa.h"
@@ -293,6 +296,13 @@ TEST(FlashBackward, FullyMaskedRowsGiveZeroGradient) {
   }
 }
 
+// dQ, dK and dV of got bitwise those of want.
+void expect_same_bits(const Grads<float>& got, const Grads<float>& want, const std::string& what) {
+  EXPECT_EQ(std::memcmp(got.dq.data(), want.dq.data(), want.dq.numel() * sizeof(float)), 0) << what;
+  EXPECT_EQ(std::memcmp(got.dk.data(), want.dk.data(), want.dk.numel() * sizeof(float)), 0) << what;
+  EXPECT_EQ(std::memcmp(got.dv.data(), want.dv.data(), want.dv.numel() * sizeof(float)), 0) << what;
+}
+
 TEST(FlashBackward, SameBitsForOneTwoAndThreeThreads) {
   Config c{2, 4, 2, 300, 333, 40, 24, MaskCase::padding, Causal::bottom_right, 0.2};
   Inputs<float> in(c, 29);
@@ -302,9 +312,7 @@ TEST(FlashBackward, SameBitsForOneTwoAndThreeThreads) {
   for (int threads : {2, 3}) {
     set_num_threads(threads);
     Grads<float> two = flash_grads(c, in, f);
-    EXPECT_EQ(std::memcmp(one.dq.data(), two.dq.data(), one.dq.numel() * sizeof(float)), 0) << threads << " threads";
-    EXPECT_EQ(std::memcmp(one.dk.data(), two.dk.data(), one.dk.numel() * sizeof(float)), 0) << threads << " threads";
-    EXPECT_EQ(std::memcmp(one.dv.data(), two.dv.data(), one.dv.numel() * sizeof(float)), 0) << threads << " threads";
+    expect_same_bits(two, one, cat(threads, " threads"));
   }
 }
 
@@ -369,6 +377,61 @@ TEST(FlashBackward, DropsExactlyTheForwardsElements) {
     // about p of the elements: the test would pass vacuously with no dropout at all
     EXPECT_NEAR(double(dropped) / double(B * H * n * n), p, 0.05) << "p " << p;
   }
+}
+
+// Tile sizes forced (set_flash_backward_tiles): small tiles (5 keys per block, 7 queries rounded up to the
+// lanes), so every problem below spans many KV blocks, chunks and query tiles and the causal edge crosses
+// most tiles, and large ones (256 keys, 512 queries), so each is one tile padded to the lanes: both within
+// the derived tolerance of the fp64 oracle. The derived sizes are restored after.
+TEST(FlashBackward, SmallAndLargeTilesMatchTheOracle) {
+  const Config configs[] = {
+      {2, 4, 2, 129, 65, 24, 20, MaskCase::keep, Causal::top_left, 0.3},
+      {1, 4, 4, 64, 64, 32, 32, MaskCase::none, Causal::top_left},  // the nanoGPT CPU training shape
+      {2, 8, 2, 65, 129, 63, 80, MaskCase::padding, Causal::bottom_right},
+      {1, 2, 1, 300, 200, 16, 16, MaskCase::additive, Causal::none, 0.1},
+  };
+  for (const FlashTiles t : {FlashTiles{5, 7}, FlashTiles{256, 512}}) {
+    set_flash_backward_tiles(t);
+    ASSERT_EQ(flash_backward_tiles(129, 65).keys, t.keys);
+    ASSERT_EQ(flash_backward_tiles(129, 65).rows, t.rows);
+    for (const Config& c : configs) {
+      SCOPED_TRACE(cat("keys ", t.keys, " rows ", t.rows, ": B ", c.B, " H ", c.H, " Hkv ", c.Hkv, " L ", c.L, " S ", c.S));
+      expect_flash_close(c, 43);
+    }
+  }
+  set_flash_backward_tiles({});
+  EXPECT_EQ(flash_backward_tiles(129, 65).keys, 65);  // derived again: all of a short S in one block
+}
+
+// The query side in phases (the scratch budget forced down to one float, so each phase holds one 16-row
+// segment of one query head and dK/dV wait in the caller's buffers between phases) gives bitwise the
+// gradients of one phase, for 1 and 2 threads: the phases go head by head within a GQA group, then segment
+// by segment, so every sum keeps its order. Several chunks (B·Hkv < 16), dropout, a mask, the causal edge.
+TEST(FlashBackward, PhasesOfBoundedScratchGiveTheSameBits) {
+  Config c{2, 4, 2, 100, 133, 40, 24, MaskCase::padding, Causal::bottom_right, 0.2};
+  Inputs<float> in(c, 47);
+  Forward f(c, in);
+  Grads<float> want = flash_grads(c, in, f);
+  set_flash_backward_tiles({0, 16, 1});
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    expect_same_bits(flash_grads(c, in, f), want, cat(threads, " threads"));
+  }
+  set_flash_backward_tiles({});
+  set_num_threads(0);
+}
+
+// Every SIMD target compiled in (AVX-512 transposes its panels in registers, the others copy them; lanes
+// 16, 8, 4 or 1 set the tile padding): within the derived tolerance on a causal GQA case with dropout,
+// packed Q rows (D = 24) and tiles the causal edge crosses, and on the training shape.
+TEST(FlashBackward, EverySimdTargetCompiledIn) {
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    expect_flash_close({2, 4, 2, 129, 65, 24, 20, MaskCase::keep, Causal::top_left, 0.3}, 53);
+    expect_flash_close({1, 4, 4, 64, 64, 32, 32, MaskCase::none, Causal::top_left}, 53);
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 // sdpa_backward: every argument's shape is checked, and the error names the argument and both shapes.

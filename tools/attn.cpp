@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
   bench->add_option("--dim", bench_opt.dim, "--ring: head dim D = Dv")->check(attn::number_of<int64_t>())
       ->check(attn::positive());
   bench->add_option("--causal", bench_opt.causal, "--ring: causal (top-left) or not");
-  bench->add_option("--backward", bench_opt.backward, "--ring: time the backward too");
+  bench->add_option("--backward", bench_opt.backward, "time the backward too (default with --ring; without it, "
+                    "flash backward rows with their scratch beyond inputs and outputs)")->expected(0, 1);
 
   attn::TrainCli train_opt;
   auto* train = attn::add_train_command(app, train_opt);
@@ -73,7 +74,10 @@ int main(int argc, char** argv) {
       if (info_strict) attn::check_no_simd_fallback();
       return 0;
     }
-    if (*bench) return attn::run_bench(bench_opt);
+    if (*bench) {
+      bench_opt.backward_rows = bench->count("--backward") > 0 && bench_opt.backward;
+      return attn::run_bench(bench_opt);
+    }
     if (*train) return attn::run_train(train_opt);
     if (*generate) return attn::run_generate(generate_opt);
     if (*viz) return attn::run_viz(viz_opt);

@@ -1,5 +1,6 @@
-// `attn bench`: attention time, GFLOP/s, fraction of this run's sgemm rate and of the measured FMA peak, and peak memory, for the
-// reference and flash backends over growing L; with --ring, ring attention over the ranks of mpirun beside
+// `attn bench`: attention time, GFLOP/s, fraction of this run's sgemm rate and of the measured FMA peak,
+// and peak memory, for the reference and flash backends over growing L (with --backward, the flash
+// backward too); with --ring, ring attention over the ranks of mpirun beside
 // the single-process flash kernel at the same per-rank work. A measurement tool, not a test: numbers go to
 // BENCHMARKS.md.
 #include <algorithm>
@@ -7,6 +8,9 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "attn/gemm.h"
 #include "attn/info.h"
@@ -57,6 +61,14 @@ struct Ceilings {
   double sgemm, fma;  // GFLOP/s
 };
 
+// One row of the table: seconds, GFLOP/s against both ceilings, MB beyond inputs and outputs.
+void print_row(const Case& c, const char* backend, double s, double gf, const Ceilings& peak, double extra_mb) {
+  std::printf("%-10s %6lld %6lld %3lld/%-3lld %4lld  %-9s %10.2f %8.1f %6.0f%% %5.0f%% %9.1f\n", c.name,
+              (long long)c.L, (long long)c.S, (long long)c.H, (long long)c.Hkv, (long long)c.D, backend, s * 1e3,
+              gf, 100 * gf / peak.sgemm, 100 * gf / peak.fma, extra_mb);
+  std::fflush(stdout);
+}
+
 void run_case(const Case& c, Backend backend, const Ceilings& peak, int reps) {
   Tensor q = init::randn({c.B, c.H, c.L, c.D}, 3), k = init::randn({c.B, c.Hkv, c.S, c.D}, 4),
          v = init::randn({c.B, c.Hkv, c.S, c.D}, 5), out({c.B, c.H, c.L, c.D});
@@ -70,10 +82,29 @@ void run_case(const Case& c, Backend backend, const Ceilings& peak, int reps) {
   // FLOPs: 4·B·H·L·S·D, half when causal (the visible triangle)
   double flops = 4.0 * c.B * c.H * c.L * c.S * c.D * (c.causal == Causal::none ? 1.0 : 0.5);
   double gf = flops / s * 1e-9;
-  std::printf("%-10s %6lld %6lld %3lld/%-3lld %4lld  %-9s %10.2f %8.1f %6.0f%% %5.0f%% %9.1f\n", c.name,
-              (long long)c.L, (long long)c.S, (long long)c.H, (long long)c.Hkv, (long long)c.D,
-              to_string(backend), s * 1e3, gf, 100 * gf / peak.sgemm, 100 * gf / peak.fma, extra_mb);
-  std::fflush(stdout);
+  print_row(c, to_string(backend), s, gf, peak, extra_mb);
+}
+
+// The flash backward of case c: time, GFLOP/s (2.5x the forward's FLOPs: five products instead of two)
+// and the peak memory beyond its inputs (Q, K, V, out, LSE, dO) and outputs (dQ, dK, dV), all allocated
+// and written before the high-water mark is reset: the kernel's own scratch.
+void run_backward_case(const Case& c, const Ceilings& peak, int reps) {
+  Tensor q = init::randn({c.B, c.H, c.L, c.D}, 3), k = init::randn({c.B, c.Hkv, c.S, c.D}, 4),
+         v = init::randn({c.B, c.Hkv, c.S, c.D}, 5), dout = init::randn({c.B, c.H, c.L, c.D}, 6);
+  Tensor out({c.B, c.H, c.L, c.D}), lse({c.B, c.H, c.L}), dq({c.B, c.H, c.L, c.D}), dk({c.B, c.Hkv, c.S, c.D}),
+         dv({c.B, c.Hkv, c.S, c.D});
+  SdpaArgs<float> args{q, k, v};
+  args.causal = c.causal;
+  sdpa(args, SdpaOut<float>{out, {}, lse}, {Backend::flash, false});
+#ifdef __GLIBC__
+  malloc_trim(0);  // the forward's freed scratch back to the OS, else the backward reuses it unseen
+#endif
+  const int64_t base = rss_bytes();
+  reset_peak_rss();
+  double s = median_seconds(reps, [&] { sdpa_backward<float>(args, out, lse, dout, {dq, dk, dv}, {Backend::flash, false}); });
+  double extra_mb = double(std::max<int64_t>(0, peak_rss_bytes() - base)) / 1e6;
+  double gf = 2.5 * 4.0 * c.B * c.H * c.L * c.S * c.D * (c.causal == Causal::none ? 1.0 : 0.5) / s * 1e-9;
+  print_row(c, "flash-bwd", s, gf, peak, extra_mb);
 }
 
 // Time to read K and V once (the floor for a decode step): a plain sum over the same bytes.
@@ -247,7 +278,8 @@ int run_bench(const BenchOptions& opt) {
   // Every length is checked before the first timing: Q, K, V and out of (1, 8, L, 64), and the reference's
   // (L, L) scores per head up to --reference-max.
   for (int64_t L : opt.lengths) {
-    const double inputs = 4.0 * 8 * double(L) * 64 * 4, scores = L <= opt.reference_max ? 8.0 * double(L) * double(L) * 4 : 0;
+    const double inputs = (opt.backward_rows ? 9.0 : 4.0) * 8 * double(L) * 64 * 4,
+                 scores = L <= opt.reference_max ? 8.0 * double(L) * double(L) * 4 : 0;
     check_fits_in_memory(inputs + scores, cat("--lengths ", L, " (Q, K, V, out of (1, 8, L, 64)",
                                               scores > 0 ? " and the reference's scores" : "", ")"));
   }
@@ -263,6 +295,7 @@ int run_bench(const BenchOptions& opt) {
       Case c{causal == Causal::none ? "mha" : "causal", 1, 8, 8, L, L, 64, causal};
       if (L <= opt.reference_max) run_case(c, Backend::reference, peak, opt.repeats);
       run_case(c, Backend::flash, peak, opt.repeats);
+      if (opt.backward_rows) run_backward_case(c, peak, opt.repeats);
     }
   }
   Case gqa{"gqa", 1, 32, 8, 4096, 4096, 128, Causal::none};

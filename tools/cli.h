@@ -44,6 +44,7 @@ struct BenchOptions {
   std::string layout = "zigzag";
   int64_t heads = 2, kv_heads = 0, dim = 64;  // kv_heads 0: = heads
   bool causal = true, backward = true;
+  bool backward_rows = false;  // without --ring: --backward given, flash backward rows after the forward ones
 };
 int run_bench(const BenchOptions& opt);
 

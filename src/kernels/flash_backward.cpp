@@ -9,16 +9,26 @@
 //   Pᵀ = exp2(Sᵀ + bias·log2e − LSE·log2e);  dSᵀ = Pᵀ ∘ (dPᵀ∘keep/(1-p) − D)
 //   dV_j (Bc, Dv) += P_droppedᵀ · dO_i         PV: Pᵀ rows x dO rows
 //   dK_j (Bc, D)  += dSᵀ · Q_i                  PV: dSᵀ rows x Q rows          (· scale at the end)
-//   dQ_iᵀ (D, Br) += K_jᵀ · dSᵀ                 PV: Kᵀ rows x dSᵀ rows        (· scale at the end)
+//   dQ_i (Br, D)  += dS · K_j                   PV, A transposed: dSᵀ read as dS x K rows  (· scale at the end)
+// Across the causal diagonal each block of kMR rows (keys, or queries for dQ) runs only over the queries
+// (keys) it sees: what it skips is exact zeros, so the bits are those of the whole tile.
 //
-// Determinism for any thread count: a task is (b, KV head, chunk c of the KV blocks, j ≡ c mod C), C a
-// function of the sizes only. A task owns dK/dV of its blocks (summed over the group's query heads in
-// order) and writes dQ into its chunk's own partial buffer; the C partials are summed in the order c = 0, 1, ...
+// Determinism for any thread count: a task is (b, KV head, chunk c of the KV blocks, j ≡ c mod C), C and
+// the keys per block functions of the sizes only. A task owns dK/dV of its blocks and writes dQ into its
+// chunk's own partial buffer; with C = 1 it stores dQ itself, else the C partials are summed in the order
+// c = 0, 1, ... Every sum runs in one order, whatever the tiles: dK_j, dV_j over the group's query heads
+// and then the queries in order, dQ over the keys of its chunk in order.
 //
-// Sections, one function each: PackQueryHeads (Qᵀ, dOᵀ panels, LSE·log2e, D), then per task KV block
-// j: LoadKV, per query tile ScoresT (Sᵀ, masks, causal edge, Pᵀ) and GradScoresT (dPᵀ, dropout, dSᵀ),
-// the three accumulating products, StoreKV; finally SumDq. Masks, the causal edge and dropout are
-// mask.h and dropout.h over SdpaProblem, the same calls the forward makes.
+// Bounded scratch: the query side (Qᵀ, dOᵀ panels, LSE, D, dQ partials) is packed per unit, the rows of one
+// segment of one query head of every (b, KV head) group, and processed in phases of a few units in the
+// order (head within the group, segment), so the sums above keep their order; between phases dK/dV wait,
+// unscaled, in the caller's dK/dV. A phase holds at most 32 MB (flash_backward_tiles().scratch), or one
+// tile's rows of every group.
+//
+// Sections, one function each: PackUnit (Qᵀ, dOᵀ panels, LSE·log2e, D), then per task KV block j: LoadKV,
+// per query tile ScoresT (Sᵀ, masks, causal edge, Pᵀ) and GradScoresT (dPᵀ, dropout, dSᵀ), Products,
+// StoreKV; finally StoreDq. Masks, the causal edge and dropout are mask.h and dropout.h over SdpaProblem,
+// the same calls the forward makes.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -40,20 +50,19 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::flash::HWY_NAMESPACE {
 namespace {
 
-constexpr int64_t kBr = 128;  // queries per tile (columns of the transposed tiles), a multiple of kNV·N
-constexpr int64_t kBc = 96;   // keys per tile (rows), a multiple of kMR (64x64 to 128x192 measured within noise)
 constexpr int64_t kMinTasks = 16;  // split each KV head's blocks into chunks until there are this many tasks
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-// What the backward needs of query head (b, h), packed once: (Lp = L rounded up to kBr)
+// What the backward needs of the rows [l_begin, l_end) of query head (b, h), packed (n = rows rounded up to N):
 struct QHead {
-  float* qt;          // (Lp/N, D, N) Qᵀ panels · scale·log2e
-  float* dot;         // (Lp/N, Dv, N) dOᵀ panels
-  float* lse2;        // (Lp) LSE·log2e; +inf on a fully masked row and past L, so P = exp2(x − lse2) = 0 there
-  float* dsum;        // (Lp) D = rowsum(dO∘O); 0 past L
-  const float* q;     // (L, Dp) Q rows, unscaled, row stride ldq: the caller's when they fit, else packed
-  const float* dout;  // (L, Dvp) dO rows, row stride lddo: likewise
-  int64_t ldq, lddo;
+  float* qt;          // (n/N, D, N) Qᵀ panels · scale·log2e
+  float* dot;         // (n/N, Dv, N) dOᵀ panels
+  float* lse2;        // (n) LSE·log2e; +inf on a fully masked row and past l_end, so P = exp2(x − lse2) = 0 there
+  float* dsum;        // (n) D = rowsum(dO∘O); 0 past l_end
+  const float* q;     // (rows, Dp) Q rows from l_begin, unscaled, row stride ldq: the caller's when they fit, else packed
+  const float* dout;  // (rows, Dvp) dO rows from l_begin, row stride lddo: likewise
+  float* dq;          // (rows, Dp) this chunk's dQ partial / scale
+  int64_t ldq, lddo, h, l_begin, l_end;
 };
 
 // The sizes and buffers every section shares.
@@ -61,133 +70,246 @@ struct Plan {
   const SdpaProblem<float>& p;
   View<const float> dout;  // (B, H, L, Dv)
   const SdpaGrads<float>& g;
-  int64_t N, Lp, Dp, Dvp, nq, nkv, C;  // lanes; padded L, D, Dv; query tiles, KV blocks, chunks per KV head
+  int64_t N, Br, Bc, Dp, Dvp, nkv, C;  // lanes; queries per tile, keys per block; padded D, Dv; KV blocks, chunks
   bool q_in_place, dout_in_place;      // Q and dO rows read where they are
-  int64_t per_head;                    // floats of packed data per query head
-  hwy::AlignedFreeUniquePtr<float[]> packed;  // (B, H, per_head)
-  hwy::AlignedFreeUniquePtr<float[]> dqt;     // (C, B, H, nq, D, kBr) the blocked dQᵀ partial of each chunk
+  int64_t Ls, nseg;                    // query rows per segment (a multiple of Br), segments per head
+  int64_t units, per_phase;            // units G·nseg (unit u: head u / nseg of the group, segment u % nseg); per phase
+  int64_t per_row;                     // floats packed per query row
+  hwy::AlignedFreeUniquePtr<float[]> packed;  // (B, Hkv, per_phase, Ls, per_row)
+  hwy::AlignedFreeUniquePtr<float[]> dq;      // (C, B, Hkv, per_phase, Ls, Dp) the dQ partial of each chunk
 
   Plan(const SdpaProblem<float>& p_, View<const float> dout_, const SdpaGrads<float>& g_) : p(p_), dout(dout_), g(g_) {
     N = static_cast<int64_t>(hn::Lanes(DF()));
-    Lp = round_up(p.L, kBr), Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
-    nq = Lp / kBr, nkv = (p.S + kBc - 1) / kBc;
+    const FlashTiles t = flash_backward_tiles(p.L, p.S);
+    Br = round_up(t.rows, N), Bc = t.keys;
+    Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
+    nkv = (p.S + Bc - 1) / Bc;
     // chunks per KV head: a function of the sizes only, never of the thread count
     C = std::max<int64_t>(1, std::min((kMinTasks + p.B * p.Hkv - 1) / (p.B * p.Hkv), nkv));
     // Q and dO rows are read in place when they have unit column stride and no padding is needed.
     q_in_place = p.args.q.strides[3] == 1 && p.D == Dp, dout_in_place = dout.strides[3] == 1 && p.Dv == Dvp;
-    per_head = Lp * (p.D + p.Dv + 2) + (q_in_place ? 0 : p.L * Dp) + (dout_in_place ? 0 : p.L * Dvp);
-    packed = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, p.B * p.H * per_head)));
-    dqt = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, C * p.B * p.H * nq * p.D * kBr)));
+    per_row = p.D + p.Dv + 2 + (q_in_place ? 0 : Dp) + (dout_in_place ? 0 : Dvp);
+    // Segments: the whole of L where every unit fits the budget, else as many tiles as one unit's budget holds.
+    const int64_t groups = std::max<int64_t>(1, p.B * p.Hkv), row_floats = groups * (per_row + C * Dp);
+    const int64_t Lr = round_up(std::max<int64_t>(p.L, 1), Br);
+    const int64_t budget = t.scratch;
+    Ls = p.G * Lr * row_floats <= budget ? Lr : std::clamp(budget / row_floats / Br * Br, Br, Lr);
+    nseg = std::max<int64_t>(1, (p.L + Ls - 1) / Ls);  // L = 0: one empty unit still writes dK = dV = 0
+    units = p.G * nseg;
+    per_phase = std::clamp<int64_t>(budget / (Ls * row_floats), 1, std::max<int64_t>(1, units));
+    packed = hwy::AllocateAligned<float>(static_cast<size_t>(groups * per_phase * Ls * per_row));
+    dq = hwy::AllocateAligned<float>(static_cast<size_t>(C * groups * per_phase * Ls * Dp));
   }
-  QHead head(int64_t b, int64_t h) const {
+  // Unit u (the ju-th of its phase) of group (b, kvh), chunk c's dQ partial.
+  QHead head(int64_t b, int64_t kvh, int64_t u, int64_t ju, int64_t c) const {
     const auto& a = p.args;
-    float* x = packed.get() + (b * p.H + h) * per_head;
     QHead r;
-    r.qt = x, x += Lp * p.D;
-    r.dot = x, x += Lp * p.Dv;
-    r.lse2 = x, x += Lp;
-    r.dsum = x, x += Lp;
-    r.q = q_in_place ? a.q.data + b * a.q.strides[0] + h * a.q.strides[1] : x;
+    r.h = p.first_head(kvh) + u / nseg, r.l_begin = u % nseg * Ls, r.l_end = std::min(p.L, r.l_begin + Ls);
+    const int64_t slot = (b * p.Hkv + kvh) * per_phase + ju;
+    float* x = packed.get() + slot * Ls * per_row;
+    r.qt = x, x += Ls * p.D;
+    r.dot = x, x += Ls * p.Dv;
+    r.lse2 = x, x += Ls;
+    r.dsum = x, x += Ls;
+    const float* q = a.q.data + b * a.q.strides[0] + r.h * a.q.strides[1] + r.l_begin * a.q.strides[2];
+    r.q = q_in_place ? q : x;
     r.ldq = q_in_place ? a.q.strides[2] : Dp;
-    x += q_in_place ? 0 : p.L * Dp;
-    r.dout = dout_in_place ? dout.data + b * dout.strides[0] + h * dout.strides[1] : x;
+    x += q_in_place ? 0 : Ls * Dp;
+    r.dout = dout_in_place ? dout.data + b * dout.strides[0] + r.h * dout.strides[1] + r.l_begin * dout.strides[2] : x;
     r.lddo = dout_in_place ? dout.strides[2] : Dvp;
+    r.dq = dq.get() + ((c * p.B * p.Hkv) * per_phase + slot) * Ls * Dp;
     return r;
-  }
-  float* dqt_block(int64_t c, int64_t b, int64_t h, int64_t i) const {
-    return dqt.get() + (((c * p.B + b) * p.H + h) * nq + i) * p.D * kBr;
   }
 };
 
-// Per query head: Qᵀ·scale·log2e and dOᵀ panels, Q and dO rows where they can't be read in place,
-// LSE·log2e, and D = rowsum(dO∘O).
-void PackQueryHeads(const Plan& pl) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// (16, wc) floats at src (rows rs apart; rows past nr read as 0) transposed into rows [0, wc) of a (16, 16)
+// panel block at dst (rows 16 apart), times mul: unpack pairs, then quads, then 128-bit lanes twice.
+HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc, float mul, float* dst) {
+  const __mmask16 cols = static_cast<__mmask16>((1u << wc) - 1);
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = i < nr ? _mm512_maskz_loadu_ps(cols, src + i * rs) : _mm512_setzero_ps();
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  auto lo = [](__m512 x, __m512 y) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))); };
+  auto hi = [](__m512 x, __m512 y) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))); };
+  for (int i = 0; i < 4; ++i) {  // r[4i + k], lane L: rows 4i..4i+3 of column 4L + k
+    r[4 * i] = lo(t[4 * i], t[4 * i + 2]), r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]), r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
+  }
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int k = 0; k < 4; ++k) {
+    const __m512 u0 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), u1 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
+    const __m512 u2 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE), u3 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
+    const __m512 col[4] = {_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xDD),
+                           _mm512_shuffle_f32x4(u2, u3, 0x88), _mm512_shuffle_f32x4(u2, u3, 0xDD)};
+    for (int L = 0; L < 4; ++L)
+      if (4 * L + k < wc) _mm512_storeu_ps(dst + (4 * L + k) * 16, mul == 1.f ? col[L] : _mm512_mul_ps(col[L], m));
+  }
+}
+#endif
+
+// Rows [0, n) of a (n, D) matrix with strides (rs, cs), times mul, as (D, N) panels, 0 past n. With
+// AVX-512 and unit column stride by 16x16 register transposes (the scalar transpose was a fifth of a small
+// problem's time, gathers more), else pack_panels.
+void PanelsOf(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, float mul, float* dst) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  if (cs == 1 && N == 16) {
+    for (int64_t i0 = 0; i0 < n; i0 += 16, dst += D * 16)
+      for (int64_t d0 = 0; d0 < D; d0 += 16)
+        Transpose16(src + i0 * rs + d0, rs, std::min<int64_t>(16, n - i0), std::min<int64_t>(16, D - d0), mul,
+                    dst + d0 * 16);
+    return;
+  }
+#endif
+  pack_panels(src, rs, cs, n, D, N, dst);
+  if (mul != 1.f)
+    for (int64_t i = 0; i < round_up(n, N) * D; ++i) dst[i] *= mul;
+}
+
+// One unit of group (b, kvh): Qᵀ·scale·log2e and dOᵀ panels, Q and dO rows where they can't be read in
+// place, LSE·log2e, and D = rowsum(dO∘O), each row summed in order over Dv (N rows at once, one per lane).
+void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, float* ot) {
   const auto& p = pl.p;
   const auto& a = p.args;
-  const int64_t L = p.L, D = p.D, Dv = p.Dv, N = pl.N;
-  const float c2 = float(p.scale) * kLog2e;
-  parallel_items(p.B * p.H, L * (D + Dv) * 3, [&](int64_t bh, int) {
-    const int64_t b = bh / p.H, h = bh % p.H;
-    QHead r = pl.head(b, h);
-    const float* q = a.q.data + b * a.q.strides[0] + h * a.q.strides[1];
-    const float* dO = pl.dout.data + b * pl.dout.strides[0] + h * pl.dout.strides[1];
-    const auto& O = p.out.out;
-    const auto& lse = p.out.lse;
-    const int64_t filled = round_up(L, N);  // pack_panels writes the panels of [0, L), padding included
-    pack_panels(q, a.q.strides[2], a.q.strides[3], L, D, N, r.qt);
-    std::fill(r.qt + filled * D, r.qt + pl.Lp * D, 0.f);
-    for (int64_t i = 0; i < filled * D; ++i) r.qt[i] *= c2;
-    pack_panels(dO, pl.dout.strides[2], pl.dout.strides[3], L, Dv, N, r.dot);
-    std::fill(r.dot + filled * Dv, r.dot + pl.Lp * Dv, 0.f);
-    if (!pl.q_in_place) pack_rows(q, a.q.strides[2], a.q.strides[3], L, D, pl.Dp, const_cast<float*>(r.q));
-    if (!pl.dout_in_place)
-      pack_rows(dO, pl.dout.strides[2], pl.dout.strides[3], L, Dv, pl.Dvp, const_cast<float*>(r.dout));
-    for (int64_t l = 0; l < pl.Lp; ++l) {
-      if (l >= L) {
-        r.lse2[l] = kInf, r.dsum[l] = 0.f;
-        continue;
-      }
-      const float m = lse.data[b * lse.strides[0] + h * lse.strides[1] + l * lse.strides[2]];
-      r.lse2[l] = m == -kInf ? kInf : m * kLog2e;
-      const float* o = O.data + b * O.strides[0] + h * O.strides[1] + l * O.strides[2];
-      float s = 0;
-      for (int64_t e = 0; e < Dv; ++e) s += r.dout[l * r.lddo + e] * o[e * O.strides[3]];
-      r.dsum[l] = s;
-    }
-  });
+  const DF df;
+  const int64_t D = p.D, Dv = p.Dv, N = pl.N;
+  QHead r = pl.head(b, kvh, u, ju, 0);
+  const int64_t n = r.l_end - r.l_begin, filled = round_up(n, N);  // panels cover [0, filled), padding 0
+  const float* q = a.q.data + b * a.q.strides[0] + r.h * a.q.strides[1] + r.l_begin * a.q.strides[2];
+  const float* dO = pl.dout.data + b * pl.dout.strides[0] + r.h * pl.dout.strides[1] + r.l_begin * pl.dout.strides[2];
+  const auto& O = p.out.out;
+  const auto& lse = p.out.lse;
+  const float* o = O.data + b * O.strides[0] + r.h * O.strides[1] + r.l_begin * O.strides[2];
+  const float* m = lse.data + b * lse.strides[0] + r.h * lse.strides[1] + r.l_begin * lse.strides[2];
+  PanelsOf(q, a.q.strides[2], a.q.strides[3], n, D, float(p.scale) * kLog2e, r.qt);
+  PanelsOf(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, 1.f, r.dot);
+  if (!pl.q_in_place) pack_rows(q, a.q.strides[2], a.q.strides[3], n, D, pl.Dp, const_cast<float*>(r.q));
+  if (!pl.dout_in_place)
+    pack_rows(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, pl.Dvp, const_cast<float*>(r.dout));
+  for (int64_t l = 0; l < filled; ++l) {
+    const float x = l < n ? m[l * lse.strides[2]] : -kInf;
+    r.lse2[l] = x == -kInf ? kInf : x * kLog2e;
+  }
+  // D: O of N rows as a (Dv, N) panel beside dOᵀ's; s = Σ_e dO·O in the order e = 0, 1, ... per lane
+  for (int64_t l0 = 0; l0 < filled; l0 += N) {
+    PanelsOf(o + l0 * O.strides[2], O.strides[2], O.strides[3], std::min(N, n - l0), Dv, 1.f, ot);
+    const float* dot = r.dot + l0 * Dv;
+    VF s = hn::Zero(df);
+    for (int64_t e = 0; e < Dv; ++e) s = hn::Add(s, hn::Mul(hn::LoadU(df, dot + e * N), hn::LoadU(df, ot + e * N)));
+    hn::StoreU(s, df, r.dsum + l0);
+  }
 }
 
 // Per-worker scratch of one KV block and one (keys, queries) tile.
 struct Block {
-  float* kr;   // (kBc, D) K_j rows
-  float* kt;   // (D, kBc) K_jᵀ
-  float* vr;   // (kBc, Dv) V_j rows
-  float* dk;   // (kBc, Dp) dK_j / scale
-  float* dv;   // (kBc, Dvp) dV_j
-  float* st;   // (kBc, kBr) Sᵀ, then P(_dropped)ᵀ
-  float* dpt;  // (kBc, kBr) dPᵀ, then dSᵀ
-  float* keep; // (kBc, kBr) 1 where kept, 0 where dropped (dropout only)
+  float* kr;    // (Bc, Dp) K_j rows, zero past D
+  float* vr;    // (Bc, Dv) V_j rows
+  float* dk;    // (Bc, Dp) dK_j / scale
+  float* dv;    // (Bc, Dvp) dV_j
+  float* st;    // (Bc, Br) Sᵀ, then P(_dropped)ᵀ
+  float* dpt;   // (Bc, Br) dPᵀ, then dSᵀ
+  float* keep;  // (Bc, Br) 1 where kept, 0 where dropped (dropout only)
+  int64_t* hid; // (Bc) queries of the tile hidden from each key by the causal edge (the first ones)
   int64_t b, kvh, s0, bc;  // keys [s0, s0 + bc) of KV head (b, kvh)
   static int64_t size(const Plan& pl) {
     const auto& p = pl.p;
-    return kBc * p.D * 2 + kBc * p.Dv + kBc * pl.Dp + kBc * pl.Dvp + 3 * kBc * kBr;
+    return round_up(pl.Bc * (pl.Dp + p.Dv + pl.Dp + pl.Dvp + 3 * pl.Br), 16);
   }
-  Block(const Plan& pl, float* x) {
+  Block(const Plan& pl, float* x, int64_t* hid_) : hid(hid_) {
     const auto& p = pl.p;
-    kr = x, kt = kr + kBc * p.D, vr = kt + kBc * p.D, dk = vr + kBc * p.Dv, dv = dk + kBc * pl.Dp;
-    st = dv + kBc * pl.Dvp, dpt = st + kBc * kBr, keep = dpt + kBc * kBr;
+    kr = x, vr = kr + pl.Bc * pl.Dp, dk = vr + pl.Bc * p.Dv, dv = dk + pl.Bc * pl.Dp;
+    st = dv + pl.Bc * pl.Dvp, dpt = st + pl.Bc * pl.Br, keep = dpt + pl.Bc * pl.Br;
   }
 };
 
-// K_j and V_j rows (and K_jᵀ) of keys [s0, s0 + bc); dK_j and dV_j zeroed.
-void LoadKV(const Plan& pl, Block& k) {
+// K_j and V_j rows of keys [s0, s0 + bc); dK_j and dV_j zeroed, or (a later phase) what the earlier
+// phases left in the caller's dK, dV.
+void LoadKV(const Plan& pl, Block& k, bool first) {
   const auto& a = pl.p.args;
   const int64_t D = pl.p.D, Dv = pl.p.Dv;
   const float* ks = a.k.data + k.b * a.k.strides[0] + k.kvh * a.k.strides[1] + k.s0 * a.k.strides[2];
   const float* vs = a.v.data + k.b * a.v.strides[0] + k.kvh * a.v.strides[1] + k.s0 * a.v.strides[2];
-  pack_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, D, k.kr);
-  for (int64_t s = 0; s < k.bc; ++s)
-    for (int64_t d = 0; d < D; ++d) k.kt[d * kBc + s] = k.kr[s * D + d];
+  pack_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, pl.Dp, k.kr);
   pack_rows(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, Dv, k.vr);
-  std::fill(k.dk, k.dk + kBc * pl.Dp, 0.f);
-  std::fill(k.dv, k.dv + kBc * pl.Dvp, 0.f);
+  if (first) {
+    std::fill(k.dk, k.dk + pl.Bc * pl.Dp, 0.f);
+    std::fill(k.dv, k.dv + pl.Bc * pl.Dvp, 0.f);
+    return;
+  }
+  const auto& GK = pl.g.dk;
+  const auto& GV = pl.g.dv;
+  pack_rows(GK.data + k.b * GK.strides[0] + k.kvh * GK.strides[1] + k.s0 * GK.strides[2], GK.strides[2],
+            GK.strides[3], k.bc, D, pl.Dp, k.dk);
+  pack_rows(GV.data + k.b * GV.strides[0] + k.kvh * GV.strides[1] + k.s0 * GV.strides[2], GV.strides[2],
+            GV.strides[3], k.bc, Dv, pl.Dvp, k.dv);
 }
 
-// Pᵀ (bc, w) of query head h, queries [l0, l0 + w): Sᵀ = K_j·Q_iᵀ (log2 units) + log2e·bias;
-// keys past a query's causal edge -inf; Pᵀ = exp2(Sᵀ − LSE·log2e). Returns false when Pᵀ is all 0
-// (a fully masked tile: no gradient).
-bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t h, int64_t l0, int64_t br, int64_t w) {
+// y[d·stride] = scale·x[d] for d < n; whole vectors where y has unit stride.
+void StoreRow(const float* x, int64_t n, float scale, float* y, int64_t stride) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), vec_end = stride == 1 ? n / N * N : 0;
+  for (int64_t d = 0; d < vec_end; d += N) hn::StoreU(hn::Mul(hn::Set(df, scale), hn::LoadU(df, x + d)), df, y + d);
+  for (int64_t d = vec_end; d < n; ++d) y[d * stride] = scale * x[d];
+}
+
+// x[0, n) = 0, n a multiple of the lanes: a few vector stores (std::fill calls memset, slow for short rows).
+void ZeroRow(float* x, int64_t n) {
+  const DF df;
+  for (int64_t i = 0; i < n; i += static_cast<int64_t>(hn::Lanes(df))) hn::StoreU(hn::Zero(df), df, x + i);
+}
+
+// dK = scale·dSᵀ·Q (or, before the last phase, dSᵀ·Q as it is) and dV of the block into g.
+void StoreKV(const Plan& pl, const Block& k, bool last) {
+  const auto& GK = pl.g.dk;
+  const auto& GV = pl.g.dv;
+  const float scale = last ? float(pl.p.scale) : 1.f;
+  float* gk = GK.data + k.b * GK.strides[0] + k.kvh * GK.strides[1] + k.s0 * GK.strides[2];
+  float* gv = GV.data + k.b * GV.strides[0] + k.kvh * GV.strides[1] + k.s0 * GV.strides[2];
+  for (int64_t s = 0; s < k.bc; ++s) {
+    StoreRow(k.dk + s * pl.Dp, pl.p.D, scale, gk + s * GK.strides[2], GK.strides[3]);
+    StoreRow(k.dv + s * pl.Dvp, pl.p.Dv, 1.f, gv + s * GV.strides[2], GV.strides[3]);
+  }
+}
+
+// (bc, Br) tile = A (bc, depth) rows lda apart · (depth, N) panels: each block of kMR rows
+// from the panel holding its first row's first visible query (hid), so the causal triangle costs little.
+void QKFrom(const Plan& pl, const Block& k, const float* a, int64_t lda, int64_t depth, const float* panels,
+            int64_t np, float* out) {
+  const int64_t N = pl.N;
+  for (int64_t j = 0; j < np; j += kNV) {
+    const int64_t je = std::min(np, j + kNV);
+    for (int64_t r = 0; r < k.bc; r += kMR) {
+      const int64_t j0 = std::max(j, k.hid[r] / N);
+      if (j0 >= je) continue;
+      QK(std::min<int64_t>(kMR, k.bc - r), je - j0, a + r * lda, lda, panels + j0 * depth * N, depth * N, depth,
+         out + r * pl.Br + j0 * N, pl.Br, false);
+    }
+  }
+}
+
+// Pᵀ (bc, w) of query head r.h, queries [l0, l0 + w) (l0 from the unit's first row): Sᵀ = K_j·Q_iᵀ (log2
+// units) + log2e·bias; keys past a query's causal edge -inf; Pᵀ = exp2(Sᵀ − LSE·log2e), written 0 where
+// not computed. Returns false when Pᵀ is all 0 (a fully masked tile: no gradient).
+bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, int64_t w) {
   const auto& p = pl.p;
   const DF df;
-  const int64_t N = pl.N;
-  QKTile(k.kr, k.bc, p.D, r.qt + l0 * p.D, w / N, k.st, kBr, false);
+  const int64_t N = pl.N, lg = r.l_begin + l0;  // lg: the tile's first query in the head
+  for (int64_t s = 0; s < k.bc; ++s) k.hid[s] = HiddenQueries(p, k.s0 + s, lg, w);
+  QKFrom(pl, k, k.kr, pl.Dp, p.D, r.qt + l0 * p.D, w / N, k.st);
   if (p.has_bias())
-    for (int64_t l = 0; l < br; ++l) AddMaskRow(p, k.b, h, l0 + l, k.s0, k.bc, k.st + l, kBr);
+    for (int64_t l = 0; l < br; ++l)
+      AddMaskRow(p, k.b, r.h, lg + l, k.s0, VisibleKeys(p, lg + l, k.s0, k.bc), k.st + l, pl.Br);
   VF any = hn::Zero(df);
   for (int64_t s = 0; s < k.bc; ++s) {
-    float* x = k.st + s * kBr;
-    std::fill(x, x + HiddenQueries(p, k.s0 + s, l0, w), -kInf);
-    for (int64_t l = 0; l < w; l += N) {
+    float* x = k.st + s * pl.Br;
+    const int64_t h = k.hid[s], ha = h / N * N;
+    ZeroRow(x, ha);
+    std::fill(x + ha, x + h, -kInf);
+    for (int64_t l = ha; l < w; l += N) {
       const VF pv = Exp2(df, hn::Sub(hn::LoadU(df, x + l), hn::LoadU(df, r.lse2 + l0 + l)));
       hn::StoreU(pv, df, x + l);
       any = hn::Max(any, pv);
@@ -198,98 +320,145 @@ bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t h, int64_t l0, in
 
 // dPᵀ = V_j·dO_iᵀ; dSᵀ = Pᵀ ∘ (dPᵀ∘keep/(1-p) − D), and Pᵀ ← Pᵀ∘keep/(1-p) for dV. The keep tile is
 // 1 with the dropped elements zeroed by DropRow, the forward's function, one query column at a time.
-void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t h, int64_t l0, int64_t br, int64_t w) {
+void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, int64_t w) {
   const auto& p = pl.p;
   const DF df;
-  const int64_t N = pl.N;
-  QKTile(k.vr, k.bc, p.Dv, r.dot + l0 * p.Dv, w / N, k.dpt, kBr, false);
+  const int64_t N = pl.N, lg = r.l_begin + l0, ld = pl.Br;
+  QKFrom(pl, k, k.vr, p.Dv, p.Dv, r.dot + l0 * p.Dv, w / N, k.dpt);
   const bool drop = p.dropout();
   if (drop) {
-    std::fill(k.keep, k.keep + k.bc * kBr, 1.f);
-    for (int64_t l = 0; l < br; ++l) DropRow(p, k.b, h, l0 + l, k.s0, k.bc, kBr, k.keep + l);
+    for (int64_t s = 0; s < k.bc; ++s) std::fill(k.keep + s * ld, k.keep + s * ld + w, 1.f);
+    for (int64_t l = 0; l < br; ++l)
+      DropRow(p, k.b, r.h, lg + l, k.s0, VisibleKeys(p, lg + l, k.s0, k.bc), ld, k.keep + l);
   }
   const VF ks = hn::Set(df, p.keep_scale);
-  for (int64_t s = 0; s < k.bc; ++s)
-    for (int64_t l = 0; l < w; l += N) {
-      const VF pv = hn::LoadU(df, k.st + s * kBr + l);
-      const VF dp = hn::LoadU(df, k.dpt + s * kBr + l);
-      const VF kp = drop ? hn::Mul(hn::LoadU(df, k.keep + s * kBr + l), ks) : hn::Set(df, 1.f);  // keep/(1-p)
-      hn::StoreU(hn::Mul(pv, hn::Sub(hn::Mul(dp, kp), hn::LoadU(df, r.dsum + l0 + l))), df, k.dpt + s * kBr + l);
-      if (drop) hn::StoreU(hn::Mul(pv, kp), df, k.st + s * kBr + l);
-    }
-}
-
-// dK = scale·dSᵀ·Q and dV of the block into g; both already summed over the group's query heads.
-void StoreKV(const Plan& pl, const Block& k) {
-  const auto& GK = pl.g.dk;
-  const auto& GV = pl.g.dv;
-  const float scale = float(pl.p.scale);
-  float* gk = GK.data + k.b * GK.strides[0] + k.kvh * GK.strides[1] + k.s0 * GK.strides[2];
-  float* gv = GV.data + k.b * GV.strides[0] + k.kvh * GV.strides[1] + k.s0 * GV.strides[2];
   for (int64_t s = 0; s < k.bc; ++s) {
-    for (int64_t d = 0; d < pl.p.D; ++d) gk[s * GK.strides[2] + d * GK.strides[3]] = scale * k.dk[s * pl.Dp + d];
-    for (int64_t e = 0; e < pl.p.Dv; ++e) gv[s * GV.strides[2] + e * GV.strides[3]] = k.dv[s * pl.Dvp + e];
-  }
-}
-
-// One KV block against every query tile of every query head of its group: dK_j, dV_j complete, dQ
-// partials of chunk c accumulated.
-void BlockTask(const Plan& pl, Block& k, int64_t c) {
-  const auto& p = pl.p;
-  LoadKV(pl, k);
-  for (int64_t h = p.first_head(k.kvh); h < p.first_head(k.kvh) + p.G; ++h) {
-    const QHead r = pl.head(k.b, h);
-    for (int64_t i = 0; i < pl.nq; ++i) {
-      const int64_t l0 = i * kBr, br = std::min(kBr, p.L - l0), w = round_up(br, pl.N);
-      if (p.key_end(l0 + br - 1) <= k.s0) continue;  // causal: the tile's last query sees no key of it
-      if (!ScoresT(pl, k, r, h, l0, br, w)) continue;
-      GradScoresT(pl, k, r, h, l0, br, w);
-      // dV_j += P_droppedᵀ · dO_i;  dK_j += dSᵀ · Q_i;  dQ_iᵀ += K_jᵀ · dSᵀ
-      PVTile(k.st, k.bc, kBr, r.dout + l0 * r.lddo, r.lddo, br, k.dv, pl.Dvp, nullptr);
-      PVTile(k.dpt, k.bc, kBr, r.q + l0 * r.ldq, r.ldq, br, k.dk, pl.Dp, nullptr);
-      PVTile(k.kt, p.D, kBc, k.dpt, kBr, k.bc, pl.dqt_block(c, k.b, h, i), kBr, nullptr);
+    const int64_t ha = k.hid[s] / N * N;
+    ZeroRow(k.dpt + s * ld, ha);
+    for (int64_t l = ha; l < w; l += N) {
+      const VF pv = hn::LoadU(df, k.st + s * ld + l);
+      const VF dp = hn::LoadU(df, k.dpt + s * ld + l);
+      const VF kp = drop ? hn::Mul(hn::LoadU(df, k.keep + s * ld + l), ks) : hn::Set(df, 1.f);  // keep/(1-p)
+      hn::StoreU(hn::Mul(pv, hn::Sub(hn::Mul(dp, kp), hn::LoadU(df, r.dsum + l0 + l))), df, k.dpt + s * ld + l);
+      if (drop) hn::StoreU(hn::Mul(pv, kp), df, k.st + s * ld + l);
     }
   }
-  StoreKV(pl, k);
 }
 
-// dQ = scale · Σ_c partial_c, in the order c = 0, 1, ...
-void SumDq(const Plan& pl) {
+// dV_j += P_droppedᵀ · dO_i;  dK_j += dSᵀ · Q_i;  dQ_i += dS · K_j. Each block of kMR keys (dV, dK) starts
+// at its first row's first visible query and each block of kMR queries (dQ) ends at its last row's causal
+// edge: the terms skipped are zeros at the start or the end of a sum, so every sum keeps its bits.
+void Products(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br) {
+  const auto& p = pl.p;
+  const int64_t N = pl.N, lg = r.l_begin + l0;
+  auto keys_by_queries = [&](const float* a, const float* rows, int64_t ldr, float* acc, int64_t width) {
+    for (int64_t c = 0; c < width / N; c += kNV)
+      for (int64_t s = 0; s < k.bc; s += kMR) {
+        const int64_t q0 = k.hid[s];
+        if (q0 >= br) continue;
+        PV(std::min<int64_t>(kMR, k.bc - s), std::min<int64_t>(kNV, width / N - c), a + s * pl.Br + q0, pl.Br,
+           rows + q0 * ldr + c * N, ldr, br - q0, acc + s * width + c * N, width, nullptr);
+      }
+  };
+  keys_by_queries(k.st, r.dout + l0 * r.lddo, r.lddo, k.dv, pl.Dvp);
+  keys_by_queries(k.dpt, r.q + l0 * r.ldq, r.ldq, k.dk, pl.Dp);
+  float* dq = r.dq + l0 * pl.Dp;
+  for (int64_t c = 0; c < pl.Dp / N; c += kNV)
+    for (int64_t l = 0; l < br; l += kMR) {
+      const int64_t mr = std::min<int64_t>(kMR, br - l), n = VisibleKeys(p, lg + l + mr - 1, k.s0, k.bc);
+      if (n == 0) continue;
+      PV<kNV, true>(mr, std::min<int64_t>(kNV, pl.Dp / N - c), k.dpt + l, pl.Br, k.kr + c * N, pl.Dp, n,
+                    dq + l * pl.Dp + c * N, pl.Dp, nullptr);
+    }
+}
+
+// One KV block against every query tile of the phase's units [u0, u1) (in order: head within the group,
+// then segment): dK_j, dV_j accumulated, dQ partials of chunk c accumulated.
+void BlockTask(const Plan& pl, Block& k, int64_t c, int64_t u0, int64_t u1, bool first, bool last) {
+  const auto& p = pl.p;
+  bool seen = false;  // does any query of the phase see a key of the block? (causal: later blocks may not)
+  for (int64_t u = u0; u < u1 && !seen; ++u) {
+    const int64_t le = std::min(p.L, u % pl.nseg * pl.Ls + pl.Ls);
+    seen = le > 0 && p.key_end(le - 1) > k.s0;
+  }
+  if (!seen && !first && !last) return;  // dK_j, dV_j wait in g unchanged
+  LoadKV(pl, k, first);
+  for (int64_t u = u0; u < u1; ++u) {
+    const QHead r = pl.head(k.b, k.kvh, u, u - u0, c);
+    for (int64_t l0 = 0; l0 < r.l_end - r.l_begin; l0 += pl.Br) {
+      const int64_t br = std::min(pl.Br, r.l_end - r.l_begin - l0), w = round_up(br, pl.N);
+      if (p.key_end(r.l_begin + l0 + br - 1) <= k.s0) continue;  // causal: the tile's last query sees no key of it
+      if (!ScoresT(pl, k, r, l0, br, w)) continue;
+      GradScoresT(pl, k, r, l0, br, w);
+      Products(pl, k, r, l0, br);
+    }
+  }
+  StoreKV(pl, k, last);
+}
+
+// dQ = scale · Σ_c partial_c (in the order c = 0, 1, ...) of unit u (the ju-th of its phase) of group (b, kvh).
+void StoreDq(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju) {
   const auto& p = pl.p;
   const auto& GQ = pl.g.dq;
+  const DF df;
+  const int64_t N = pl.N;
   const float scale = float(p.scale);
-  parallel_items(p.B * p.H * pl.nq, kBr * p.D * pl.C, [&](int64_t item, int) {
-    const int64_t b = item / (p.H * pl.nq), h = item / pl.nq % p.H, i = item % pl.nq;
-    const int64_t l0 = i * kBr, br = std::min(kBr, p.L - l0);
-    float* gq = GQ.data + b * GQ.strides[0] + h * GQ.strides[1] + l0 * GQ.strides[2];
-    for (int64_t d = 0; d < p.D; ++d)
-      for (int64_t l = 0; l < br; ++l) {
-        float sum = 0;
-        for (int64_t c = 0; c < pl.C; ++c) sum += pl.dqt_block(c, b, h, i)[d * kBr + l];
-        gq[l * GQ.strides[2] + d * GQ.strides[3]] = scale * sum;
-      }
-  });
+  const QHead r = pl.head(b, kvh, u, ju, 0);
+  const int64_t chunk = p.B * p.Hkv * pl.per_phase * pl.Ls * pl.Dp;  // floats between two chunks' partials
+  const int64_t vec_end = GQ.strides[3] == 1 ? p.D / N * N : 0;       // columns stored a vector at a time
+  float* gq = GQ.data + b * GQ.strides[0] + r.h * GQ.strides[1] + r.l_begin * GQ.strides[2];
+  for (int64_t l = 0; l < r.l_end - r.l_begin; ++l) {
+    const float* x = r.dq + l * pl.Dp;
+    float* y = gq + l * GQ.strides[2];
+    for (int64_t d = 0; d < vec_end; d += N) {
+      VF sum = hn::Zero(df);
+      for (int64_t c = 0; c < pl.C; ++c) sum = hn::Add(sum, hn::LoadU(df, x + c * chunk + d));
+      hn::StoreU(hn::Mul(hn::Set(df, scale), sum), df, y + d);
+    }
+    for (int64_t d = vec_end; d < p.D; ++d) {
+      float sum = 0;
+      for (int64_t c = 0; c < pl.C; ++c) sum += x[c * chunk + d];
+      y[d * GQ.strides[3]] = scale * sum;
+    }
+  }
 }
 
 void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g) {
+  if (p.B == 0 || p.H == 0) return;
   const Plan pl(p, dout, g);
-  PackQueryHeads(pl);
-  // KV blocks outer (task (b, kvh, c) takes blocks j ≡ c mod C), Q blocks inner
-  const int64_t size = Block::size(pl);
-  std::vector<float> bufs(size_t(num_threads() * size));  // one scratch per worker
-  parallel_items(p.B * p.Hkv * pl.C, (pl.nkv + pl.C - 1) / pl.C * kBc * p.L * p.G * (p.D + p.Dv) * 3,
-                 [&](int64_t item, int worker) {
-    Block k(pl, bufs.data() + worker * size);
-    k.b = item / (p.Hkv * pl.C), k.kvh = item / pl.C % p.Hkv;
-    const int64_t c = item % pl.C;
-    for (int64_t h = p.first_head(k.kvh); h < p.first_head(k.kvh) + p.G; ++h)
-      std::fill(pl.dqt_block(c, k.b, h, 0), pl.dqt_block(c, k.b, h, pl.nq), 0.f);
-    for (int64_t j = c; j < pl.nkv; j += pl.C) {
-      k.s0 = j * kBc, k.bc = std::min(kBc, p.S - k.s0);
-      BlockTask(pl, k, c);
-    }
-  });
-  SumDq(pl);
+  const int64_t groups = p.B * p.Hkv, size = Block::size(pl);
+  auto bufs = hwy::AllocateAligned<float>(static_cast<size_t>(num_threads() * size));  // one scratch per worker
+  std::vector<int64_t> hids(static_cast<size_t>(num_threads() * pl.Bc));                  // Block::hid
+  std::vector<float> ots(static_cast<size_t>(num_threads() * p.Dv * pl.N));               // PackUnit's O panel
+  const int64_t nphase = (pl.units + pl.per_phase - 1) / pl.per_phase;
+  for (int64_t ph = 0; ph < nphase; ++ph) {
+    const int64_t u0 = ph * pl.per_phase, u1 = std::min(pl.units, u0 + pl.per_phase), nu = u1 - u0;
+    parallel_items(groups * nu, pl.Ls * (p.D + 2 * p.Dv) * 2, [&](int64_t item, int worker) {
+      const int64_t pair = item / nu, ju = item % nu;
+      PackUnit(pl, pair / p.Hkv, pair % p.Hkv, u0 + ju, ju, ots.data() + worker * p.Dv * pl.N);
+    });
+    // KV blocks outer (task (b, kvh, c) takes blocks j ≡ c mod C), Q tiles inner
+    const int64_t cost = (pl.nkv + pl.C - 1) / pl.C * pl.Bc * nu * pl.Ls * (p.D + p.Dv) * 3;
+    parallel_items(groups * pl.C, cost, [&](int64_t item, int worker) {
+      Block k(pl, bufs.get() + worker * size, hids.data() + worker * pl.Bc);
+      k.b = item / (p.Hkv * pl.C), k.kvh = item / pl.C % p.Hkv;
+      const int64_t c = item % pl.C;
+      for (int64_t ju = 0; ju < nu; ++ju) {
+        float* dq = pl.head(k.b, k.kvh, u0 + ju, ju, c).dq;
+        std::fill(dq, dq + pl.Ls * pl.Dp, 0.f);
+      }
+      for (int64_t j = c; j < pl.nkv; j += pl.C) {
+        k.s0 = j * pl.Bc, k.bc = std::min(pl.Bc, p.S - k.s0);
+        BlockTask(pl, k, c, u0, u1, ph == 0, ph == nphase - 1);
+      }
+      if (pl.C == 1)  // the task owns its heads' dQ rows
+        for (int64_t ju = 0; ju < nu; ++ju) StoreDq(pl, k.b, k.kvh, u0 + ju, ju);
+    });
+    if (pl.C > 1)
+      parallel_items(groups * nu, pl.Ls * p.D * pl.C, [&](int64_t item, int) {
+        StoreDq(pl, item / nu / p.Hkv, item / nu % p.Hkv, u0 + item % nu, item % nu);
+      });
+  }
 }
 
 }  // namespace
@@ -305,6 +474,24 @@ HWY_EXPORT(Backward);
 void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g) {
   HWY_DYNAMIC_DISPATCH(flash::Backward)(p, dout, g);
 }
+
+namespace {
+FlashTiles g_forced_backward;  // set_flash_backward_tiles; 0 = derived
+}  // namespace
+
+// keys: 96 per block (64x64 to 128x192 tiles measured within noise on 1 MiB L2), or all of a shorter S;
+// queries: 128 per tile, or all of a shorter L, so a small problem is one tile padded to the lanes only.
+FlashTiles flash_backward_tiles(int64_t L, int64_t S) {
+  constexpr int64_t kKeys = 96, kQueries = 128, kScratch = 8 << 20;  // 32 MB of floats
+  const FlashTiles& f = g_forced_backward;
+  FlashTiles t;
+  t.keys = f.keys > 0 ? f.keys : std::clamp<int64_t>(S, 1, kKeys);
+  t.rows = f.rows > 0 ? f.rows : std::clamp<int64_t>(L, 1, kQueries);
+  t.scratch = f.scratch > 0 ? f.scratch : kScratch;
+  return t;
+}
+
+void set_flash_backward_tiles(FlashTiles t) { g_forced_backward = t; }
 
 }  // namespace attn
 #endif  // HWY_ONCE

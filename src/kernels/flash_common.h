@@ -131,12 +131,13 @@ HWY_INLINE void PrefetchRow(const void* p, int64_t at, int64_t bytes) {
 }
 
 // O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N); α per row, or none (nullptr: α = 1).
-// p: row stride ldp. v: rows ldv apart, elements E read by load. o: row stride ldo. pf_rows: with each
-// V row s, prefetch the same columns of row s + pf_rows (0: none; decoding streams V from memory).
-template <int MR, int NV, typename E, class Load>
+// p: row stride ldp, or with TransA P's transpose stored (n, ldp) (the backward's dQ = dS·K from dSᵀ).
+// v: rows ldv apart, elements E read by load. o: row stride ldo. pf_rows: with each V row s, prefetch
+// the same columns of row s + pf_rows (0: none; decoding streams V from memory).
+template <int MR, int NV, bool TransA = false, typename E = float, class Load = LoadF32>
 HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY_RESTRICT v, int64_t ldv,
-                          int64_t n, float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha, Load load,
-                          int64_t pf_rows) {
+                          int64_t n, float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha,
+                          Load load = Load(), int64_t pf_rows = 0) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
@@ -154,7 +155,7 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY
     for (int j = 0; j < NV; ++j) b[j] = load(v + s * ldv + j * N);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
-      const VF a = hn::Set(d, p[r * ldp + s]);
+      const VF a = hn::Set(d, TransA ? p[s * ldp + r] : p[r * ldp + s]);
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
     }
@@ -179,17 +180,17 @@ HWY_INLINE void QK(int64_t mr, int64_t nv, Args... args) {
     if (nv < NV) return QK<NV - 1>(mr, nv, args...);
   QKRows<NV>(mr, args...);
 }
-template <int NV, int MR = kMR, class... Args>
+template <int NV, int MR = kMR, bool TransA = false, class... Args>
 HWY_INLINE void PVRows(int64_t mr, Args... args) {
   if constexpr (MR > 1)
-    if (mr < MR) return PVRows<NV, MR - 1>(mr, args...);
-  PVBlock<MR, NV>(args...);
+    if (mr < MR) return PVRows<NV, MR - 1, TransA>(mr, args...);
+  PVBlock<MR, NV, TransA>(args...);
 }
-template <int NV = kNV, class... Args>
+template <int NV = kNV, bool TransA = false, class... Args>
 HWY_INLINE void PV(int64_t mr, int64_t nv, Args... args) {
   if constexpr (NV > 1)
-    if (nv < NV) return PV<NV - 1>(mr, nv, args...);
-  PVRows<NV>(mr, args...);
+    if (nv < NV) return PV<NV - 1, TransA>(mr, nv, args...);
+  PVRows<NV, kMR, TransA>(mr, args...);
 }
 
 // S (rows, lds) = Q (rows, D) · Kᵀ over np panels (+ S if add), blocked kMR x kNV.

@@ -2,6 +2,7 @@
 // the packing of K (as Kᵀ panels) and V rows. Plain C++, included by flash_common.h (the SIMD part)
 // and by mask.h. Not SIMD, not a kernel.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -30,7 +31,10 @@ inline void pack_panels(const float* src, int64_t rs, int64_t cs, int64_t n, int
 inline void pack_rows(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t cols, int64_t ld, float* dst) {
   for (int64_t s = 0; s < n; ++s, dst += ld) {
     const float* row = src + s * rs;
-    for (int64_t e = 0; e < cols; ++e) dst[e] = row[e * cs];
+    if (cs == 1)
+      std::copy(row, row + cols, dst);
+    else
+      for (int64_t e = 0; e < cols; ++e) dst[e] = row[e * cs];
     for (int64_t e = cols; e < ld; ++e) dst[e] = 0.f;
   }
 }

@@ -171,6 +171,7 @@ void flash_forward(const SdpaProblem<float>& p);
 // (cpu_info()); set_flash_tiles forces a configuration (tests, benchmarks), {} derives them again.
 struct FlashTiles {
   int64_t keys = 0, rows = 0;
+  int64_t scratch = 0;  // flash_backward only: floats of packed query rows and dQ partials held at once
 };
 FlashTiles flash_tiles();
 void set_flash_tiles(FlashTiles t);
@@ -181,5 +182,11 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
 // FlashAttention-2 backward, fp32 only: needs p.out.out and p.out.lse from the forward. dout (B, H, L, Dv).
 // Same result for any thread count.
 void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g);
+// Tile sizes of flash_backward for L queries and S keys: keys per KV block (with the chunk count, it fixes
+// dQ's summation order, so it comes from the sizes alone, never from the CPU), queries per tile (rounded
+// up to the vector lanes by the kernel) and the scratch budget of a phase (which changes no bits).
+// set_flash_backward_tiles forces any of them (tests, benchmarks), {} derives them again.
+FlashTiles flash_backward_tiles(int64_t L, int64_t S);
+void set_flash_backward_tiles(FlashTiles t);
 
 }  // namespace attn
