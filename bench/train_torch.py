@@ -235,11 +235,8 @@ def run_attn(args, seed, S, binary, val, T):
                "--eval-every", "250", "--eval-iters", "20", "--threads", str(args.threads), "--log-every", "100",
                "--seed", str(seed)]
         print("ours:", " ".join(cmd), flush=True)
-        env = dict(os.environ)
-        if args.passive_attn:
-            env["OMP_WAIT_POLICY"] = "PASSIVE"
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        res = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         assert res.returncode == 0, res.stdout + res.stderr
         loss = float(re.findall(r"val loss ([0-9.]+)", res.stdout)[-1])
@@ -307,8 +304,8 @@ def quality(args):
              "torch (eager)": lambda seed: run_torch(args, seed, S, train, val, V, T, False)}
     if args.compile:
         sides["torch (compile)"] = lambda seed: run_torch(args, seed, S, train, val, V, T, True)
-    print(f"quality: nanoGPT shakespeare_char CPU config, {S} steps, {args.threads} threads, seeds {args.seeds}"
-          f"{', attn with OMP_WAIT_POLICY=PASSIVE' if args.passive_attn else ''}", flush=True)
+    print(f"quality: nanoGPT shakespeare_char CPU config, {S} steps, {args.threads} threads, seeds {args.seeds}",
+          flush=True)
     results = {k: [] for k in sides}
     for seed in args.seeds:  # interleaved: every side once per seed, so a change in load touches all of them
         for name, run in sides.items():
@@ -399,9 +396,6 @@ def main():
     ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare.txt (default: ../shared/data)")
     ap.add_argument("--side", choices=["attn", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--shape", choices=["nanogpt-cpu", "gpt2-small"], help=argparse.SUPPRESS)
-    ap.add_argument("--passive-attn", action="store_true",
-                    help="quality: run the attn CLI with OMP_WAIT_POLICY=PASSIVE (libgomp's spinning threads and "
-                         "OpenBLAS's pthreads fight over 2 cores otherwise); torch keeps its default")
     args = ap.parse_args()
     DATA = args.data
     if args.what == "throughput":
