@@ -1,6 +1,6 @@
-// Google Benchmark of the attention kernels: the flash forward and backward (and the reference where it is quick) in
-// GFLOP/s and as a percentage of OpenBLAS sgemm at 2048³, measured first in the same program as the
-// practical peak. A measurement program, not a test; numbers go to BENCHMARKS.md.
+// Google Benchmark of the attention kernels: the flash forward and backward (and the reference where it is
+// quick) in GFLOP/s and as a percentage of attn's sgemm at 2048³, measured first in the same program as
+// the practical peak. A measurement program, not a test; numbers go to BENCHMARKS.md.
 //
 //   build-x/bench_kernels [--threads N] [--memory] [google-benchmark flags, e.g. --benchmark_repetitions=5]
 //

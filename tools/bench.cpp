@@ -56,6 +56,11 @@ struct Case {
   Causal causal;
 };
 
+// FLOPs of the forward: 4·B·H·L·S·D, half when causal (the visible triangle).
+double forward_flops(const Case& c) {
+  return 4.0 * c.B * c.H * c.L * c.S * c.D * (c.causal == Causal::none ? 1.0 : 0.5);
+}
+
 // The two ceilings a kernel's rate is stated against: this run's sgemm and the FMA peak.
 struct Ceilings {
   double sgemm, fma;  // GFLOP/s
@@ -79,9 +84,7 @@ void run_case(const Case& c, Backend backend, const Ceilings& peak, int reps) {
   reset_peak_rss();
   double s = median_seconds(reps, [&] { sdpa(args, o, {backend, false}); });
   double extra_mb = double(std::max<int64_t>(0, peak_rss_bytes() - base)) / 1e6;
-  // FLOPs: 4·B·H·L·S·D, half when causal (the visible triangle)
-  double flops = 4.0 * c.B * c.H * c.L * c.S * c.D * (c.causal == Causal::none ? 1.0 : 0.5);
-  double gf = flops / s * 1e-9;
+  double gf = forward_flops(c) / s * 1e-9;
   print_row(c, to_string(backend), s, gf, peak, extra_mb);
 }
 
@@ -103,7 +106,7 @@ void run_backward_case(const Case& c, const Ceilings& peak, int reps) {
   reset_peak_rss();
   double s = median_seconds(reps, [&] { sdpa_backward<float>(args, out, lse, dout, {dq, dk, dv}, {Backend::flash, false}); });
   double extra_mb = double(std::max<int64_t>(0, peak_rss_bytes() - base)) / 1e6;
-  double gf = 2.5 * 4.0 * c.B * c.H * c.L * c.S * c.D * (c.causal == Causal::none ? 1.0 : 0.5) / s * 1e-9;
+  double gf = 2.5 * forward_flops(c) / s * 1e-9;
   print_row(c, "flash-bwd", s, gf, peak, extra_mb);
 }
 
