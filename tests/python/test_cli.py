@@ -62,3 +62,19 @@ def test_train_prints_its_memory_and_refuses_a_run_larger_than_memory(tmp_path):
     assert not (tmp_path / "ck").exists()
     r = run("train", "--out", str(tmp_path / "ok"), "--steps", "1", "--eval-iters", "1")
     assert r.returncode == 0 and re.search(r"memory: about [0-9.]+ [KM]B \(parameters", r.stdout), r.stdout
+
+
+def test_bench_states_both_ceilings_and_backward_rows():
+    # The table's rates against the same-run sgemm and the measured FMA peak, and with --backward a
+    # flash-bwd row after each flash row with its scratch (extra MB) beside it.
+    r = run("bench", "--lengths", "128", "--repeats", "1", "--reference-max", "0", "--threads", "1", "--backward")
+    assert r.returncode == 0, r.stderr
+    ceilings = re.search(r"attn gemm 2048\^3: ([\d.]+) GFLOP/s .*FMA peak, measured: ([\d.]+) GFLOP/s", r.stdout)
+    assert ceilings and float(ceilings[1]) > 0 and float(ceilings[2]) > 0, r.stdout
+    assert re.search(r"%sgemm\s+%fma\s+extra MB", r.stdout), r.stdout
+    rows = re.findall(r"^(mha|causal)\s+128\s+128\s+8/8\s+64\s+(flash|flash-bwd)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)%\s+([\d.]+)$",
+                      r.stdout, re.M)
+    assert [(c, b) for c, b, *_ in rows] == [("mha", "flash"), ("mha", "flash-bwd"), ("causal", "flash"),
+                                             ("causal", "flash-bwd")], r.stdout
+    for _, _, ms, gf, _, fma, _ in rows:  # %fma is GFLOP/s over the printed peak
+        assert float(ms) > 0 and abs(int(fma) - 100 * float(gf) / float(ceilings[2])) <= 1, (gf, fma, r.stdout)
