@@ -12,10 +12,18 @@ struct CpuInfo {
   bool avx2 = false, fma = false, f16c = false, avx512 = false;  // avx512: F + BW + DQ + VL (Highway's AVX3)
   int64_t l1d = 0, l2 = 0, l3 = 0;  // bytes per core's L1d/L2 and the shared L3, as the OS reports them
   bool caches_read = false;         // false: the OS said nothing and the sizes below are assumed
+  bool caches_forced = false;       // true: set by ATTN_CPU_CACHES or set_cpu_caches, not as read
 };
 
 // Read once, on first use. Caches come from /sys/devices/system/cpu/cpu0/cache (sysconf as a fallback);
 // where neither reports them, 32 KiB / 1 MiB / 8 MiB are assumed and caches_read is false.
+// ATTN_CPU_CACHES="l1d=32K,l2=512K" (any of l1d, l2, l3; K or M suffix) replaces what was read: to see
+// another CPU's blocking here. A malformed value is reported on stderr once and ignored.
 const CpuInfo& cpu_info();
+
+// Tests and benchmarks: pretend the L1d and L2 are these sizes (bytes; 0 keeps the current one), so the
+// blocking derived from them changes; the bits must not. set_cpu_caches(0, 0) does not restore: pass the
+// sizes read before. Not thread-safe: call it while no kernel runs.
+void set_cpu_caches(int64_t l1d, int64_t l2);
 
 }  // namespace attn

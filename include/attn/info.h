@@ -10,7 +10,9 @@ struct RuntimeInfo {
   std::string cpu, features;
   int64_t l1d = 0, l2 = 0, l3 = 0;  // bytes
   bool caches_read = false;         // false: the OS reported no sizes and defaults are assumed
+  bool caches_forced = false;       // true: ATTN_CPU_CACHES or set_cpu_caches replaced them
   std::string simd_target, simd_compiled, simd_fallback;  // fallback: empty, or why it is one
+  std::string bits;                 // simd_bits(): whether results are those of every AVX2/AVX-512 CPU
   std::string gemm;                 // backend, target and blocking of the matrix products
   int threads = 1, max_threads = 1;
   std::string wait_policy;

@@ -11,6 +11,10 @@ std::string simd_compiled();    // the targets this CPU supports that attn was c
 // Empty when the kernels run the best vector instructions this CPU has; otherwise, in words, the fallback
 // (no AVX2 at all, or AVX-512 present but not used). strict paths refuse to run on a fallback.
 std::string simd_fallback();
+// Whether results have the bits every AVX2/AVX-512 CPU gives (every sum one FMA chain in a fixed order, on
+// fixed virtual lanes): in words, for `attn info`. Targets without FMA (SSE4, EMU128) give other bits.
+bool simd_portable_bits();
+std::string simd_bits();
 // Throws attn::Error naming the fallback, if any (strict paths: sdpa's strict, `attn info --strict`).
 void check_no_simd_fallback();
 

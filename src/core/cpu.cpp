@@ -4,6 +4,9 @@
 #include <cpuid.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -61,6 +64,32 @@ void read_caches(CpuInfo& c) {
   if (c.l3 <= 0) c.l3 = 8 << 20;
 }
 
+// ATTN_CPU_CACHES: "l1d=32K,l2=512K,l3=32M", any subset, in any order.
+void force_caches(CpuInfo& c, const char* spec) {
+  CpuInfo f = c;
+  std::string s(spec), bad;
+  for (size_t at = 0; at <= s.size() && bad.empty();) {
+    const size_t end = std::min(s.find(',', at), s.size());
+    const std::string item = s.substr(at, end - at);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const int64_t v = eq == std::string::npos ? 0 : parse_size(item.substr(eq + 1));
+    if (v <= 0) bad = item;
+    else if (key == "l1d") f.l1d = v;
+    else if (key == "l2") f.l2 = v;
+    else if (key == "l3") f.l3 = v;
+    else bad = item;
+    at = end + 1;
+  }
+  if (!bad.empty()) {
+    std::fprintf(stderr, "attn: ignoring ATTN_CPU_CACHES=\"%s\": expected items such as l1d=32K,l2=512K, but got \"%s\"\n",
+                 spec, bad.c_str());
+    return;
+  }
+  f.caches_forced = true;
+  c = f;
+}
+
 CpuInfo read_cpu() {
   CpuInfo c;
   c.name = brand_string();
@@ -80,14 +109,23 @@ CpuInfo read_cpu() {
   for (const auto& [n, has] : named)
     if (has) c.features += (c.features.empty() ? "" : " ") + std::string(n);
   read_caches(c);
+  if (const char* spec = std::getenv("ATTN_CPU_CACHES"); spec && *spec) force_caches(c, spec);
   return c;
+}
+
+CpuInfo& mutable_info() {
+  static CpuInfo info = read_cpu();
+  return info;
 }
 
 }  // namespace
 
-const CpuInfo& cpu_info() {
-  static const CpuInfo info = read_cpu();
-  return info;
+const CpuInfo& cpu_info() { return mutable_info(); }
+
+void set_cpu_caches(int64_t l1d, int64_t l2) {
+  CpuInfo& c = mutable_info();
+  if (l1d > 0) c.l1d = l1d, c.caches_forced = true;
+  if (l2 > 0) c.l2 = l2, c.caches_forced = true;
 }
 
 }  // namespace attn

@@ -45,6 +45,13 @@ std::string simd_fallback() {
   return "";
 }
 
+bool simd_portable_bits() { return (chosen() & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL)) != 0; }
+
+std::string simd_bits() {
+  return simd_portable_bits() ? "the same on every AVX2 and AVX-512 CPU (FMA; blocking and caches change no bits)"
+                              : "other than on AVX2/AVX-512 CPUs: " + simd_target() + " has no FMA (strict mode refuses it)";
+}
+
 void check_no_simd_fallback() {
   const std::string f = simd_fallback();
   ATTN_CHECK(f.empty(), "Expected the best SIMD target of this CPU (strict mode allows no fallback), but got a ",

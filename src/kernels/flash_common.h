@@ -71,18 +71,42 @@ HWY_INLINE float RowMax(const float* HWY_RESTRICT row, int64_t n) {
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
-// row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes); returns the sum of the new row.
+// Row sums run over kSumLanes virtual lanes, the same on every target: element j goes to lane j % 16,
+// each lane adds its elements in order, and the 16 lanes are added by one fixed tree (SumLanes). A
+// vector of N lanes holds 16/N of them in turn (AVX-512: all 16, AVX2: 8 and 8, SSE4: 4 x 4).
+inline constexpr int64_t kSumLanes = 16;
+inline constexpr int64_t kSumVecs = kSumLanes / int64_t(hn::MaxLanes(DF()));  // vectors of virtual lanes
+static_assert(kSumVecs >= 1 && kSumVecs * int64_t(hn::MaxLanes(DF())) == kSumLanes);
+
+// Σ of the 16 virtual lanes held by acc[0, kSumVecs): halves added until one is left,
+// ((l0 + l8) + (l4 + l12)) + ((l2 + l10) + (l6 + l14)) + …, the same tree on every target.
+HWY_INLINE float SumLanes(const VF* acc) {
+  const DF d;
+  HWY_ALIGN float lane[kSumLanes];
+  for (int64_t v = 0; v < kSumVecs; ++v) hn::Store(acc[v], d, lane + v * int64_t(hn::Lanes(d)));
+  for (int64_t w = kSumLanes / 2; w >= 1; w /= 2)
+    for (int64_t i = 0; i < w; ++i) lane[i] += lane[i + w];
+  return lane[0];
+}
+
+// row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes); returns the sum of the new row over the
+// virtual lanes (SumLanes).
 HWY_INLINE float Exp2Row(float* HWY_RESTRICT row, int64_t n, float m) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const VF vm = hn::Set(d, m);
-  VF sum = hn::Zero(d);
-  for (int64_t j = 0; j < n; j += N) {
-    const VF p = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
-    hn::StoreU(p, d, row + j);
-    sum = hn::Add(sum, p);
-  }
-  return hn::GetLane(hn::SumOfLanes(d, sum));
+  VF sum[kSumVecs];
+  for (int64_t v = 0; v < kSumVecs; ++v) sum[v] = hn::Zero(d);
+  for (int64_t j0 = 0; j0 < n; j0 += kSumLanes)
+#pragma GCC unroll 16
+    for (int64_t v = 0; v < kSumVecs; ++v) {
+      const int64_t j = j0 + v * N;
+      if (j >= n) break;
+      const VF p = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+      hn::StoreU(p, d, row + j);
+      sum[v] = hn::Add(sum[v], p);
+    }
+  return SumLanes(sum);
 }
 
 // S (MR, NV·N) = Q (MR, D) · Kᵀ (D, NV·N), plus what S holds already if `add` (the mask bias).

@@ -140,12 +140,13 @@ struct LoadKV {
   HWY_INLINE VF operator()(const uint16_t* HWY_RESTRICT src) const { return Promote<T>(src); }
 };
 
-// Register blocks of the scores (AVX-512 has 32 vector registers, the others 16): kQR rows x 4 keys of
-// accumulators plus the 4 key vectors. P·V is flash_common.h's PVTile (kMR x kNV).
+// Register blocks of the scores (AVX-512 has 32 vector registers, the others 16): kQR rows x 4 keys x
+// kSumVecs vectors of accumulators (the 16 virtual lanes of each dot product) plus the 4 key vectors.
+// P·V is flash_common.h's PVTile (kMR x kNV).
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 constexpr int kQR = 4;
 #else
-constexpr int kQR = 2;
+constexpr int kQR = 1;
 #endif
 constexpr int64_t kAhead = 64;  // keys between a prefetch of a K/V row and its use
 constexpr int64_t kVB = kAhead;  // keys per pass over the Dv vectors: each prefetches its columns of the next kVB
@@ -190,13 +191,24 @@ HWY_INLINE V FoldBlocks(D d, const V* u) {
     return hn::Add(hn::OddEvenBlocks(x13, x02), hn::SwapAdjacentBlocks(hn::OddEvenBlocks(x02, x13)));
   }
 }
+
+// The Fold4 vectors of one group of keys, one per vector of virtual lanes (F[v]: lanes 16/N·… of it), as
+// one: block b of the result holds B_b + B_b+2 …, the first level of AVX-512's FoldBlocks tree, so that
+// every target ends with ((B0 + B2) + (B1 + B3)) for each key, B_b the 4-lane sum of virtual block b.
+template <class V>
+HWY_INLINE V FoldVecs(const V* F) {
+  if constexpr (kSumVecs == 1) return F[0];
+  else if constexpr (kSumVecs == 2) return hn::Add(F[0], F[1]);
+  else return hn::Add(hn::Add(F[0], F[2]), hn::Add(F[1], F[3]));  // kSumVecs == 4 (flash_common.h)
+}
 #endif
 
 // S rows [0, R) over n keys: s[r·kChunk + j] = q_r·k_j for j < round_up(n, N) (keys past n score 0).
 // q: (R, Dp) rows, zero past D. k: key rows ldk elements apart, D elements each (D a multiple of N).
 // zero: a row of D zero elements, stands in for the keys past n. prefetch: the K rows kAhead keys on.
-// Each K vector is converted once per R rows and meets all R of them in registers; 4 keys at a time,
-// folded (Fold4, FoldBlocks).
+// Each K vector is converted once per R rows and meets all R of them in registers; 4 keys at a time.
+// Each dot product runs over 16 virtual lanes (element d in lane d % 16, one FMA chain per lane in d
+// order), folded by one tree on every target (Fold4, FoldVecs, FoldBlocks): the same bits on AVX2 and AVX-512.
 template <KvDtype T, int R, typename E>
 HWY_NOINLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t Dp, const E* HWY_RESTRICT k, int64_t ldk, int64_t n,
                             int64_t D, const E* HWY_RESTRICT zero, float* HWY_RESTRICT s, bool prefetch) {
@@ -220,24 +232,35 @@ HWY_NOINLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t Dp, const E* HW
           kp[i] = key < n ? k + key * ldk : zero;
           if (prefetch) PrefetchRow(k, (key + kAhead) * ldk * int64_t(sizeof(E)), D * int64_t(sizeof(E)));
         }
-        VF acc[R][4];
+        VF acc[R][4][kSumVecs];
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) acc[r][i] = hn::Zero(df);
-        for (int64_t d = 0; d < D; d += N) {
-          VF kv[4];
+          for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) kv[i] = LoadKV<T>()(kp[i] + d);
+            for (int v = 0; v < kSumVecs; ++v) acc[r][i][v] = hn::Zero(df);
+        for (int64_t d0 = 0; d0 < D; d0 += kSumLanes)
+#pragma GCC unroll 4
+          for (int v = 0; v < kSumVecs; ++v) {
+            const int64_t d = d0 + v * N;
+            if (d >= D) break;
+            VF kv[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) kv[i] = LoadKV<T>()(kp[i] + d);
 #pragma GCC unroll 16
-          for (int r = 0; r < R; ++r) {
-            const VF qv = hn::LoadU(df, q + r * Dp + d);
+            for (int r = 0; r < R; ++r) {
+              const VF qv = hn::LoadU(df, q + r * Dp + d);
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; ++i) acc[r][i] = hn::MulAdd(qv, kv[i], acc[r][i]);
+              for (int i = 0; i < 4; ++i) acc[r][i][v] = hn::MulAdd(qv, kv[i], acc[r][i][v]);
+            }
           }
-        }
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) u[r][g] = Fold4(df, acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        for (int r = 0; r < R; ++r) {
+          VF F[kSumVecs];
+#pragma GCC unroll 4
+          for (int v = 0; v < kSumVecs; ++v) F[v] = Fold4(df, acc[r][0][v], acc[r][1][v], acc[r][2][v], acc[r][3][v]);
+          u[r][g] = FoldVecs(F);
+        }
       }
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) hn::StoreU(FoldBlocks(df, u[r]), df, s + r * kChunk + j);

@@ -22,7 +22,6 @@
 
 #include "attn/kernels/half_kv.h"
 #include "attn/kernels/problem.h"
-#include "attn/cpu.h"
 #include "attn/threads.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -40,7 +39,7 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::flash::HWY_NAMESPACE {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// Tile sizes: flash_tiles() (below, HWY_ONCE part), from the L2 size read at run time.
+// Tile sizes: flash_tiles() (below, HWY_ONCE part): keys per tile a constant of the algorithm.
 constexpr int64_t kCutBand = 4 * kMR;     // rows per band where the causal diagonal crosses a tile
 constexpr int64_t kFewRows = 16;         // tiles of at most this many rows read K in place (no Kᵀ pack)
 constexpr int64_t kDecodeRows = 16;      // at most this many rows per KV head ...
@@ -58,7 +57,7 @@ struct Plan {
   bool pack_k = false;  // K must be copied: as Kᵀ panels (!few), or as rows (few, column stride != 1)
   bool pack_v = false;  // V rows can't be read in place (column stride != 1 or Dv % N != 0)
   float qscale = 0;     // scale·log2(e), folded into Q
-  int64_t bc = 0;       // keys per tile (flash_tiles().keys): the (Br, bc) score tile stays in L2
+  int64_t bc = 0;       // keys per tile (flash_tiles().keys): where the online softmax rescales
 };
 
 Plan MakePlan(const SdpaProblem<float>& p) {
@@ -300,14 +299,14 @@ namespace {
 FlashTiles g_forced;  // set_flash_tiles; 0 = derived
 }  // namespace
 
-// keys: the (rows, keys) score tile plus the K and V tiles stay in half the L2: keys = L2/4 KiB rounded
-// down to a power of two in [64, 512] (256 on 1 MiB, where 256 x 256 was measured best; 512 on 2 MiB).
-// rows: 256 (K/V tiles come from L3 once per query tile; measured: 64 rows 12% slower).
+// keys: kKeyTile, a constant of the algorithm, never of the cache: the online softmax rescales O and l at
+// each tile of keys, so the tile decides the bits (256: measured best on 1 MiB L2, where a 256 x 256
+// score tile and its K/V tiles stay in half of it). rows: 256 (K/V tiles come from L3 once per query
+// tile; measured: 64 rows 12% slower); rows change no bits.
 FlashTiles flash_tiles() {
+  constexpr int64_t kKeyTile = 256;
   FlashTiles t;
-  int64_t keys = 64;
-  while (keys < 512 && keys * 2 * 4096 <= cpu_info().l2) keys *= 2;
-  t.keys = g_forced.keys > 0 ? flash::round_up(g_forced.keys, 64) : keys;
+  t.keys = g_forced.keys > 0 ? flash::round_up(g_forced.keys, 64) : kKeyTile;
   t.rows = g_forced.rows > 0 ? g_forced.rows : 256;
   return t;
 }

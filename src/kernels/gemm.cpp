@@ -1,21 +1,23 @@
 // attn's dense matrix product: a BLIS-style packed GEMM on Highway microkernels, float and double, one
-// copy per SIMD target (AVX-512, AVX2, SSE4, scalar), chosen when the program runs; plus linear and
+// copy per SIMD target (AVX-512, AVX2, SSE4, EMU128), chosen when the program runs; plus linear and
 // linear_backward on top of it. Not a general BLAS (row-major only, no complex, no batched strides) and
 // not the attention inner loops (those use the flash kernel's own microkernels).
 //
 // C (M, N) = alpha · op(A) (M, K) · op(B) (K, N) + beta · C, in K blocks of KC:
 //   for each K block [pc, pc + kc):
 //     pack op(B)[pc.., :] as NR-wide panels (kc, NR), zero columns past N      (in parallel, by panels)
-//     pack op(A)[:, pc..] as MR-tall panels (kc, MR), zero rows past M         (in parallel, by panels)
+//     pack alpha·op(A)[:, pc..] as MR-tall panels (kc, MR), zero rows past M   (in parallel, by panels)
 //     for each output tile (MC rows x NT columns), one thread per tile:        (parallel_for)
 //       for each MR panel of A (stays in L1), for each NR panel of B (streams from L2): microkernel
-//   microkernel: acc (MR, NR) = Σ_k a[:, k] ⊗ b[k, :] in k order, then
-//                C = alpha·acc + beta'·C with beta' = beta for the first K block and 1 after it.
-// Determinism: every C element is acc over k in order inside each K block, combined block after block;
-// KC depends on K, the target and the caches only. The tiles (how the output is cut between threads)
-// decide who computes an element, never how, so any thread count gives the same bits. Edge tiles run
-// the same code on zero-padded panels (extra zero products leave the sum unchanged) and write back
-// through the same vector epilogue.
+//   microkernel: acc (MR, NR) = C0; acc = fma(a[:, k], b[k, :], acc) for k in order; C = acc, where
+//                C0 = 0 (first block, beta = 0: C is not read), beta·C (first block), C (later blocks).
+// Determinism: every C element is ONE chain of FMAs over k = 0 … K-1 in order, from beta·C (or 0), with
+// the products (alpha·a)·b: a later K block continues from the partial sum the earlier one stored, so
+// KC, MC/NT, the register block, the SIMD width (each lane is one element), the tiles and the threads
+// decide who computes an element and when, never its value. On every target with FMA (AVX2, AVX-512)
+// the bits are those of the scalar loop `c = fma(alpha·a, b, c)`; tests/test_bits.cpp checks it under
+// forced targets and forced cache sizes. Edge tiles run the same code on zero-padded panels (extra
+// zero products leave the sum unchanged) and read/write C through the same vector loads and stores.
 // Blocking from cpu_info() at run time: an A panel (kc x MR) fills at most 1/4 of L1d, the B panels of
 // one tile (kc x NT) at most 1/2 of L2.
 #include "attn/gemm.h"
@@ -128,30 +130,33 @@ int64_t NR() {
   return kNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>()));
 }
 
-// The write-back of one accumulator vector to C[0, cols) (cols <= lanes): C = alpha·acc + beta·C, C not
-// read when beta == 0 (BLAS: C may hold NaN then). The one place an epilogue (bias, activation) goes.
-// A partial vector goes through a lane buffer so that it is computed by the same instructions.
-template <class D, class V = hn::Vec<D>, typename T = hn::TFromD<D>>
-HWY_INLINE void WriteBack(D d, V acc, T* HWY_RESTRICT c, int64_t cols, V alpha, T beta) {
-  const int64_t N = hn::Lanes(d);
-  if (cols >= N) {
-    hn::StoreU(beta == T(0) ? hn::Mul(alpha, acc) : hn::MulAdd(alpha, acc, hn::Mul(hn::Set(d, beta), hn::LoadU(d, c))),
-               d, c);
-    return;
-  }
+// C[0, cols) (cols <= lanes) as one vector and back: a partial vector goes through a lane buffer (lanes
+// past cols are 0 and never stored), so edge tiles run the instructions of full ones.
+template <class D, typename T = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> LoadC(D d, const T* HWY_RESTRICT c, int64_t cols) {
+  if (cols >= int64_t(hn::Lanes(d))) return hn::LoadU(d, c);
   HWY_ALIGN T lane[hn::MaxLanes(d)] = {};
   for (int64_t j = 0; j < cols; ++j) lane[j] = c[j];
-  const V v = beta == T(0) ? hn::Mul(alpha, acc) : hn::MulAdd(alpha, acc, hn::Mul(hn::Set(d, beta), hn::Load(d, lane)));
+  return hn::Load(d, lane);
+}
+template <class D, class V = hn::Vec<D>, typename T = hn::TFromD<D>>
+HWY_INLINE void StoreC(D d, V v, T* HWY_RESTRICT c, int64_t cols) {
+  if (cols >= int64_t(hn::Lanes(d))) return hn::StoreU(v, d, c);
+  HWY_ALIGN T lane[hn::MaxLanes(d)];
   hn::Store(v, d, lane);
   for (int64_t j = 0; j < cols; ++j) c[j] = lane[j];
 }
 
-// C (mr, nr) = alpha · Ap (kc, kMR)ᵀ-panel · Bp (kc, NV·N) + beta · C, for mr <= kMR, nr <= NV·N.
-// ap: element (k, r) at k·kMR + r. bp: element (k, j) at k·ldbp + j. Each accumulator sums over k in
-// order, whatever NV is: a narrower block computes its columns exactly as the widest one would.
+// Where a microkernel's chain starts: 0 (C not read), beta·C, or C itself (a later K block, or beta = 1).
+enum class Start { zero, scaled, c };
+
+// C (mr, nr) = C0 + Ap (kc, kMR)ᵀ-panel · Bp (kc, NV·N), for mr <= kMR, nr <= NV·N, C0 per `start`.
+// ap: element (k, r) at k·kMR + r (alpha folded in). bp: element (k, j) at k·ldbp + j. Each accumulator
+// is one FMA chain over k in order, whatever NV is: a narrower block computes its columns exactly as the
+// widest one would.
 template <typename T, int NV>
 HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
-                        T* HWY_RESTRICT c, int64_t ldc, int64_t mr, int64_t nr, T alpha, T beta) {
+                        T* HWY_RESTRICT c, int64_t ldc, int64_t mr, int64_t nr, Start start, T beta) {
   const hn::ScalableTag<T> d;
   using V = hn::Vec<decltype(d)>;
   const int64_t N = hn::Lanes(d);
@@ -159,7 +164,12 @@ HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int6
 #pragma GCC unroll 16
   for (int r = 0; r < kMR; ++r)
 #pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) acc[r][j] = hn::Zero(d);
+    for (int j = 0; j < NV; ++j) {
+      acc[r][j] = hn::Zero(d);
+      if (start == Start::zero || r >= mr || nr <= j * N) continue;
+      acc[r][j] = LoadC(d, c + r * ldc + j * N, nr - j * N);
+      if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(d, beta), acc[r][j]);
+    }
   for (int64_t k = 0; k < kc; ++k) {
     V b[NV];
 #pragma GCC unroll 16
@@ -171,24 +181,23 @@ HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int6
       for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
     }
   }
-  const V va = hn::Set(d, alpha);
 #pragma GCC unroll 16
   for (int r = 0; r < kMR; ++r) {
     if (r >= mr) break;
 #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j)
-      if (nr > j * N) WriteBack(d, acc[r][j], c + r * ldc + j * N, nr - j * N, va, beta);
+      if (nr > j * N) StoreC(d, acc[r][j], c + r * ldc + j * N, nr - j * N);
   }
 }
 
 // The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors).
 template <typename T, int NV = kNV>
 HWY_INLINE void MicroCols(int64_t nr, const T* ap, const T* bp, int64_t ldbp, int64_t kc, T* c, int64_t ldc,
-                          int64_t mr, T alpha, T beta) {
+                          int64_t mr, Start start, T beta) {
   if constexpr (NV > 1)
     if (nr <= (NV - 1) * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
-      return MicroCols<T, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, alpha, beta);
-  Micro<T, NV>(ap, bp, ldbp, kc, c, ldc, mr, nr, alpha, beta);
+      return MicroCols<T, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, start, beta);
+  Micro<T, NV>(ap, bp, ldbp, kc, c, ldc, mr, nr, start, beta);
 }
 
 // Elements from one packed A panel to the next: kc·kMR plus one cache line, so that panels are never a
@@ -199,7 +208,7 @@ int64_t PanelStride(int64_t kc) {
   return kc * kMR + 64 / static_cast<int64_t>(sizeof(T));
 }
 
-// Panels of op(A)[:, pc .. pc+kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR), at dst + p·ps
+// Panels of alpha·op(A)[:, pc .. pc+kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR), at dst + p·ps
 // (PanelStride); rows past M zero. Not transposed: panels [b, e). Transposed: k in [b, e) of every panel (rows pc + k
 // of A), so that each row of A is read once, start to end (a stream the prefetcher follows).
 template <typename T>
@@ -217,6 +226,9 @@ void PackA(const Args<T>& g, int64_t b, int64_t e, int64_t pc, int64_t kc, T* HW
           const int64_t i = p * kMR + r;
           dst[p * ps + k * kMR + r] = i < g.M ? src[i] : T(0);
         }
+      if (g.alpha != T(1))
+        for (int64_t p = 0; p < mp; ++p)
+          for (int64_t r = 0; r < kMR; ++r) dst[p * ps + k * kMR + r] *= g.alpha;
     }
     return;
   }
@@ -229,6 +241,8 @@ void PackA(const Args<T>& g, int64_t b, int64_t e, int64_t pc, int64_t kc, T* HW
     }
     for (int64_t r = rows; r < kMR; ++r)
       for (int64_t k = 0; k < kc; ++k) d[k * kMR + r] = T(0);
+    if (g.alpha != T(1))
+      for (int64_t i = 0; i < kc * kMR; ++i) d[i] *= g.alpha;
   }
 }
 
@@ -267,7 +281,8 @@ void Gemm(const Args<T>& g) {
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
   for (int64_t pc = 0; pc < K; pc += bl.kc) {
     const int64_t kc = std::min(bl.kc, K - pc);
-    const T beta = pc == 0 ? g.beta : T(1);  // later K blocks add to what the earlier ones wrote
+    // the chain of each C element: from 0 or beta·C in the first K block; later blocks continue it
+    const Start start = pc > 0 || g.beta == T(1) ? Start::c : g.beta == T(0) ? Start::zero : Start::scaled;
     parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
       for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, bp + p * nr * kc);
     });
@@ -285,7 +300,7 @@ void Gemm(const Args<T>& g) {
       for (int64_t i = i0; i < i1; i += kMR)
         for (int64_t j = j0; j < j1; j += nr)
           MicroCols<T>(std::min(nr, j1 - j), ap + i / kMR * PanelStride<T>(kc), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
-                       std::min<int64_t>(kMR, i1 - i), g.alpha, beta);
+                       std::min<int64_t>(kMR, i1 - i), start, g.beta);
      }
     });
   }

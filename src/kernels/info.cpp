@@ -11,9 +11,9 @@ namespace attn {
 
 RuntimeInfo runtime_info() {
   const CpuInfo& c = cpu_info();
-  return {c.name,          c.features,       c.l1d,         c.l2,          c.l3,
-          c.caches_read,   simd_target(),    simd_compiled(), simd_fallback(), gemm_kernel(),
-          num_threads(),   max_threads(),    wait_policy()};
+  return {c.name,          c.features,    c.l1d,           c.l2,           c.l3,          c.caches_read,
+          c.caches_forced, simd_target(), simd_compiled(), simd_fallback(), simd_bits(), gemm_kernel(),
+          num_threads(),   max_threads(), wait_policy()};
 }
 
 std::string to_string(const RuntimeInfo& i) {
@@ -21,9 +21,11 @@ std::string to_string(const RuntimeInfo& i) {
   return cat("cpu       ", i.cpu, "\n",                                     //
              "features  ", i.features.empty() ? "(none of interest)" : i.features, "\n",  //
              "caches    L1d ", kib(i.l1d), ", L2 ", kib(i.l2), ", L3 ", kib(i.l3),
-             i.caches_read ? " (as the OS reports them)" : " (assumed: the OS reports none)", "\n",  //
+             i.caches_forced ? " (forced: ATTN_CPU_CACHES or set_cpu_caches)"
+             : i.caches_read ? " (as the OS reports them)" : " (assumed: the OS reports none)", "\n",  //
              "simd      ", i.simd_target, " (compiled and supported: ", i.simd_compiled, ")",
              i.simd_fallback.empty() ? "" : "\nFALLBACK  " + i.simd_fallback, "\n",  //
+             "bits      ", i.bits, "\n",                                             //
              "gemm      ", i.gemm, "\n",                                             //
              "threads   ", i.threads, " (at most ", i.max_threads, "); ", i.wait_policy, "\n");
 }

@@ -166,9 +166,10 @@ void reference_forward(const SdpaProblem<T>& p);
 // FlashAttention-2 forward, fp32 only: never materializes the weights (p.out.weights must be empty),
 // writes out and, if requested, LSE. Same result for any thread count.
 void flash_forward(const SdpaProblem<float>& p);
-// Tile sizes of flash_forward: keys per tile (a multiple of 64, the widest microkernel block) and
-// query rows per tile (about; rounded to whole GQA groups). Derived from the L2 size read at run time
-// (cpu_info()); set_flash_tiles forces a configuration (tests, benchmarks), {} derives them again.
+// Tile sizes of flash_forward: keys per tile (a multiple of 64, the widest microkernel block; a constant
+// of the algorithm, since the online softmax rescales at each key tile and so the keys decide the bits)
+// and query rows per tile (about; rounded to whole GQA groups; they change no bits). set_flash_tiles
+// forces a configuration (tests, benchmarks; forced keys give other bits), {} derives them again.
 struct FlashTiles {
   int64_t keys = 0, rows = 0;
   int64_t scratch = 0;  // flash_backward only: floats of packed query rows and dQ partials held at once
