@@ -20,6 +20,7 @@
 #include "attn/gemm.h"
 #include "attn/gpt.h"
 #include "attn/kernels/half_kv.h"
+#include "attn/nn.h"
 #include "attn/sdpa.h"
 #include "attn/threads.h"
 #include "attn/train.h"
@@ -247,6 +248,36 @@ TEST(Bits, DecodeOnEveryConfiguration) {
     AttnCase c{2, 8, 2, 1, 2100, 80, 48, Causal::bottom_right, false, true};
     expect_attention_same_everywhere(c, false, kv);
   }
+}
+
+// ---- Encoder and decoder layers, forward and backward (post-LN and pre-LN, dropout, GQA) ----
+
+std::vector<float> layers_run(bool norm_first) {
+  TransformerOptions o;
+  o.d_model = 48, o.nhead = 6, o.num_kv_heads = 2, o.dim_feedforward = 600, o.dropout = 0.1;
+  o.batch_first = true, o.norm_first = norm_first, o.seed = 9;
+  TransformerEncoderLayer enc(o);
+  TransformerDecoderLayer dec(o);
+  const int64_t N = 2, L = 37, S = 29;
+  std::vector<float> src = uniform(size_t(N * L * o.d_model), 21), mem = uniform(size_t(N * S * o.d_model), 22);
+  std::vector<float> dout = uniform(size_t(N * L * o.d_model), 23);
+  Tensor y = enc.forward({src.data(), {N, L, o.d_model}});
+  Tensor z = dec.forward(y.view(), {mem.data(), {N, S, o.d_model}});
+  DecoderGrads g = dec.backward({dout.data(), {N, L, o.d_model}});
+  Tensor dsrc = enc.backward(g.dtgt.view());
+  std::vector<float> all(z.data(), z.data() + z.numel());
+  for (const Tensor* t : {&g.dmemory, &dsrc}) all.insert(all.end(), t->data(), t->data() + t->numel());
+  for (Layer* l : {static_cast<Layer*>(&enc), static_cast<Layer*>(&dec)})
+    for (const Param& p : l->parameter_list()) all.insert(all.end(), p.grad->data(), p.grad->data() + p.grad->numel());
+  return all;
+}
+
+TEST(Bits, EncoderAndDecoderLayersOnEveryConfiguration) {
+  for (bool norm_first : {false, true})
+    expect_same_everywhere<std::vector<float>>([&] { return layers_run(norm_first); },
+                                               [](const std::vector<float>& x, const std::vector<float>& y) {
+                                                 expect_bits(x, y, "outputs and gradients");
+                                               });
 }
 
 // ---- Training (every layer forward and backward, AdamW) and generation ----

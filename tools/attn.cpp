@@ -6,6 +6,7 @@
 #include "attn/info.h"
 #include "attn/simd.h"
 #include "attn/threads.h"
+#include "attn/tune.h"
 #include "attn/version.h"
 #include "cli.h"
 #include "flags.h"
@@ -23,6 +24,14 @@ int main(int argc, char** argv) {
   info->add_flag("--strict", info_strict, "exit 2 if the kernels run a fallback (no AVX2, or AVX-512 unused)");
   info->add_option("--threads", info_threads, "thread count to report (0: the CPUs this process may use)")
       ->check(CLI::Range(0, attn::max_threads()));
+
+  int tune_threads = 0;
+  double tune_seconds = 3;
+  auto* tune = app.add_subcommand("tune", "measure the GEMM and flash blocking on this CPU, keep the fastest "
+                                  "for later runs (per user; changes no bits)");
+  tune->add_option("--threads", tune_threads, "threads to measure with (0: the CPUs this process may use)")
+      ->check(CLI::Range(0, attn::max_threads()));
+  tune->add_option("--seconds", tune_seconds, "about how long to measure")->check(CLI::Range(0.5, 600.0));
 
   attn::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench", "time reference vs flash attention over growing L");
@@ -72,6 +81,12 @@ int main(int argc, char** argv) {
       const attn::RuntimeInfo i = attn::runtime_info();
       std::fputs(attn::to_string(i).c_str(), stdout);
       if (info_strict) attn::check_no_simd_fallback();
+      return 0;
+    }
+    if (*tune) {
+      attn::set_num_threads(tune_threads);
+      std::fputs(attn::to_string(attn::runtime_info()).c_str(), stdout);
+      std::fputs(attn::to_string(attn::tune({tune_seconds})).c_str(), stdout);
       return 0;
     }
     if (*bench) {

@@ -22,8 +22,8 @@ struct CpuInfo {
 const CpuInfo& cpu_info();
 
 // Tests and benchmarks: pretend the L1d and L2 are these sizes (bytes; 0 keeps the current one), so the
-// blocking derived from them changes; the bits must not. set_cpu_caches(0, 0) does not restore: pass the
-// sizes read before. Not thread-safe: call it while no kernel runs.
+// blocking derived from them changes; the bits must not. Passing the sizes read (or ATTN_CPU_CACHES's)
+// restores them. Not thread-safe: call it while no kernel runs.
 void set_cpu_caches(int64_t l1d, int64_t l2);
 
 }  // namespace attn

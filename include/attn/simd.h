@@ -2,11 +2,13 @@
 // GELU, the GEMM) is compiled for the same target list and dispatched through Highway's one global
 // choice, so one answer holds for all of them.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace attn {
 
-std::string simd_target();      // the target dispatch picks now: "AVX3", "AVX2", "SSE4", "EMU128", ...
+std::string simd_target();
+int64_t simd_target_bits();     // the same as Highway's target bit (HWY_AVX3, HWY_AVX2, ...)      // the target dispatch picks now: "AVX3", "AVX2", "SSE4", "EMU128", ...
 std::string simd_compiled();    // the targets this CPU supports that attn was compiled for, best first
 // Empty when the kernels run the best vector instructions this CPU has; otherwise, in words, the fallback
 // (no AVX2 at all, or AVX-512 present but not used). strict paths refuse to run on a fallback.

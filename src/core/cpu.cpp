@@ -113,8 +113,13 @@ CpuInfo read_cpu() {
   return c;
 }
 
+const CpuInfo& as_read() {
+  static const CpuInfo info = read_cpu();
+  return info;
+}
+
 CpuInfo& mutable_info() {
-  static CpuInfo info = read_cpu();
+  static CpuInfo info = as_read();
   return info;
 }
 
@@ -124,8 +129,10 @@ const CpuInfo& cpu_info() { return mutable_info(); }
 
 void set_cpu_caches(int64_t l1d, int64_t l2) {
   CpuInfo& c = mutable_info();
-  if (l1d > 0) c.l1d = l1d, c.caches_forced = true;
-  if (l2 > 0) c.l2 = l2, c.caches_forced = true;
+  const CpuInfo& r = as_read();
+  if (l1d > 0) c.l1d = l1d;
+  if (l2 > 0) c.l2 = l2;
+  c.caches_forced = r.caches_forced || c.l1d != r.l1d || c.l2 != r.l2;  // the sizes read again: not forced
 }
 
 }  // namespace attn

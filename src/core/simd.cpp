@@ -26,6 +26,7 @@ int64_t chosen() { return HWY_DYNAMIC_DISPATCH(simd::Target)(); }
 }  // namespace
 
 std::string simd_target() { return hwy::TargetName(chosen()); }
+int64_t simd_target_bits() { return chosen(); }
 
 std::string simd_compiled() {
   std::string all;

@@ -22,7 +22,9 @@
 
 #include "attn/kernels/half_kv.h"
 #include "attn/kernels/problem.h"
+#include "attn/simd.h"
 #include "attn/threads.h"
+#include "attn/tune.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/kernels/flash_forward.cpp"  // found through include/; src/ is not on the path
@@ -65,7 +67,7 @@ Plan MakePlan(const SdpaProblem<float>& p) {
   pl.N = static_cast<int64_t>(hn::Lanes(DF()));
   pl.Dvp = round_up(p.Dv, pl.N);
   pl.decode = p.L * p.G <= kDecodeRows && p.S >= kDecodeMinS;
-  const FlashTiles tiles = flash_tiles();
+  const FlashTiles tiles = flash_tiles(HWY_TARGET);
   pl.bc = tiles.keys;
   // lq·G about tiles.rows and a multiple of kMR where it can be, so no microkernel runs short.
   const int64_t step = kMR / std::gcd<int64_t>(p.G, kMR);
@@ -301,13 +303,14 @@ FlashTiles g_forced;  // set_flash_tiles; 0 = derived
 
 // keys: kKeyTile, a constant of the algorithm, never of the cache: the online softmax rescales O and l at
 // each tile of keys, so the tile decides the bits (256: measured best on 1 MiB L2, where a 256 x 256
-// score tile and its K/V tiles stay in half of it). rows: 256 (K/V tiles come from L3 once per query
-// tile; measured: 64 rows 12% slower); rows change no bits.
-FlashTiles flash_tiles() {
+// score tile and its K/V tiles stay in half of it). rows: as measured on this CPU (attn tune), else 256
+// (K/V tiles come from L3 once per query tile; measured on a Zen 5: 64 rows 12% slower); rows change no bits.
+FlashTiles flash_tiles(int64_t target) {
   constexpr int64_t kKeyTile = 256;
+  const Tuning* tuned = tuned_for(target ? target : simd_target_bits());
   FlashTiles t;
   t.keys = g_forced.keys > 0 ? flash::round_up(g_forced.keys, 64) : kKeyTile;
-  t.rows = g_forced.rows > 0 ? g_forced.rows : 256;
+  t.rows = g_forced.rows > 0 ? g_forced.rows : tuned && tuned->flash_rows ? tuned->flash_rows : 256;
   return t;
 }
 

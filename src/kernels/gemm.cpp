@@ -18,8 +18,9 @@
 // the bits are those of the scalar loop `c = fma(alpha·a, b, c)`; tests/test_bits.cpp checks it under
 // forced targets and forced cache sizes. Edge tiles run the same code on zero-padded panels (extra
 // zero products leave the sum unchanged) and read/write C through the same vector loads and stores.
-// Blocking from cpu_info() at run time: an A panel (kc x MR) fills at most 1/4 of L1d, the B panels of
-// one tile (kc x NT) at most 1/2 of L2.
+// Blocking as measured on this CPU (attn tune: attn/tune.h) or, where nothing was measured, from cpu_info()
+// at run time: an A panel (kc x MR) fills at most 1/4 of L1d, the B panels of one tile (kc x NT) at most
+// 1/2 of L2, tiles of about 128 rows.
 #include "attn/gemm.h"
 
 #include <algorithm>
@@ -30,6 +31,7 @@
 
 #include "attn/cpu.h"
 #include "attn/threads.h"
+#include "attn/tune.h"
 
 #ifndef ATTN_GEMM_ONCE
 #define ATTN_GEMM_ONCE
@@ -64,13 +66,16 @@ inline int64_t max_kc(int64_t mr, int64_t elem) {
   return std::clamp<int64_t>(cpu_info().l1d / 4 / (mr * elem) / 8 * 8, 64, 1024);
 }
 
-// K cut into equal blocks no larger than max_kc: depends on K, the target and L1d only.
-inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr, int64_t elem) {
+// K cut into equal blocks no larger than the most (tuned, or max_kc); tiles as tuned, or kc x nt of packed
+// B in at most half of L2 and up to ~128 rows (A panels re-read per tile). t: the tuning of the calling
+// target (float only), or nullptr. None of it changes a bit of the result.
+inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr, int64_t elem, const Tuning* t) {
+  if (elem != 4) t = nullptr;
   Blocking b;
-  b.kc = ceil_div(K, ceil_div(K, max_kc(mr, elem)));
-  // kc x nt of packed B in at most half of L2; tiles of up to ~128 rows (A panels re-read per tile).
-  int64_t nt = std::max<int64_t>(1, cpu_info().l2 / 2 / (b.kc * elem) / nr) * nr;
-  int64_t mc = std::max<int64_t>(1, 128 / mr) * mr;
+  b.kc = ceil_div(K, ceil_div(K, t && t->gemm_kc ? t->gemm_kc : max_kc(mr, elem)));
+  int64_t nt = t && t->gemm_nt ? ceil_div(t->gemm_nt, nr) * nr
+                               : std::max<int64_t>(1, cpu_info().l2 / 2 / (b.kc * elem) / nr) * nr;
+  int64_t mc = t && t->gemm_mc ? ceil_div(t->gemm_mc, mr) * mr : std::max<int64_t>(1, 128 / mr) * mr;
   nt = std::min(nt, ceil_div(N, nr) * nr);
   mc = std::min(mc, ceil_div(M, mr) * mr);
   // Enough tiles to keep every thread busy (>= 4 per thread), cutting the longer side. The tiles only
@@ -274,7 +279,7 @@ void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* 
 template <typename T>
 void Gemm(const Args<T>& g) {
   const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T>();
-  const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T));
+  const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T), tuned_for(HWY_TARGET));
   const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
   T* ap = static_cast<T*>(scratch(0, static_cast<size_t>(mp * PanelStride<T>(bl.kc)) * sizeof(T)));  // (mp, kc, kMR)
   T* bp = static_cast<T*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * sizeof(T)));   // (np, kc, nr)
@@ -309,11 +314,15 @@ void Gemm(const Args<T>& g) {
 void GemmF32(const Args<float>& g) { Gemm(g); }
 void GemmF64(const Args<double>& g) { Gemm(g); }
 
-// "AVX3 6x64 (float), 6x32 (double)": the target and its register blocks.
+// "AVX3 6x64 (float), 6x32 (double), 2048³ blocked KC 512 x 126 x 1024 (derived)": the target, its
+// register blocks and the float blocking of a 2048³ product at the current thread count.
 std::string Describe() {
+  const Tuning* t = tuned_for(HWY_TARGET);
+  const Blocking b = blocking(2048, 2048, 2048, kMR, NR<float>(), sizeof(float), t);
   return std::string(hwy::TargetName(HWY_TARGET)) + " " + std::to_string(kMR) + "x" + std::to_string(NR<float>()) +
-         " (float), " + std::to_string(kMR) + "x" + std::to_string(NR<double>()) + " (double), max KC " +
-         std::to_string(max_kc(kMR, sizeof(float))) + "/" + std::to_string(max_kc(kMR, sizeof(double)));
+         " (float), " + std::to_string(kMR) + "x" + std::to_string(NR<double>()) + " (double), 2048³ blocked KC " +
+         std::to_string(b.kc) + " x " + std::to_string(b.mc) + " x " + std::to_string(b.nt) +
+         (t ? " (tuned)" : " (derived)");
 }
 
 }  // namespace attn::gemm_detail::HWY_NAMESPACE

@@ -6,6 +6,7 @@
 #include "attn/gemm.h"
 #include "attn/simd.h"
 #include "attn/threads.h"
+#include "attn/tune.h"
 
 namespace attn {
 
@@ -13,7 +14,7 @@ RuntimeInfo runtime_info() {
   const CpuInfo& c = cpu_info();
   return {c.name,          c.features,    c.l1d,           c.l2,           c.l3,          c.caches_read,
           c.caches_forced, simd_target(), simd_compiled(), simd_fallback(), simd_bits(), gemm_kernel(),
-          num_threads(),   max_threads(), wait_policy()};
+          tuning_summary(), num_threads(), max_threads(), wait_policy()};
 }
 
 std::string to_string(const RuntimeInfo& i) {
@@ -27,6 +28,7 @@ std::string to_string(const RuntimeInfo& i) {
              i.simd_fallback.empty() ? "" : "\nFALLBACK  " + i.simd_fallback, "\n",  //
              "bits      ", i.bits, "\n",                                             //
              "gemm      ", i.gemm, "\n",                                             //
+             "tuning    ", i.tuning, "\n",                                             //
              "threads   ", i.threads, " (at most ", i.max_threads, "); ", i.wait_policy, "\n");
 }
 

@@ -174,7 +174,8 @@ struct FlashTiles {
   int64_t keys = 0, rows = 0;
   int64_t scratch = 0;  // flash_backward only: floats of packed query rows and dQ partials held at once
 };
-FlashTiles flash_tiles();
+// target: the Highway target whose tuning applies (attn/tune.h); 0 = the one dispatch chooses now.
+FlashTiles flash_tiles(int64_t target = 0);
 void set_flash_tiles(FlashTiles t);
 // The backward oracle: recomputes the weights (reads neither p.out.out nor p.out.lse), float or double.
 // dout (B, H, L, Dv); dk and dv are summed over the query heads of a GQA group.

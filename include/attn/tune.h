@@ -1,0 +1,66 @@
+// Blocking chosen by measurement on the CPU at hand, not by one machine's constants: `attn tune` (or
+// attn::tune()) times a few candidates of the GEMM's K block and output tile and of the flash forward's
+// query tile, keeps the fastest in a per-user file keyed by the CPU (model, features, caches) and the
+// SIMD target, and every later process of that user on that CPU uses them. Blocking changes no bits
+// (gemm.cpp, flash_forward.cpp), so a tuned and an untuned run give the same results, only sooner.
+// Where nothing was measured (or the caches are forced, set_cpu_caches), the blocking is derived from the
+// cache sizes as before. Not an autotuner of the kernels' code: the register blocks are fixed per target.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace attn {
+
+// What was chosen for one CPU and target; 0 means "derived from the caches".
+struct Tuning {
+  int64_t gemm_kc = 0;      // most of K per block (float)
+  int64_t gemm_mc = 0;      // rows per output tile, a multiple of the register block's MR
+  int64_t gemm_nt = 0;      // columns per output tile, a multiple of NR
+  int64_t flash_rows = 0;   // query rows per flash forward tile
+  std::string measured;     // when (UTC), empty if never
+};
+
+// The per-user file: $ATTN_TUNE_FILE, else $XDG_CACHE_HOME/attn/tune.json, else ~/.cache/attn/tune.json.
+std::string tuning_path();
+// The key of this CPU and the SIMD target now chosen: "AMD EPYC|avx2 fma ...|L1d 48K L2 1024K L3 32768K|AVX3".
+std::string tuning_key();
+// The tuning of this CPU for Highway target `target` (HWY_TARGET of the calling kernel), read from the
+// file once per process; nullptr where none was measured, or the caches are forced (set_cpu_caches).
+// A malformed file is reported on stderr once and treated as empty.
+const Tuning* tuned_for(int64_t target);
+// Reads the file again (after it changed: tests, attn tune). Not while kernels run.
+void reload_tuning();
+// Tests and attn tune: every kernel uses t (zeros: derived from the caches) instead of the file, for any
+// target, until clear_forced_tuning(). Not while kernels run.
+void force_tuning(const Tuning& t);
+void clear_forced_tuning();
+
+struct TuneOptions {
+  double seconds = 3;  // about this long in all (more rounds where time allows, at least 3)
+  bool quick = false;  // small shapes only (tests)
+};
+
+// One candidate's measurement: its settings and its rate on each shape, GFLOP/s (median of the rounds).
+struct TuneRow {
+  std::string kernel;  // "gemm" or "flash"
+  Tuning t;
+  std::vector<double> gflops;
+  double score = 0;    // geometric mean of gflops
+  bool chosen = false;
+};
+struct TuneReport {
+  std::string key, path;
+  std::vector<std::string> gemm_shapes, flash_shapes;
+  std::vector<TuneRow> rows;
+  Tuning chosen;
+};
+
+// Measures the candidates on this CPU with the current thread count, saves the fastest under
+// tuning_key() in tuning_path() (atomically: a temporary file renamed over it), and returns the table.
+TuneReport tune(const TuneOptions& options = {});
+std::string to_string(const TuneReport& r);
+// One line for `attn info`: what the kernels use now and where it came from.
+std::string tuning_summary();
+
+}  // namespace attn

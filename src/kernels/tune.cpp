@@ -1,0 +1,345 @@
+// Blocking by measurement (attn/tune.h): the per-user tuning file, its lookup by the kernels, and the
+// measurement of the candidates. Not the kernels (gemm.cpp and flash_forward.cpp read tuned_for()) and
+// not a benchmark against peers (bench/): candidates of attn's own blocking, timed against each other.
+//
+// File: {"version": 1, "entries": {KEY: {"gemm_kc": …, "gemm_mc": …, "gemm_nt": …, "flash_rows": …,
+// "measured": "2026-12-01 22:50 UTC"}}}, KEY as tuning_key(). Entries of other CPUs are kept as they are.
+#include "attn/tune.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <hwy/targets.h>
+
+#include "attn/check.h"
+#include "attn/cpu.h"
+#include "attn/file.h"
+#include "attn/gemm.h"
+#include "attn/sdpa.h"
+#include "attn/simd.h"
+
+namespace attn {
+namespace {
+
+using json = nlohmann::json;
+
+std::string key_for(int64_t target) {
+  const CpuInfo& c = cpu_info();
+  return cat(c.name, "|", c.features, "|L1d ", c.l1d >> 10, "K L2 ", c.l2 >> 10, "K L3 ", c.l3 >> 10, "K|",
+             hwy::TargetName(target));
+}
+
+// The file's entries for this CPU, by target; read once (or again after reload_tuning).
+struct Table {
+  std::vector<std::pair<int64_t, Tuning>> entries;
+};
+
+json read_file(const std::string& path, bool warn) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return json::object();
+  try {
+    json j = json::parse(read_regular_file(path, "the tuning file", 16u << 20));
+    ATTN_CHECK(j.is_object() && j.value("version", 0) == 1 && j.contains("entries") && j["entries"].is_object(),
+               "Expected {\"version\": 1, \"entries\": {...}}, but got another document instead");
+    return j;
+  } catch (const std::exception& e) {
+    if (warn) std::fprintf(stderr, "attn: ignoring the tuning file %s: %s\n", path.c_str(), e.what());
+    return json::object();
+  }
+}
+
+Tuning from_json(const json& e) {
+  Tuning t;
+  auto count = [&](const char* name, int64_t lo, int64_t hi) {
+    const int64_t v = e.value(name, int64_t(0));
+    ATTN_CHECK(v == 0 || (v >= lo && v <= hi), "Expected ", name, " 0 or in [", lo, ", ", hi, "], but got ", v, " instead");
+    return v;
+  };
+  t.gemm_kc = count("gemm_kc", 16, 8192);
+  t.gemm_mc = count("gemm_mc", 1, 8192);
+  t.gemm_nt = count("gemm_nt", 1, 1 << 20);
+  t.flash_rows = count("flash_rows", 1, 8192);
+  t.measured = e.value("measured", std::string());
+  return t;
+}
+
+Table load() {
+  Table t;
+  const json j = read_file(tuning_path(), true);
+  if (!j.contains("entries")) return t;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    const auto it = j["entries"].find(key_for(target));
+    if (it == j["entries"].end()) continue;
+    try {
+      t.entries.push_back({target, from_json(*it)});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "attn: ignoring the tuning of %s in %s: %s\n", hwy::TargetName(target),
+                   tuning_path().c_str(), e.what());
+    }
+  }
+  return t;
+}
+
+std::mutex g_mu;  // guards the table's replacement (reload) and the forced tuning
+std::optional<Table> g_table;
+std::optional<Tuning> g_forced;
+
+const Table& table() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_table) g_table = load();
+  return *g_table;
+}
+
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
+}
+
+void save(const std::string& key, const Tuning& t) {
+  const std::string path = tuning_path();
+  json j = read_file(path, true);
+  if (!j.contains("entries")) j = {{"version", 1}, {"entries", json::object()}};
+  j["entries"][key] = {{"gemm_kc", t.gemm_kc}, {"gemm_mc", t.gemm_mc}, {"gemm_nt", t.gemm_nt},
+                       {"flash_rows", t.flash_rows}, {"measured", t.measured}};
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  const std::string tmp = cat(path, ".tmp-", ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << j.dump(2) << "\n";
+    f.flush();
+    ATTN_CHECK(f.good(), "Expected to write the tuning file ", tmp, ", but the write failed instead");
+  }
+  std::filesystem::rename(tmp, path);  // atomic: a reader sees the old file or the new one
+}
+
+// ---- Measurement ----
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_of(const std::function<void()>& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Work {
+  std::string name;
+  double flops;
+  std::function<void()> run;
+};
+
+// Interleaved rounds (every candidate, every shape, once per round) until the budget is spent (at least 3
+// rounds); each candidate's median rate per shape, and their geometric mean.
+void measure(const std::vector<Tuning>& cands, const std::vector<Work>& work, const char* kernel, double budget,
+             TuneReport& r) {
+  std::vector<std::vector<std::vector<double>>> t(cands.size(), std::vector<std::vector<double>>(work.size()));
+  const auto start = Clock::now();
+  for (int round = 0;; ++round) {
+    for (size_t c = 0; c < cands.size(); ++c) {
+      force_tuning(cands[c]);
+      for (size_t w = 0; w < work.size(); ++w) {
+        if (round == 0) work[w].run();  // warm-up: scratch grown, pages touched
+        t[c][w].push_back(seconds_of(work[w].run));
+      }
+    }
+    const double spent = std::chrono::duration<double>(Clock::now() - start).count();
+    if (round >= 2 && (spent >= budget || round >= 40)) break;
+  }
+  clear_forced_tuning();
+  for (size_t c = 0; c < cands.size(); ++c) {
+    TuneRow row{kernel, cands[c], {}, 0, false};
+    double log_sum = 0;
+    for (size_t w = 0; w < work.size(); ++w) {
+      auto& x = t[c][w];
+      std::sort(x.begin(), x.end());
+      row.gflops.push_back(work[w].flops / x[x.size() / 2] * 1e-9);
+      log_sum += std::log(row.gflops.back());
+    }
+    row.score = std::exp(log_sum / double(work.size()));
+    r.rows.push_back(row);
+  }
+}
+
+// The best row of `kernel` among the last n rows.
+TuneRow& best(TuneReport& r, size_t n) {
+  auto first = r.rows.end() - std::ptrdiff_t(n);
+  return *std::max_element(first, r.rows.end(), [](const TuneRow& a, const TuneRow& b) { return a.score < b.score; });
+}
+
+struct GemmOperands {
+  int64_t M, N, K;
+  bool ta, tb;
+  std::vector<float> a, b, c;
+  GemmOperands(int64_t M_, int64_t N_, int64_t K_, bool ta_, bool tb_) : M(M_), N(N_), K(K_), ta(ta_), tb(tb_) {
+    std::mt19937 gen(1);
+    std::uniform_real_distribution<float> u(-1, 1);
+    a.resize(size_t(M * K)), b.resize(size_t(K * N)), c.resize(size_t(M * N));
+    for (float& x : a) x = u(gen);
+    for (float& x : b) x = u(gen);
+  }
+  void run() {
+    gemm(ta, tb, M, N, K, 1.f, a.data(), ta ? M : K, b.data(), tb ? K : N, 0.f, c.data(), N);
+  }
+};
+
+struct FlashOperands {
+  int64_t H, L, D;
+  std::vector<float> q, k, v, o;
+  FlashOperands(int64_t H_, int64_t L_, int64_t D_) : H(H_), L(L_), D(D_) {
+    std::mt19937 gen(2);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (auto* x : {&q, &k, &v}) {
+      x->resize(size_t(H * L * D));
+      for (float& e : *x) e = u(gen);
+    }
+    o.resize(size_t(H * L * D));
+  }
+  void run() {
+    const SdpaArgs<float> a{{q.data(), {1, H, L, D}}, {k.data(), {1, H, L, D}}, {v.data(), {1, H, L, D}}};
+    sdpa(a, SdpaOut<float>{{o.data(), {1, H, L, D}}, {}, {}}, {Backend::flash, false});
+  }
+};
+
+}  // namespace
+
+std::string tuning_path() {
+  if (const char* p = std::getenv("ATTN_TUNE_FILE"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/attn/tune.json";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/attn/tune.json";
+}
+
+std::string tuning_key() { return key_for(simd_target_bits()); }
+
+const Tuning* tuned_for(int64_t target) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_forced) return &*g_forced;
+  }
+  if (cpu_info().caches_forced) return nullptr;  // another CPU's caches: its blocking is derived
+  for (const auto& [t, tuning] : table().entries)
+    if (t == target) return &tuning;
+  return nullptr;
+}
+
+void reload_tuning() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_table.reset();
+}
+
+void force_tuning(const Tuning& t) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_forced = t;
+}
+
+void clear_forced_tuning() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_forced.reset();
+}
+
+TuneReport tune(const TuneOptions& o) {
+  TuneReport r;
+  r.key = tuning_key();
+  r.path = tuning_path();
+  // The GEMM on the training shapes (M = B·T against N, K in {128, 512}; dW's K = B·T) and a large square.
+  std::vector<GemmOperands> g;
+  if (o.quick) g = {{96, 80, 300, false, false}, {64, 64, 700, true, false}};
+  else
+    g = {{1024, 1024, 1024, false, false}, {768, 512, 128, false, false}, {4096, 128, 512, false, true},
+         {512, 128, 4096, true, false},    {768, 128, 512, false, true},  {4096, 512, 512, false, true}};
+  std::vector<Work> gw;
+  for (auto& x : g) {
+    r.gemm_shapes.push_back(cat(x.M, "x", x.N, "x", x.K, " ", x.ta ? "T" : "N", x.tb ? "T" : "N"));
+    gw.push_back({r.gemm_shapes.back(), 2.0 * double(x.M * x.N * x.K), [&x] { x.run(); }});
+  }
+  // Three stages, each keeping the best of the one before: K block, tile rows, tile columns.
+  const double stage = o.seconds * (o.quick ? 0.25 : 0.28);
+  Tuning t;
+  std::vector<Tuning> cands;
+  for (int64_t kc : {0, 128, 192, 256, 384, 512, 768}) cands.push_back({kc, 0, 0, 0, {}});
+  measure(cands, gw, "gemm", stage, r);
+  t.gemm_kc = best(r, cands.size()).t.gemm_kc;
+  cands.clear();
+  for (int64_t mc : {0, 48, 72, 192, 384}) cands.push_back({t.gemm_kc, mc, 0, 0, {}});
+  measure(cands, gw, "gemm", stage, r);
+  t.gemm_mc = best(r, cands.size()).t.gemm_mc;
+  cands.clear();
+  for (int64_t nt : {0, 256, 1024, 4096}) cands.push_back({t.gemm_kc, t.gemm_mc, nt, 0, {}});
+  measure(cands, gw, "gemm", stage, r);
+  TuneRow& gbest = best(r, cands.size());
+  t.gemm_nt = gbest.t.gemm_nt;
+  gbest.chosen = true;
+  // The flash forward's query tile, with the GEMM as chosen.
+  FlashOperands f(8, o.quick ? 128 : 1024, 64);
+  r.flash_shapes.push_back(cat("H ", f.H, ", L = S = ", f.L, ", D ", f.D));
+  const std::vector<Work> fw{{r.flash_shapes.back(), 4.0 * double(f.H * f.L * f.L * f.D), [&f] { f.run(); }}};
+  cands.clear();
+  for (int64_t rows : {0, 64, 128, 512}) cands.push_back({t.gemm_kc, t.gemm_mc, t.gemm_nt, rows, {}});
+  measure(cands, fw, "flash", o.seconds - 3 * stage, r);
+  TuneRow& fbest = best(r, cands.size());
+  t.flash_rows = fbest.t.flash_rows;
+  fbest.chosen = true;
+  t.measured = now_utc();
+  r.chosen = t;
+  save(r.key, t);
+  reload_tuning();
+  return r;
+}
+
+std::string to_string(const TuneReport& r) {
+  auto v = [](int64_t x) { return x ? std::to_string(x) : std::string("derived"); };
+  std::string s = cat("tuning for ", r.key, "\n");
+  for (const char* kernel : {"gemm", "flash"}) {
+    const auto& shapes = std::string(kernel) == "gemm" ? r.gemm_shapes : r.flash_shapes;
+    s += cat("\n", kernel, " candidates, GFLOP/s (median of the rounds)\n");
+    s += std::string(kernel) == "gemm" ? "      kc      mc      nt" : "    rows";
+    for (const auto& n : shapes) s += cat(" | ", n);
+    s += " | geomean\n";
+    for (const TuneRow& row : r.rows) {
+      if (row.kernel != kernel) continue;
+      char buf[64];
+      if (row.kernel == "gemm")
+        std::snprintf(buf, sizeof buf, "%8s%8s%8s", v(row.t.gemm_kc).c_str(), v(row.t.gemm_mc).c_str(), v(row.t.gemm_nt).c_str());
+      else
+        std::snprintf(buf, sizeof buf, "%8s", v(row.t.flash_rows).c_str());
+      s += buf;
+      for (size_t i = 0; i < row.gflops.size(); ++i) {
+        std::snprintf(buf, sizeof buf, " | %*.1f", int(std::max<size_t>(6, shapes[i].size())), row.gflops[i]);
+        s += buf;
+      }
+      std::snprintf(buf, sizeof buf, " | %7.1f%s\n", row.score, row.chosen ? "  <- chosen" : "");
+      s += buf;
+    }
+  }
+  s += cat("\nsaved in ", r.path, "\n");
+  return s;
+}
+
+std::string tuning_summary() {
+  const Tuning* t = tuned_for(simd_target_bits());
+  if (!t) {
+    if (cpu_info().caches_forced) return "derived from the forced caches (tuning files are per CPU)";
+    return cat("derived from the caches (no measurement for ", simd_target(), " in ", tuning_path(),
+               ": run `attn tune`)");
+  }
+  auto v = [](int64_t x) { return x ? std::to_string(x) : std::string("derived"); };
+  return cat("gemm kc ", v(t->gemm_kc), ", mc ", v(t->gemm_mc), ", nt ", v(t->gemm_nt), "; flash rows ",
+             v(t->flash_rows), t->measured.empty() ? " (forced)" : cat(" (measured ", t->measured, ", ", tuning_path(), ")"));
+}
+
+}  // namespace attn

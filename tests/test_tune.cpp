@@ -1,0 +1,129 @@
+// Tests of blocking by measurement (attn/tune.h, src/kernels/tune.cpp): attn tune writes the per-user file
+// atomically and keeps other CPUs' entries, the kernels then use what was chosen (gemm_kernel and
+// tuning_summary say so), a tuned blocking gives the same bits as the derived one, and a malformed file or
+// forced caches fall back to the derived blocking without a crash. Not the speed of any choice.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attn/cpu.h"
+#include "attn/gemm.h"
+#include "attn/sdpa.h"
+#include "attn/simd.h"
+#include "attn/tune.h"
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+// The tuning file at a temporary path for the test's scope.
+struct TuneFile {
+  test::TempDir dir;
+  std::string path = dir / "tune.json";
+  TuneFile() {
+    ::setenv("ATTN_TUNE_FILE", path.c_str(), 1);
+    reload_tuning();
+  }
+  ~TuneFile() {
+    ::unsetenv("ATTN_TUNE_FILE");
+    reload_tuning();
+  }
+  void write(const std::string& text) const {
+    std::ofstream(path) << text;
+    reload_tuning();
+  }
+};
+
+std::vector<float> gemm_result(int64_t M, int64_t N, int64_t K) {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> a(size_t(M * K)), b(size_t(K * N)), c(size_t(M * N));
+  for (float& x : a) x = u(gen);
+  for (float& x : b) x = u(gen);
+  gemm(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N);
+  return c;
+}
+
+std::vector<float> flash_result() {
+  const int64_t H = 4, L = 300, D = 32;
+  std::mt19937 gen(6);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> q(size_t(H * L * D)), o(q.size());
+  for (float& x : q) x = u(gen);
+  const SdpaArgs<float> a{{q.data(), {1, H, L, D}}, {q.data(), {1, H, L, D}}, {q.data(), {1, H, L, D}}};
+  sdpa(a, SdpaOut<float>{{o.data(), {1, H, L, D}}, {}, {}}, {Backend::flash, false});
+  return o;
+}
+
+TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
+  TuneFile f;
+  f.write(R"({"version": 1, "entries": {"another CPU|avx2|L1d 32K|AVX2": {"gemm_kc": 256}}})");
+  EXPECT_EQ(tuned_for(simd_target_bits()), nullptr);
+  EXPECT_NE(tuning_summary().find("run `attn tune`"), std::string::npos) << tuning_summary();
+  const TuneReport r = tune({0.3, true});
+  EXPECT_EQ(r.path, f.path);
+  EXPECT_EQ(r.key, tuning_key());
+  EXPECT_GE(r.rows.size(), 16u);  // 7 + 5 + 4 GEMM candidates and 4 flash ones
+  int chosen = 0;
+  for (const TuneRow& row : r.rows) {
+    chosen += row.chosen;
+    EXPECT_GT(row.score, 0) << row.kernel;
+    EXPECT_EQ(row.gflops.size(), (row.kernel == "gemm" ? r.gemm_shapes : r.flash_shapes).size());
+  }
+  EXPECT_EQ(chosen, 2);  // one GEMM row and one flash row
+  const std::string text = to_string(r);
+  EXPECT_NE(text.find("<- chosen"), std::string::npos) << text;
+
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(f.path));
+  ASSERT_TRUE(j["entries"].contains(tuning_key())) << j.dump();
+  EXPECT_TRUE(j["entries"].contains("another CPU|avx2|L1d 32K|AVX2")) << "other CPUs' entries are kept";
+  EXPECT_EQ(j["entries"][tuning_key()]["gemm_kc"], r.chosen.gemm_kc);
+  const Tuning* t = tuned_for(simd_target_bits());
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->gemm_kc, r.chosen.gemm_kc);
+  EXPECT_EQ(t->flash_rows, r.chosen.flash_rows);
+  EXPECT_FALSE(t->measured.empty());
+  EXPECT_NE(tuning_summary().find("measured"), std::string::npos) << tuning_summary();
+  EXPECT_NE(gemm_kernel().find("(tuned)"), std::string::npos) << gemm_kernel();
+  EXPECT_EQ(flash_tiles().rows, t->flash_rows ? t->flash_rows : 256);
+}
+
+TEST(Tune, BlockingChangesNoBits) {
+  TuneFile f;
+  const std::vector<float> g = gemm_result(70, 130, 1000), fl = flash_result();
+  for (const Tuning& t : {Tuning{16, 6, 64, 64, {}}, Tuning{200, 384, 4096, 512, {}}, Tuning{1000, 12, 16, 7, {}}}) {
+    force_tuning(t);
+    EXPECT_EQ(gemm_result(70, 130, 1000), g) << "kc " << t.gemm_kc << " mc " << t.gemm_mc << " nt " << t.gemm_nt;
+    EXPECT_EQ(flash_result(), fl) << "rows " << t.flash_rows;
+  }
+  clear_forced_tuning();
+}
+
+TEST(Tune, MalformedFileOrForcedCachesFallBackToDerived) {
+  TuneFile f;
+  for (const char* bad : {"{not json", "[1, 2]", R"({"version": 2, "entries": {}})"}) {
+    f.write(bad);
+    EXPECT_EQ(tuned_for(simd_target_bits()), nullptr) << bad;
+    EXPECT_NE(gemm_kernel().find("(derived)"), std::string::npos) << bad;
+  }
+  nlohmann::json j = {{"version", 1}, {"entries", {{tuning_key(), {{"gemm_kc", -5}}}}}};
+  f.write(j.dump());
+  EXPECT_EQ(tuned_for(simd_target_bits()), nullptr) << "an out-of-range entry is ignored";
+  j["entries"][tuning_key()] = {{"gemm_kc", 128}, {"measured", "then"}};
+  f.write(j.dump());
+  ASSERT_NE(tuned_for(simd_target_bits()), nullptr);
+  EXPECT_EQ(tuned_for(simd_target_bits())->gemm_kc, 128);
+  const int64_t l1d = cpu_info().l1d, l2 = cpu_info().l2;
+  set_cpu_caches(32 << 10, 512 << 10);  // another CPU's caches: its blocking is derived, not this one's tuning
+  EXPECT_EQ(tuned_for(simd_target_bits()), nullptr);
+  set_cpu_caches(l1d, l2);
+}
+
+}  // namespace
+}  // namespace attn
