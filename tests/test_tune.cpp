@@ -69,7 +69,7 @@ TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
   const TuneReport r = tune({0.3, true});
   EXPECT_EQ(r.path, f.path);
   EXPECT_EQ(r.key, tuning_key());
-  EXPECT_GE(r.rows.size(), 16u);  // 7 + 5 + 4 GEMM candidates and 4 flash ones
+  EXPECT_EQ(r.rows.size(), 26u);  // 8 + 5 + 4 + 5 GEMM candidates and 4 flash ones
   int chosen = 0;
   for (const TuneRow& row : r.rows) {
     chosen += row.chosen;
@@ -97,9 +97,13 @@ TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
 TEST(Tune, BlockingChangesNoBits) {
   TuneFile f;
   const std::vector<float> g = gemm_result(70, 130, 1000), fl = flash_result();
-  for (const Tuning& t : {Tuning{16, 6, 64, 64, {}}, Tuning{200, 384, 4096, 512, {}}, Tuning{1000, 12, 16, 7, {}}}) {
+  const Tuning ts[] = {{.gemm_kc = 16, .gemm_mc = 6, .gemm_nt = 64, .gemm_pack_a = 1, .flash_rows = 64},
+                       {.gemm_kc = 200, .gemm_mc = 384, .gemm_nt = 4096, .gemm_pack_a = 1 << 30, .flash_rows = 512},
+                       {.gemm_kc = 1000, .gemm_mc = 12, .gemm_nt = 16, .gemm_pack_a = 2, .flash_rows = 7}};
+  for (const Tuning& t : ts) {
     force_tuning(t);
-    EXPECT_EQ(gemm_result(70, 130, 1000), g) << "kc " << t.gemm_kc << " mc " << t.gemm_mc << " nt " << t.gemm_nt;
+    EXPECT_EQ(gemm_result(70, 130, 1000), g) << "kc " << t.gemm_kc << " mc " << t.gemm_mc << " nt " << t.gemm_nt
+                                             << " pack_a " << t.gemm_pack_a;
     EXPECT_EQ(flash_result(), fl) << "rows " << t.flash_rows;
   }
   clear_forced_tuning();

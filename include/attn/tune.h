@@ -17,6 +17,7 @@ struct Tuning {
   int64_t gemm_kc = 0;      // most of K per block (float)
   int64_t gemm_mc = 0;      // rows per output tile, a multiple of the register block's MR
   int64_t gemm_nt = 0;      // columns per output tile, a multiple of NR
+  int64_t gemm_pack_a = 0;  // pack A into panels when it meets more than this many B panels (of NR columns)
   int64_t flash_rows = 0;   // query rows per flash forward tile
   std::string measured;     // when (UTC), empty if never
 };
@@ -51,12 +52,14 @@ struct TuneRow {
 };
 struct TuneReport {
   std::string key, path;
+  std::string note;  // e.g. that the machine was busy while measuring
   std::vector<std::string> gemm_shapes, flash_shapes;
   std::vector<TuneRow> rows;
   Tuning chosen;
 };
 
-// Measures the candidates on this CPU with the current thread count, saves the fastest under
+// Measures the candidates on this CPU with the current thread count (interleaved rounds, medians; a
+// candidate replaces the derived value only where it is 3% faster), saves the fastest under
 // tuning_key() in tuning_path() (atomically: a temporary file renamed over it), and returns the table.
 TuneReport tune(const TuneOptions& options = {});
 std::string to_string(const TuneReport& r);

@@ -56,6 +56,7 @@ struct Args {
 struct Blocking {
   int64_t kc;      // K block: the summed dimension is cut here, the same for any thread count
   int64_t mc, nt;  // output tile: mc rows (multiple of MR) x nt columns (multiple of NR)
+  bool pack_a;     // copy op(A) into panels (each meets ceil(N / NR) B panels), or read it in place
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -86,6 +87,10 @@ inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr
     else nt = std::max(nr, (nt / nr / 2) * nr);
   }
   b.mc = mc, b.nt = nt;
+  // A panel is read once per B panel; packing it costs about one read and one write of A. Derived: pack
+  // when it meets more than kPackAPanels B panels.
+  constexpr int64_t kPackAPanels = 4;
+  b.pack_a = ceil_div(N, nr) > (t && t->gemm_pack_a ? t->gemm_pack_a : kPackAPanels);
   return b;
 }
 
@@ -155,16 +160,29 @@ HWY_INLINE void StoreC(D d, V v, T* HWY_RESTRICT c, int64_t cols) {
 // Where a microkernel's chain starts: 0 (C not read), beta·C, or C itself (a later K block, or beta = 1).
 enum class Start { zero, scaled, c };
 
-// C (mr, nr) = C0 + Ap (kc, kMR)ᵀ-panel · Bp (kc, NV·N), for mr <= kMR, nr <= NV·N, C0 per `start`.
-// ap: element (k, r) at k·kMR + r (alpha folded in). bp: element (k, j) at k·ldbp + j. Each accumulator
-// is one FMA chain over k in order, whatever NV is: a narrower block computes its columns exactly as the
-// widest one would.
+// Where a microkernel reads its kMR rows of alpha·op(A): element (r, k) at a[r·rs + k·ks]. A packed panel
+// (rs 1, ks kMR, alpha folded in), or A itself when packing would not pay (rows in place: rs lda, ks 1;
+// transposed: rs 1, ks lda; alpha = 1).
+template <typename T>
+struct ARows {
+  const T* a;
+  int64_t rs, ks;
+};
+
+// C (mr, nr) = C0 + A (kMR, kc) · Bp (kc, NV·N), for mr <= kMR, nr <= NV·N, C0 per `start`. A's rows
+// past mr are read as row 0 (their sums are never stored). bp: element (k, j) at k·ldbp + j. Each
+// accumulator is one FMA chain over k in order, whatever NV is or where A is read from: a narrower block
+// computes its columns exactly as the widest one would.
 template <typename T, int NV>
-HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
+HWY_NOINLINE void Micro(ARows<T> A, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
                         T* HWY_RESTRICT c, int64_t ldc, int64_t mr, int64_t nr, Start start, T beta) {
   const hn::ScalableTag<T> d;
   using V = hn::Vec<decltype(d)>;
   const int64_t N = hn::Lanes(d);
+  const T* arow[kMR];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMR; ++r) arow[r] = A.a + (r < mr ? r : 0) * A.rs;
+  const int64_t ks = A.ks;
   V acc[kMR][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < kMR; ++r)
@@ -181,7 +199,7 @@ HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int6
     for (int j = 0; j < NV; ++j) b[j] = hn::Load(d, bp + k * ldbp + j * N);
 #pragma GCC unroll 16
     for (int r = 0; r < kMR; ++r) {
-      const V a = hn::Set(d, ap[k * kMR + r]);
+      const V a = hn::Set(d, arow[r][k * ks]);
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
     }
@@ -197,12 +215,12 @@ HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int6
 
 // The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors).
 template <typename T, int NV = kNV>
-HWY_INLINE void MicroCols(int64_t nr, const T* ap, const T* bp, int64_t ldbp, int64_t kc, T* c, int64_t ldc,
+HWY_INLINE void MicroCols(int64_t nr, ARows<T> a, const T* bp, int64_t ldbp, int64_t kc, T* c, int64_t ldc,
                           int64_t mr, Start start, T beta) {
   if constexpr (NV > 1)
     if (nr <= (NV - 1) * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
-      return MicroCols<T, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, start, beta);
-  Micro<T, NV>(ap, bp, ldbp, kc, c, ldc, mr, nr, start, beta);
+      return MicroCols<T, NV - 1>(nr, a, bp, ldbp, kc, c, ldc, mr, start, beta);
+  Micro<T, NV>(a, bp, ldbp, kc, c, ldc, mr, nr, start, beta);
 }
 
 // Elements from one packed A panel to the next: kc·kMR plus one cache line, so that panels are never a
@@ -281,7 +299,11 @@ void Gemm(const Args<T>& g) {
   const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T>();
   const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T), tuned_for(HWY_TARGET));
   const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
-  T* ap = static_cast<T*>(scratch(0, static_cast<size_t>(mp * PanelStride<T>(bl.kc)) * sizeof(T)));  // (mp, kc, kMR)
+  // A is packed where its panels meet enough B panels to repay the copy (or alpha must be folded in);
+  // else the microkernels read it where it is. Either way the same products in the same order.
+  const bool pack_a = bl.pack_a || g.alpha != T(1);
+  T* ap = pack_a ? static_cast<T*>(scratch(0, static_cast<size_t>(mp * PanelStride<T>(bl.kc)) * sizeof(T)))
+                 : nullptr;  // (mp, kc, kMR)
   T* bp = static_cast<T*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * sizeof(T)));   // (np, kc, nr)
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
   for (int64_t pc = 0; pc < K; pc += bl.kc) {
@@ -291,10 +313,15 @@ void Gemm(const Args<T>& g) {
     parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
       for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, bp + p * nr * kc);
     });
-    if (g.ta)  // chunks of k: rows of A (see PackA)
+    if (pack_a && g.ta)  // chunks of k: rows of A (see PackA)
       parallel_for(kc, grain_for(M), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
-    else
+    else if (pack_a)
       parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
+    // rows [i, i + kMR) of alpha·op(A)[:, pc ..]: their packed panel, or A in place
+    auto a_rows = [&](int64_t i) -> ARows<T> {
+      if (pack_a) return {ap + i / kMR * PanelStride<T>(kc), 1, kMR};
+      return g.ta ? ARows<T>{g.A + pc * g.lda + i, 1, g.lda} : ARows<T>{g.A + i * g.lda + pc, g.lda, 1};
+    };
     // one tile per item, but tiles of a small product in one chunk: below ~32k multiply-adds per
     // chunk, waking a thread costs more than it saves (and a busy machine may not give it back soon)
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc;
@@ -304,7 +331,7 @@ void Gemm(const Args<T>& g) {
       const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
       for (int64_t i = i0; i < i1; i += kMR)
         for (int64_t j = j0; j < j1; j += nr)
-          MicroCols<T>(std::min(nr, j1 - j), ap + i / kMR * PanelStride<T>(kc), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
+          MicroCols<T>(std::min(nr, j1 - j), a_rows(i), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
                        std::min<int64_t>(kMR, i1 - i), start, g.beta);
      }
     });
