@@ -322,3 +322,9 @@ TEST(FlashBackend, SdpaRunsFlashAndMatchesTheKernel) {
   sdpa(in.bind<float>().args, SdpaOut<float>{out.view, {}, {}}, {Backend::automatic, true});
   EXPECT_EQ(out.values(), direct.out);
 }
+
+TEST(FlashBackend, EachBackendIsPrintedAsItIsParsed) {
+  for (Backend b : {Backend::automatic, Backend::reference, Backend::flash}) EXPECT_EQ(parse_backend(to_string(b)), b);
+  EXPECT_STREQ(to_string(Backend::automatic), "auto");  // as Python's backend="auto"
+  EXPECT_THROW(parse_backend("automatic"), Error);
+}
