@@ -167,7 +167,7 @@ void check_case(Case c) {
   };
   auto random_floats = [&](const Shape& s) {
     Tensor t(s);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = rng.uniform() < 0.1 ? -INFINITY : float(rng.normal());
+    for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = rng.uniform() < 0.1 ? float(-kInf) : float(rng.normal());
     return t;
   };
   const Shape kpm_shape = c.unbatched ? Shape{S} : Shape{B, S};
