@@ -6,7 +6,8 @@
 
 namespace attn {
 
-std::string simd_target();      // the target dispatch picks now: "AVX3", "AVX2", "SSE4", "EMU128", ...
+std::string simd_target();      // the target dispatch picks now: "AVX3", "AVX2", "SSE4", or the fallback,
+                                // "SCALAR" (GCC < 12.3) or "EMU128"
 std::string simd_compiled();    // the targets this CPU supports that attn was compiled for, best first
 // Empty when the kernels run the best vector instructions this CPU has; otherwise, in words, the fallback
 // (no AVX2 at all, or AVX-512 present but not used). strict paths refuse to run on a fallback.
