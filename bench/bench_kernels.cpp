@@ -65,10 +65,7 @@ struct Attn {
     args.q = q, args.k = k, args.v = v;
     args.causal = causal;
   }
-  double flops() const {
-    const auto& s = q.shape();
-    return 4.0 * double(s[1]) * double(s[2]) * double(k.size(2)) * double(s[3]) * (args.causal == Causal::none ? 1 : 0.5);
-  }
+  double flops() const { return sdpa_forward_flops(1, q.size(1), q.size(2), k.size(2), q.size(3), args.causal); }
   SdpaProblem<float> problem() { return make_problem(args, SdpaOut<float>{out, {}, {}}); }
 };
 
@@ -165,8 +162,7 @@ void BM_FlashBackward(benchmark::State& state) {
   const SdpaProblem<float> p = make_problem(args, SdpaOut<float>{out, {}, lse});
   flash_forward(p);
   const SdpaGrads<float> g{dq, dk, dv};
-  const double flops = 2.5 * 4.0 * double(B * H) * double(L) * double(L) * double(D) * (state.range(4) ? 0.5 : 1);
-  time_flops(state, flops, [&] { flash_backward(p, dout, g); });
+  time_flops(state, sdpa_backward_flops(B, H, L, L, D, args.causal), [&] { flash_backward(p, dout, g); });
 }
 
 // Peak memory of one flash run above its inputs and output (VmHWM growth after clear_refs resets it).

@@ -8,7 +8,6 @@ Forward+backward has its own script (bench/backward_vs_torch.py), training its o
 A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
 """
 import argparse
-import os
 import statistics
 import time
 
@@ -92,8 +91,7 @@ def main():
     a = ap.parse_args()
     set_threads(a.threads)
     print(f"torch {torch.__version__}, torch threads {torch.get_num_threads()}, attn threads "
-          f"{attn.get_num_threads()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE')} "
-          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE')}")
+          f"{attn.get_num_threads()}")
     rng = np.random.default_rng(0)
     L = 1024 if a.quick else 4096
     for causal in (False, True):

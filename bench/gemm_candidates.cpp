@@ -24,10 +24,10 @@
 #include <vector>
 
 #include <cblas.h>
-#include <immintrin.h>
 
 #include "attn/cpu.h"
 #include "attn/gemm.h"
+#include "attn/info.h"
 #include "attn/threads.h"
 
 #ifdef ATTN_HAVE_DNNL
@@ -124,7 +124,7 @@ std::string read_file(const char* path) {
   return ss.str();
 }
 
-double fma_peak_gflops();
+double fma_peak_gflops();  // below
 
 // The CPU header printed with every table: model name, the SIMD flags that matter, caches.
 void print_cpu_header() {
@@ -135,31 +135,16 @@ void print_cpu_header() {
   const char* ct = std::getenv("OPENBLAS_CORETYPE");
   std::printf("OPENBLAS_CORETYPE=%s (OpenBLAS runs %s)\n%s\n", ct ? ct : "(unset)", openblas_get_corename(),
               attn::gemm_kernel().c_str());
-  std::printf("FMA peak of one core (AVX-512, measured now): %.1f GFLOP/s\n", fma_peak_gflops());
+  std::printf("FMA peak of one core (measured now): %.1f GFLOP/s\n", fma_peak_gflops());
 }
 
-// The practical FMA peak of one core: 24 independent AVX-512 accumulators (more than the FMA latency
-// times the FMA ports), no loads; GFLOP/s, best of 5. 0 where the CPU has no AVX-512.
-__attribute__((target("avx512f,fma"))) double fma_peak_gflops() {
-  if (!attn::cpu_info().avx512) return 0;
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    __m512 acc[24];
-    for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
-    const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.0001f);
-    constexpr int64_t iters = 20'000'000;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t it = 0; it < iters; ++it)
-#pragma GCC unroll 24
-      for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    __m512 sum = acc[0];
-    for (int i = 1; i < 24; ++i) sum = _mm512_add_ps(sum, acc[i]);
-    volatile float sink = _mm512_reduce_add_ps(sum);
-    (void)sink;
-    best = std::max(best, iters * 24.0 * 32 / s * 1e-9);
-  }
-  return best;
+// The practical FMA peak of one core: attn's own measure (src/kernels/fma_peak.cpp) on one thread.
+double fma_peak_gflops() {
+  const int threads = attn::num_threads();
+  attn::set_num_threads(1);
+  const double g = attn::fma_peak_gflops();
+  attn::set_num_threads(threads);
+  return g;
 }
 
 double seconds_of(const std::function<void()>& f) {

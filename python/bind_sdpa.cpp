@@ -8,7 +8,6 @@ namespace py = pybind11;
 using namespace attn;
 using py_util::new_array;
 using py_util::make_args;
-using py_util::parse_backend;
 
 namespace {
 

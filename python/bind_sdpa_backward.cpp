@@ -11,7 +11,6 @@ using namespace attn;
 using py_util::new_array;
 using py_util::view_of;
 using py_util::make_args;
-using py_util::parse_backend;
 
 namespace {
 

@@ -1,5 +1,6 @@
-// The Python-side spelling of SDPA arguments (causal, backend, mask kind) parsed into attn's types, for
-// every binding that takes them. Not the checks of shapes: make_problem does those.
+// The Python-side spelling of SDPA arguments (causal, mask kind) parsed into attn's types, for every
+// binding that takes them (the backend's is attn::parse_backend, sdpa.h). Not the checks of shapes:
+// make_problem does those.
 #pragma once
 #include <pybind11/stl.h>
 
@@ -16,13 +17,6 @@ inline Causal parse_causal(const std::string& s) {
   if (s == "top_left") return Causal::top_left;
   if (s == "bottom_right") return Causal::bottom_right;
   throw Error(cat("Expected causal in {none, top_left, bottom_right}, but got '", s, "' instead"));
-}
-
-inline Backend parse_backend(const std::string& s) {
-  if (s == "auto") return Backend::automatic;
-  if (s == "reference") return Backend::reference;
-  if (s == "flash") return Backend::flash;
-  throw Error(cat("Expected backend in {auto, reference, flash}, but got '", s, "' instead"));
 }
 
 // kind: "keep" (bool, True = attend), "drop" (bool, True = masked out) or "additive" (float).

@@ -15,11 +15,12 @@
 #include "attn/kv_cache.h"
 #include "attn/mha.h"
 #include "attn/rng.h"
-#include "attn/sdpa.h"
 #include "attn/threads.h"
+#include "sdpa_harness.h"
 #include "test_util.h"
 
 using namespace attn;
+using namespace attn::test;
 
 namespace {
 
@@ -76,78 +77,50 @@ TEST(HalfConvert, TiesToEvenInfNanAndOverflow) {
   EXPECT_NE(test::error_of([] { parse_kv_dtype("f8"); }).find("'f8'"), std::string::npos);
 }
 
-struct DecodeCase {
-  int64_t B = 1, H = 4, Hkv = 2, L = 1, S = 600, D = 64, Dv = 64;
-  bool mask = false, padding = false;
-  std::string name() const {
-    return cat("B=", B, " H=", H, " Hkv=", Hkv, " L=", L, " S=", S, " D=", D, " Dv=", Dv, " mask=", mask,
-               " padding=", padding);
-  }
-};
+// A decoding case: one query over 600 keys of 4 heads sharing 2 KV heads, bottom-right causal (as a KV
+// cache is read); tests change what they vary.
+Case decode_case() {
+  Case c;
+  c.B = 1, c.H = 4, c.Hkv = 2, c.L = 1, c.S = 600, c.D = 64, c.Dv = 64, c.causal = Causal::bottom_right;
+  return c;
+}
 
-// Inputs in fp32, the K/V also stored as t, and the results of: the decode kernel, the fp64 reference
-// on the fp32 K/V (the truth) and the fp32 reference (for the rounding of a plain fp32 kernel).
+// The inputs of a case (fp32 values), the K/V also stored as t, and the results of: the decode kernel,
+// the fp64 reference on the fp32 K/V (the truth) and the fp32 reference (for the rounding of a plain fp32
+// kernel), and both references again over the K/V as stored (rounded: ...r).
 struct DecodeRun {
-  DecodeCase c;
-  std::vector<float> q, k, v, add, got, ref32, kr, vr, ref32r;  // kr, vr: K, V as stored (rounded)
-  std::vector<double> ref64, ref64r;
+  Inputs in;
   std::vector<uint16_t> k16, v16;
-  std::vector<uint8_t> pad;
+  std::vector<double> got, ref32, ref64, ref32r, ref64r;
 
-  DecodeRun(const DecodeCase& cs, KvDtype t, uint64_t seed = 1) : c(cs) {
-    Rng rng(seed);
-    auto randn = [&](std::vector<float>& x, int64_t n) {
-      x.resize(size_t(n));
-      for (float& e : x) e = float(rng.normal());
+  DecodeRun(const Case& c, KvDtype t) : in(c) {
+    Inputs rounded = in.clone();
+    auto store = [&](const TensorD& x, TensorD& back, std::vector<uint16_t>& h) {
+      std::vector<float> f(x.data(), x.data() + x.numel());
+      h.resize(f.size());
+      to_half(t, f.data(), int64_t(f.size()), h.data());
+      from_half(t, h.data(), int64_t(h.size()), f.data());
+      std::copy(f.begin(), f.end(), back.data());
     };
-    randn(q, c.B * c.H * c.L * c.D), randn(k, c.B * c.Hkv * c.S * c.D), randn(v, c.B * c.Hkv * c.S * c.Dv);
-    randn(add, c.L * c.S);
-    pad.resize(size_t(c.B * c.S));
-    for (auto& x : pad) x = rng.uniform() < 0.2;  // drop-mask: true = masked out
-    k16.resize(k.size()), v16.resize(v.size());
-    to_half(t, k.data(), int64_t(k.size()), k16.data());
-    to_half(t, v.data(), int64_t(v.size()), v16.data());
-    got.assign(size_t(c.B * c.H * c.L * c.Dv), -1.f);
+    store(in.k, rounded.k, k16);
+    store(in.v, rounded.v, v16);
     run_half(t);
-    ref64 = reference<double>(k, v);
-    std::vector<double> r32 = reference<float>(k, v);
-    ref32.assign(r32.begin(), r32.end());
-    kr.resize(k.size()), vr.resize(v.size());
-    from_half(t, k16.data(), int64_t(k16.size()), kr.data());
-    from_half(t, v16.data(), int64_t(v16.size()), vr.data());
-    ref64r = reference<double>(kr, vr);
-    r32 = reference<float>(kr, vr);
-    ref32r.assign(r32.begin(), r32.end());
-  }
-
-  template <typename T>
-  SdpaArgs<T> args(const std::vector<T>& q_, const std::vector<T>& k_, const std::vector<T>& v_,
-                   const std::vector<T>& add_) const {
-    SdpaArgs<T> a;
-    a.q = View<const T>(q_.data(), {c.B, c.H, c.L, c.D});
-    a.k = View<const T>(k_.data(), {c.B, c.Hkv, c.S, c.D});
-    a.v = View<const T>(v_.data(), {c.B, c.Hkv, c.S, c.Dv});
-    a.causal = Causal::bottom_right;
-    if (c.mask) a.attn_mask = Mask<T>::additive(View<const T>(add_.data(), {c.L, c.S}));
-    if (c.padding) a.key_padding = Mask<T>::drop(View<const uint8_t>(pad.data(), {c.B, c.S}));
-    return a;
+    ref64 = forward<double>(reference_forward<double>, in).out;
+    ref32 = forward<float>(reference_forward<float>, in).out;
+    ref64r = forward<double>(reference_forward<double>, rounded).out;
+    ref32r = forward<float>(reference_forward<float>, rounded).out;
   }
 
   void run_half(KvDtype t) {
-    SdpaArgs<float> a = args(q, k, v, add);
+    const Case& c = in.c;
+    const Bound<float> b = in.bind<float>();
+    SdpaArgs<float> a = b.args;
     a.k = {}, a.v = {};
     HalfKV kv{t, View<const uint16_t>(k16.data(), {c.B, c.Hkv, c.S, c.D}),
               View<const uint16_t>(v16.data(), {c.B, c.Hkv, c.S, c.Dv})};
-    sdpa(a, kv, SdpaOut<float>{View<float>(got.data(), {c.B, c.H, c.L, c.Dv}), {}, {}});
-  }
-
-  template <typename T>
-  std::vector<double> reference(const std::vector<float>& k_, const std::vector<float>& v_) const {
-    std::vector<T> qt(q.begin(), q.end()), kt(k_.begin(), k_.end()), vt(v_.begin(), v_.end()), at(add.begin(), add.end());
-    std::vector<T> out(got.size());
-    sdpa(args(qt, kt, vt, at), SdpaOut<T>{View<T>(out.data(), {c.B, c.H, c.L, c.Dv}), {}, {}},
-         SdpaOptions{Backend::reference});
-    return std::vector<double>(out.begin(), out.end());
+    std::vector<float> out(size_t(c.B * c.H * c.L * c.Dv), NAN);
+    sdpa(a, kv, SdpaOut<float>{View<float>(out.data(), {c.B, c.H, c.L, c.Dv}), {}, {}});
+    got.assign(out.begin(), out.end());
   }
 
   // The derived bound on |got − ref64| at (b, h, l, e). Storing K rounds each score x_s by at most
@@ -155,72 +128,66 @@ struct DecodeRun {
   // so Σ_s |p'_s − p_s| <= e^2ε − 1. Storing V moves each v_se by at most u·|v_se|. Hence
   //   |out' − out| <= (e^2ε − 1)·max_s |v'_se| + u·max_s |v_se|,
   // plus the fp32 kernel's own rounding, bounded by the tolerance rule of the flash tests: 2x the plain
-  // fp32 reference's error and an atol of a few ulp (2e-6).
+  // fp32 reference's error and an atol of a few ulp (kAtolOut).
   double bound(KvDtype t, int64_t b, int64_t h, int64_t l, int64_t e, int64_t idx) const {
+    const Case& c = in.c;
     const double u = kv_unit_roundoff(t), scale = 1 / std::sqrt(double(c.D));
     const int64_t kvh = h / (c.H / c.Hkv), end = std::min(c.S, l + 1 + c.S - c.L);
+    const double* q = in.q.data() + ((b * c.H + h) * c.L + l) * c.D;  // (D)
+    const double* k = in.k.data() + (b * c.Hkv + kvh) * c.S * c.D;    // (S, D)
+    const double* v = in.v.data() + (b * c.Hkv + kvh) * c.S * c.Dv;   // (S, Dv)
     double eps = 0, vmax = 0;
     for (int64_t s = 0; s < end; ++s) {
-      if (c.padding && pad[size_t(b * c.S + s)]) continue;
+      if (c.padding.kind == MaskKind::drop && in.padding[size_t(b * c.S + s)]) continue;
       double dot = 0;
-      for (int64_t d = 0; d < c.D; ++d)
-        dot += std::abs(double(q[size_t(((b * c.H + h) * c.L + l) * c.D + d)]) *
-                        double(k[size_t(((b * c.Hkv + kvh) * c.S + s) * c.D + d)]));
+      for (int64_t d = 0; d < c.D; ++d) dot += std::abs(q[d] * k[s * c.D + d]);
       eps = std::max(eps, u * scale * dot);
-      vmax = std::max(vmax, std::abs(double(v[size_t(((b * c.Hkv + kvh) * c.S + s) * c.Dv + e)])));
+      vmax = std::max(vmax, std::abs(v[s * c.Dv + e]));
     }
-    return std::expm1(2 * eps) * vmax * (1 + u) + u * vmax + 2 * std::abs(ref32[size_t(idx)] - ref64[size_t(idx)]) + 2e-6;
+    return std::expm1(2 * eps) * vmax * (1 + u) + u * vmax + 2 * std::abs(ref32[size_t(idx)] - ref64[size_t(idx)]) +
+           kAtolOut;
   }
 
   void check(KvDtype t) const {
+    const Case& c = in.c;
+    SCOPED_TRACE(cat(to_string(t), " ", c.name()));
     double worst = 0;  // largest error / bound
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t h = 0; h < c.H; ++h)
         for (int64_t l = 0; l < c.L; ++l)
           for (int64_t e = 0; e < c.Dv; ++e) {
             const int64_t i = ((b * c.H + h) * c.L + l) * c.Dv + e;
-            const double err = std::abs(double(got[size_t(i)]) - ref64[size_t(i)]), bd = bound(t, b, h, l, e, i);
+            const double err = std::abs(got[size_t(i)] - ref64[size_t(i)]), bd = bound(t, b, h, l, e, i);
             worst = std::max(worst, err / bd);
-            ASSERT_LE(err, bd) << to_string(t) << " " << c.name() << " at b=" << b << " h=" << h << " l=" << l
-                               << " e=" << e << ": got " << got[size_t(i)] << ", fp64 " << ref64[size_t(i)];
+            ASSERT_LE(err, bd) << "at b=" << b << " h=" << h << " l=" << l << " e=" << e << ": got " << got[size_t(i)]
+                               << ", fp64 " << ref64[size_t(i)];
           }
     ::testing::Test::RecordProperty(cat(to_string(t), " ", c.name()), cat(worst));
-  }
-
-  // The kernel alone: against the fp64 reference over the K/V as stored (rounded), the flash tests'
-  // rule: at most 2x the plain fp32 reference's error over the same data, plus an atol of a few ulp of
-  // |out| <= ~4 (2e-6; the fp32 error can be 0 where one key makes out = v exactly).
-  void check_kernel(KvDtype t) const {
-    for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_LE(std::abs(double(got[i]) - ref64r[i]), 2 * std::abs(double(ref32r[i]) - ref64r[i]) + 2e-6)
-          << to_string(t) << " " << c.name() << " at " << i << ": got " << got[i] << ", fp64 over stored K/V " << ref64r[i];
+    // The kernel alone, against the fp64 reference over the K/V as stored: the rule of every fast kernel.
+    expect_close("out over stored K/V", got, ref32r, ref64r, kAtolOut);
   }
 };
 
 TEST(DecodeHalf, MatchesTheFp64ReferenceWithinTheDerivedBound) {
-  std::vector<DecodeCase> cases;
+  std::vector<Case> cases;
   for (int64_t hkv : {4, 2, 1})  // MHA, GQA, MQA
     for (int64_t S : {1, 7, 513, 1100}) {
-      DecodeCase c;
+      Case c = decode_case();
       c.Hkv = hkv, c.S = S;
       cases.push_back(c);
     }
   for (int64_t D : {8, 63, 128}) {  // head dims off and on the vector width
-    DecodeCase c;
+    Case c = decode_case();
     c.D = c.Dv = D;
     cases.push_back(c);
   }
   {
-    DecodeCase c;  // Dv != D, batch, several queries (bottom-right causal), both masks
-    c.B = 2, c.L = 3, c.D = 40, c.Dv = 24, c.S = 700, c.mask = c.padding = true;
+    Case c = decode_case();  // Dv != D, batch, several queries (bottom-right causal), both masks
+    c.B = 2, c.L = 3, c.D = 40, c.Dv = 24, c.S = 700, c.mask = additive(), c.padding = drop();
     cases.push_back(c);
   }
   for (KvDtype t : kHalves)
-    for (const DecodeCase& c : cases) {
-      const DecodeRun r(c, t);
-      r.check(t);
-      r.check_kernel(t);
-    }
+    for (const Case& c : cases) DecodeRun(c, t).check(t);
 }
 
 // The kernel's register blocks and folds of the scores differ per SIMD target (4, 8 or 16 lanes; 2 or 4
@@ -228,37 +195,33 @@ TEST(DecodeHalf, MatchesTheFp64ReferenceWithinTheDerivedBound) {
 // rows left over past a block (9 = 3 queries x G 3, 8, 1), keys ending inside a group of 4 and inside a
 // vector, D and Dv read in place (64) and packed (40, 24 on 16 lanes; 63, 8).
 TEST(DecodeHalf, EverySimdTargetCompiledIn) {
-  std::vector<DecodeCase> cases(3);
+  std::vector<Case> cases(3, decode_case());
   cases[0].H = 8, cases[0].Hkv = 1, cases[0].S = 1001;                     // G = 8, D = Dv = 64
   cases[1].B = 2, cases[1].H = 6, cases[1].Hkv = 2, cases[1].L = 3, cases[1].S = 77, cases[1].D = 40,
-  cases[1].Dv = 24, cases[1].mask = cases[1].padding = true;               // 9 rows, both masks
+  cases[1].Dv = 24, cases[1].mask = additive(), cases[1].padding = drop();  // 9 rows, both masks
   cases[2].H = cases[2].Hkv = 2, cases[2].S = 6, cases[2].D = 63, cases[2].Dv = 8;  // one row
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     SCOPED_TRACE(hwy::TargetName(target));
     hwy::SetSupportedTargetsForTest(target);
     for (KvDtype t : kHalves)
-      for (const DecodeCase& c : cases) {
-        const DecodeRun r(c, t);
-        r.check(t);
-        r.check_kernel(t);
-      }
+      for (const Case& c : cases) DecodeRun(c, t).check(t);
   }
   hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(DecodeHalf, FullyMaskedRowGivesZeros) {
-  DecodeCase c;
-  c.S = 40, c.padding = true;
+  Case c = decode_case();
+  c.S = 40, c.padding = drop();
   for (KvDtype t : kHalves) {
     DecodeRun r(c, t);
-    std::fill(r.pad.begin(), r.pad.end(), 1);  // every key masked out
+    std::fill(r.in.padding.begin(), r.in.padding.end(), 1);  // every key masked out
     r.run_half(t);
-    for (float x : r.got) ASSERT_EQ(x, 0.f);
+    for (double x : r.got) ASSERT_EQ(x, 0.0);
   }
 }
 
 TEST(DecodeHalf, SameBitsForOneAndTwoThreads) {
-  DecodeCase c;
+  Case c = decode_case();
   c.S = 3000, c.L = 2;
   const int saved = num_threads();
   for (KvDtype t : kHalves) {
@@ -266,18 +229,20 @@ TEST(DecodeHalf, SameBitsForOneAndTwoThreads) {
     DecodeRun one(c, t);
     set_num_threads(2);
     DecodeRun two(c, t);
-    EXPECT_EQ(std::memcmp(one.got.data(), two.got.data(), one.got.size() * sizeof(float)), 0) << to_string(t);
+    EXPECT_EQ(one.got, two.got) << to_string(t);
   }
   set_num_threads(saved);
 }
 
 TEST(DecodeHalf, ErrorsNameTheArgument) {
-  DecodeCase c;
+  Case c = decode_case();
   c.S = 10;
   DecodeRun r(c, KvDtype::f16);
-  SdpaArgs<float> a = r.args(r.q, r.k, r.v, r.add);
+  const Bound<float> b = r.in.bind<float>();
+  SdpaArgs<float> a = b.args;
   HalfKV kv{KvDtype::f16, View<const uint16_t>(r.k16.data(), {1, 2, 10, 64}), View<const uint16_t>(r.v16.data(), {1, 2, 10, 64})};
-  SdpaOut<float> o{View<float>(r.got.data(), {1, 4, 1, 64}), {}, {}};
+  std::vector<float> out(64);
+  SdpaOut<float> o{View<float>(out.data(), {1, 4, 1, 64}), {}, {}};
   EXPECT_NE(test::error_of([&] { sdpa(a, kv, o); }).find("args.k and args.v empty"), std::string::npos);
   a.k = {}, a.v = {};
   a.dropout_p = 0.1;

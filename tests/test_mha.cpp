@@ -15,6 +15,7 @@
 #include "attn/mha.h"
 #include "attn/param.h"
 #include "attn/rng.h"
+#include "sdpa_harness.h"
 #include "test_util.h"
 
 using namespace attn;
@@ -22,14 +23,14 @@ using test::error_of;
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 // fp32 projections and softmax over sums of <= 64 unit-scale terms err by ~1e-6 against fp64; 2e-5 is
 // 10x that, and far below any semantic error (a wrong mask or head mapping moves values by ~0.1).
 constexpr double kTol = 2e-5;
 
 using Bools = TensorT<uint8_t>;
 
-enum class MaskKind { none, drop, additive };
+using test::kInf;
+using test::MaskKind;  // the SDPA family's mask kinds; MultiheadAttention takes none, drop and additive
 
 struct Case {
   MhaOptions o{.embed_dim = 16, .num_heads = 4, .seed = 1};
@@ -166,7 +167,7 @@ void check_case(Case c) {
   };
   auto random_floats = [&](const Shape& s) {
     Tensor t(s);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = rng.uniform() < 0.1 ? -INFINITY : float(rng.normal());
+    for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = rng.uniform() < 0.1 ? float(-kInf) : float(rng.normal());
     return t;
   };
   const Shape kpm_shape = c.unbatched ? Shape{S} : Shape{B, S};

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -349,7 +350,7 @@ TEST(VizHtml, BadRecordsNameTheShapes) {
 TEST(VizNonFinite, NanAndInfFlowThroughWithoutCrashing) {
   Tensor w = softmax_weights({1, 3, 3}, 11);
   w.data()[1] = NAN;
-  w.data()[5] = INFINITY;
+  w.data()[5] = std::numeric_limits<float>::infinity();
   const std::string path = temp_path("nan.png");
   HeatmapLayout lay = write_heatmap_png(path, w.view().select(0, 0), tokens(3));
   Png png = read_png(path);

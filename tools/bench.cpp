@@ -56,10 +56,7 @@ struct Case {
   Causal causal;
 };
 
-// FLOPs of the forward: 4·B·H·L·S·D, half when causal (the visible triangle).
-double forward_flops(const Case& c) {
-  return 4.0 * c.B * c.H * c.L * c.S * c.D * (c.causal == Causal::none ? 1.0 : 0.5);
-}
+double forward_flops(const Case& c) { return sdpa_forward_flops(c.B, c.H, c.L, c.S, c.D, c.causal); }
 
 // The two ceilings a kernel's rate is stated against: this run's sgemm and the FMA peak.
 struct Ceilings {
@@ -106,7 +103,7 @@ void run_backward_case(const Case& c, const Ceilings& peak, int reps) {
   reset_peak_rss();
   double s = median_seconds(reps, [&] { sdpa_backward<float>(args, out, lse, dout, {dq, dk, dv}, {Backend::flash, false}); });
   double extra_mb = double(std::max<int64_t>(0, peak_rss_bytes() - base)) / 1e6;
-  double gf = 2.5 * forward_flops(c) / s * 1e-9;
+  double gf = sdpa_backward_flops(c.B, c.H, c.L, c.S, c.D, c.causal) / s * 1e-9;
   print_row(c, "flash-bwd", s, gf, peak, extra_mb);
 }
 
@@ -224,9 +221,8 @@ int run_ring_bench(const BenchOptions& opt) {
   const int64_t H = opt.heads, Hkv = opt.kv_heads ? opt.kv_heads : H, D = opt.dim;
   ATTN_CHECK(H % Hkv == 0, "Expected --heads a multiple of --kv-heads, but got ", H, " and ", Hkv, " instead");
   // Threads per rank: --threads, else this process's CPUs shared among the ranks (all on this machine).
-  set_num_threads(0);
-  const int cpus = num_threads();
-  set_num_threads(opt.threads ? opt.threads : std::max(1, cpus / n));
+  const int cpus = share_threads(n);
+  if (opt.threads) set_num_threads(opt.threads);
   for (int64_t L : opt.lengths) {
     // Per rank: Q, K, V, out, dout, dQ, dK, dV of about L/N rows, the ring's scratch (2 K/V blocks, 2 dK/dV
     // accumulators), and the baseline's K/V (and their gradients) of up to L rows.

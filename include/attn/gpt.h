@@ -55,6 +55,8 @@ double gpt_training_bytes_estimate(const GptConfig& c, double B, double T);
 // counted in the mean; PyTorch's ignore_index). If dlogits (N, V) is given it receives dLoss/dlogits
 // (0 on ignored rows). Returns 0 when every target is ignored.
 float cross_entropy(View<const float> logits, const int64_t* targets, View<float> dlogits = {});
+// The tokens a loss is averaged over: how many of targets[0, n) are scored (not -1).
+int64_t scored_tokens(const int64_t* targets, int64_t n);
 // The same for rows that are a share of a larger batch (data-parallel training): the sum of the row
 // losses (not the mean), and dlogits = (softmax - onehot) / count, where count is the number of scored
 // targets in the whole batch (0: these rows'), so each share's gradient is its part of the whole batch's.
@@ -75,6 +77,10 @@ class Gpt : public Layer {
   // forward, cross_entropy against targets (B, T) (-1 ignored), backward; returns the loss.
   // Gradients are added (call zero_grad() first, as in PyTorch).
   float forward_backward(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T);
+  // The same for B rows that are a share of a larger batch (data-parallel training): returns the sum of
+  // the rows' losses, and each gradient is divided by `count`, the scored tokens of the whole batch
+  // (cross_entropy_sum). forward_backward is float(this / count) with these rows' count.
+  double forward_backward_sum(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T, int64_t count);
   // Eval mode only: the mean loss without saving anything.
   float evaluate(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T);
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/kernels/problem.h"
 #include "attn/kv_cache.h"
 #include "attn/mask.h"
 #include "attn/param.h"
@@ -120,13 +121,9 @@ class MultiheadAttention : public Layer {
     Tensor q, k, v;                          // projections (B, L, E), (B, S', Hkv·D) ×2, in the input's layout
     Tensor ctx;                              // context (B, L, E), in the input's layout
     Tensor lse;                              // (B, H, L)
-    Mask<float> mask, padding;               // views of the copies below
+    SdpaArgs<float> args;                    // the forward's sdpa arguments: views of q, k, v and of the masks below
     Tensor mask_bias, padding_bias;          // additive (or padded) mask copies
     TensorT<uint8_t> mask_bools, padding_bools;
-    Causal causal = Causal::none;
-    double dropout_p = 0;
-    uint64_t seed = 0;
-    int64_t dropout_batch_offset = 0;
   };
 
   MhaOptions o_;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "attn/check.h"
+
 namespace attn {
 
 // splitmix64's finaliser: a bijection on 64 bits with good avalanche.
@@ -15,7 +17,13 @@ inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Dropout on element `index` of the (B, H, L, S) weights: kept iff its 32 random bits >= threshold.
+// Dropout, one rule for the attention weights (SdpaProblem, element index in (B, H, L, S)) and for
+// activations (nn Dropout, index in the flattened tensor): p is a probability in [0, 1], checked by
+// check_dropout_p wherever it is given; element `index` is kept iff its 32 random bits >= threshold; a
+// kept element is scaled by 1/(1 - p), and p = 1 drops everything.
+inline void check_dropout_p(const char* arg, double p) {
+  ATTN_CHECK(p >= 0 && p <= 1, "Expected ", arg, " in [0, 1], but got ", p, " instead");
+}
 inline uint32_t dropout_threshold(double p) {
   double t = std::ldexp(p, 32);
   return t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(t);

@@ -13,7 +13,8 @@ namespace attn {
 // ---- Backends ----
 
 enum class Backend { automatic, reference, flash };
-const char* to_string(Backend b);
+const char* to_string(Backend b);              // "auto", "reference", "flash"
+Backend parse_backend(const std::string& s);   // the inverse; an Error naming the three otherwise
 
 struct SdpaOptions {
   Backend backend = Backend::automatic;
@@ -38,6 +39,17 @@ void sdpa(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& opt
 // (dropout_p = 0), no weights; runs flash_decode_half, whatever options.backend says (there is one
 // kernel for half K/V; an explicit reference backend is refused).
 void sdpa(const SdpaArgs<float>& args, const HalfKV& kv, const SdpaOut<float>& out, const SdpaOptions& options = {});
+
+// ---- Cost, as `attn bench` and bench/ count it ----
+
+// FLOPs of the forward: 4·B·H·L·S·D (Q·Kᵀ and P·V, 2·L·S·D each per head), half when causal (the visible
+// triangle). The backward counts 2.5x that: five products instead of two.
+inline double sdpa_forward_flops(int64_t B, int64_t H, int64_t L, int64_t S, int64_t D, Causal causal) {
+  return 4.0 * double(B) * double(H) * double(L) * double(S) * double(D) * (causal == Causal::none ? 1.0 : 0.5);
+}
+inline double sdpa_backward_flops(int64_t B, int64_t H, int64_t L, int64_t S, int64_t D, Causal causal) {
+  return 2.5 * sdpa_forward_flops(B, H, L, S, D, causal);
+}
 
 // ---- Backward ----
 

@@ -7,14 +7,15 @@
 
 namespace attn {
 
-std::string simd_target();
-int64_t simd_target_bits();     // the same as Highway's target bit (HWY_AVX3, HWY_AVX2, ...)      // the target dispatch picks now: "AVX3", "AVX2", "SSE4", "EMU128", ...
+std::string simd_target();      // the target dispatch picks now: "AVX3", "AVX2", "SSE4", or the fallback,
+                                // "SCALAR" (GCC < 12.3) or "EMU128"
+int64_t simd_target_bits();     // the same as Highway's target bit (HWY_AVX3, HWY_AVX2, ...)
 std::string simd_compiled();    // the targets this CPU supports that attn was compiled for, best first
 // Empty when the kernels run the best vector instructions this CPU has; otherwise, in words, the fallback
 // (no AVX2 at all, or AVX-512 present but not used). strict paths refuse to run on a fallback.
 std::string simd_fallback();
 // Whether results have the bits every AVX2/AVX-512 CPU gives (every sum one FMA chain in a fixed order, on
-// fixed virtual lanes): in words, for `attn info`. Targets without FMA (SSE4, EMU128) give other bits.
+// fixed virtual lanes): in words, for `attn info`. Targets without FMA (SSE4, SCALAR or EMU128) give other bits.
 bool simd_portable_bits();
 std::string simd_bits();
 // Throws attn::Error naming the fallback, if any (strict paths: sdpa's strict, `attn info --strict`).

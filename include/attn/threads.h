@@ -16,6 +16,9 @@ namespace attn {
 void set_num_threads(int n);  // 1 <= n <= max_threads(), or 0: the default, the CPUs this process may use
 int num_threads();
 int max_threads();            // the largest accepted thread count
+// The default thread count (this process's CPUs) divided among `processes` sharing this machine, at
+// least 1, set; returns the CPUs the default had. For ranks of an MPI job on one machine.
+int share_threads(int processes);
 std::string wait_policy();    // how idle threads wait, in words (for `attn info`)
 
 namespace detail {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attn/gpt.h"
+#include "attn/launch.h"  // dist's launched_world_size and check_trains_alone, for the front ends
 #include "attn/optim.h"
 #include "attn/rng.h"
 #include "attn/tokenizer.h"
@@ -105,13 +106,6 @@ class GradientSync {
   virtual SyncStats stats() const = 0;
 };
 
-// The number of processes mpirun started this one among (OMPI_COMM_WORLD_SIZE, or PMI_SIZE), 1 when it
-// was not started by mpirun. Reads the environment only (no MPI), so a build without MPI can refuse to
-// train N separate models where one was meant.
-int launched_world_size();
-// In a build without MPI, an Error when mpirun started this process among several (each would train a
-// model of its own, where one was meant); nothing otherwise. With MPI, the caller distributes instead.
-void check_trains_alone();
 
 // ---- Training ----
 

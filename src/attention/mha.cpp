@@ -143,11 +143,15 @@ MaskArg pad_mask(const Mask<float>& m, const Shape& shape /* (..., L, S) */, int
   padded.back() = S2;
   MaskArg a{{}, Tensor(padded)};
   float* dst = a.storage.data();  // (d0, d1, L, S') contiguous
-  const float inf = std::numeric_limits<float>::infinity();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const int64_t L = shape4[2];
   for (int64_t i0 = 0; i0 < shape4[0]; ++i0)
     for (int64_t i1 = 0; i1 < shape4[1]; ++i1)
-      for (int64_t l = 0; l < shape4[2]; ++l, dst += S2)
-        for (int64_t s = 0; s < S; ++s) dst[s] = causal && s > l ? -inf : src.at(i0, i1, l, s);
+      for (int64_t l = 0; l < L; ++l, dst += S2) {
+        // is_causal: PyTorch's top-left rule over the S keys given (not bias_k or the zero column)
+        const int64_t end = causal ? causal_key_end(Causal::top_left, l, L, S) : S;
+        for (int64_t s = 0; s < S; ++s) dst[s] = s < end ? src.at(i0, i1, l, s) : -kInf;
+      }
   a.mask = Mask<float>::additive(a.storage.view());
   return a;
 }
@@ -178,6 +182,84 @@ const char* layout_name(bool batched, bool batch_first) {
   return !batched ? "(L, E)" : batch_first ? "(N, L, E)" : "(L, N, E)";
 }
 
+// ---- The forward's steps ----
+
+// The inputs as (B, T, C) views, checked against each other and the options.
+struct MhaInputs {
+  View<const float> xq, xk, xv;  // (B, L, E), (B, S, kdim), (B, S, vdim)
+  bool batched, seq_first;
+  int64_t B, L, S;
+};
+
+MhaInputs read_inputs(const MhaOptions& o, View<const float> query, View<const float> key, View<const float> value) {
+  const bool batched = query.rank() == 3;
+  ATTN_CHECK(query.rank() == 2 || batched, "Expected query of rank 3 ", layout_name(true, o.batch_first),
+             " or rank 2 (L, E), but got shape ", to_string(query.shape), " instead");
+  ATTN_CHECK(key.rank() == query.rank() && value.rank() == query.rank(), "Expected key and value of rank ",
+             query.rank(), " like query ", to_string(query.shape), ", but got key ", to_string(key.shape),
+             " and value ", to_string(value.shape), " instead");
+  const bool seq_first = batched && !o.batch_first;
+  MhaInputs in{as_btc(query, seq_first), as_btc(key, seq_first), as_btc(value, seq_first), batched, seq_first, 0, 0, 0};
+  in.B = in.xq.size(0), in.L = in.xq.size(1), in.S = in.xk.size(1);
+  ATTN_CHECK(in.xq.size(2) == o.embed_dim, "Expected query ", layout_name(batched, o.batch_first), " with E = ",
+             o.embed_dim, ", but got shape ", to_string(query.shape), " instead");
+  ATTN_CHECK(in.xk.size(0) == in.B && in.xk.size(2) == o.kdim, "Expected key with N = ", in.B, " and kdim = ", o.kdim,
+             " (query ", to_string(query.shape), "), but got shape ", to_string(key.shape), " instead");
+  ATTN_CHECK(in.xv.size(0) == in.B && in.xv.size(1) == in.S && in.xv.size(2) == o.vdim, "Expected value with N = ",
+             in.B, ", S = ", in.S, " and vdim = ", o.vdim, " (key ", to_string(key.shape), "), but got shape ",
+             to_string(value.shape), " instead");
+  return in;
+}
+
+// The masks as sdpa takes them, and its causal alignment.
+struct MhaMasks {
+  MaskArg padding, mask;
+  Causal causal = Causal::none;
+};
+
+// key_padding_mask (N, S); attn_mask (L, S) or (N·H, L, S), whose dim 0 splits into (N, H) by strides.
+// Without extra columns they are passed on as views; with them (add_bias_kv, add_zero_attn), as padded
+// copies with the causal triangle folded into the attn_mask.
+MhaMasks read_masks(const MhaArgs& a, const MhaInputs& in, int64_t H, int64_t extra) {
+  const int64_t B = in.B, L = in.L, S = in.S;
+  MhaMasks m{{a.key_padding_mask, {}}, {a.attn_mask, {}}, a.is_causal ? Causal::top_left : Causal::none};
+  if (m.padding.mask.given()) {
+    const Shape want = in.batched ? Shape{B, S} : Shape{S};
+    ATTN_CHECK(m.padding.mask.shape() == want, "Expected key_padding_mask of shape ",
+               in.batched ? "(N, S) = " : "(S,) = ", to_string(want), ", but got ",
+               to_string(m.padding.mask.shape()), " instead");
+    if (!in.batched) with_view(m.padding.mask, [](auto& v) { v = {v.data, {1, v.shape[0]}, {0, v.strides[0]}}; });  // (1, S)
+  }
+  if (m.mask.mask.given()) {
+    const Shape shape = m.mask.mask.shape();
+    const bool ok = shape == Shape{L, S} || shape == Shape{B * H, L, S};
+    ATTN_CHECK(ok, "Expected attn_mask of shape (L, S) = ", to_string({L, S}), " or (N·H, L, S) = ",
+               to_string({B * H, L, S}), ", but got ", to_string(shape), " instead");
+    if (shape.size() == 3)  // (N·H, L, S) -> (N, H, L, S)
+      with_view(m.mask.mask, [&](auto& v) {
+        v = {v.data, {B, H, L, S}, {H * v.strides[0], v.strides[0], v.strides[1], v.strides[2]}};
+      });
+  }
+  if (extra > 0) {
+    if (m.padding.mask.given()) m.padding = pad_mask(m.padding.mask, m.padding.mask.shape(), extra, false);
+    if (m.mask.mask.given() || a.is_causal)
+      m.mask = pad_mask(m.mask.mask, m.mask.mask.given() ? m.mask.mask.shape() : Shape{L, S}, extra, a.is_causal);
+    m.causal = Causal::none;
+  }
+  return m;
+}
+
+// weights (B, H, L, S') -> their mean over the heads (B, L, S').
+Tensor head_mean(const Tensor& weights) {
+  const int64_t B = weights.size(0), H = weights.size(1), LS = weights.size(2) * weights.size(3);
+  Tensor mean({B, weights.size(2), weights.size(3)});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < LS; ++i) mean.data()[b * LS + i] += weights.data()[(b * H + h) * LS + i];
+  for (int64_t i = 0; i < mean.numel(); ++i) mean.data()[i] /= float(H);
+  return mean;
+}
+
 }  // namespace
 
 // ---- Construction and parameters ----
@@ -195,7 +277,7 @@ MultiheadAttention::MultiheadAttention(const MhaOptions& options) : o_(options) 
              " and num_kv_heads = ", o_.num_kv_heads, " instead");
   ATTN_CHECK(o_.kdim > 0 && o_.vdim > 0, "Expected kdim and vdim > 0, but got kdim = ", o_.kdim, " and vdim = ",
              o_.vdim, " instead");
-  ATTN_CHECK(o_.dropout >= 0 && o_.dropout <= 1, "Expected dropout in [0, 1], but got ", o_.dropout, " instead");
+  check_dropout_p("dropout", o_.dropout);
 
   const int64_t E = o_.embed_dim, KV = o_.num_kv_heads * head_dim();  // KV = Hkv·D
   const bool packed = o_.kdim == E && o_.vdim == E && o_.num_kv_heads == o_.num_heads;
@@ -254,54 +336,14 @@ void MultiheadAttention::load(const std::string& path) { load_state_dict(load_sa
 MhaOutput MultiheadAttention::forward(View<const float> query, View<const float> key, View<const float> value,
                                       const MhaArgs& a) {
   // 1. Inputs: PyTorch's (L, N, E), (N, L, E) or unbatched (L, E), read as (B, L, E) views.
-  const bool batched = query.rank() == 3;
-  ATTN_CHECK(query.rank() == 2 || batched, "Expected query of rank 3 ", layout_name(true, o_.batch_first),
-             " or rank 2 (L, E), but got shape ", to_string(query.shape), " instead");
-  ATTN_CHECK(key.rank() == query.rank() && value.rank() == query.rank(), "Expected key and value of rank ",
-             query.rank(), " like query ", to_string(query.shape), ", but got key ", to_string(key.shape),
-             " and value ", to_string(value.shape), " instead");
-  const bool seq_first = batched && !o_.batch_first;
-  const View<const float> xq = as_btc(query, seq_first);  // (B, L, E)
-  const View<const float> xk = as_btc(key, seq_first);    // (B, S, kdim)
-  const View<const float> xv = as_btc(value, seq_first);  // (B, S, vdim)
-  const int64_t B = xq.size(0), L = xq.size(1), S = xk.size(1), E = o_.embed_dim, H = o_.num_heads,
-                Hkv = o_.num_kv_heads, D = head_dim(), KV = Hkv * D;
+  const MhaInputs in = read_inputs(o_, query, key, value);
+  const int64_t B = in.B, L = in.L, S = in.S, E = o_.embed_dim, H = o_.num_heads, Hkv = o_.num_kv_heads,
+                D = head_dim(), KV = Hkv * D;
   const int64_t extra = int64_t(o_.add_bias_kv) + int64_t(o_.add_zero_attn), S2 = S + extra;  // S2 = S'
-  ATTN_CHECK(xq.size(2) == E, "Expected query ", layout_name(batched, o_.batch_first), " with E = ", E,
-             ", but got shape ", to_string(query.shape), " instead");
-  ATTN_CHECK(xk.size(0) == B && xk.size(2) == o_.kdim, "Expected key with N = ", B, " and kdim = ", o_.kdim,
-             " (query ", to_string(query.shape), "), but got shape ", to_string(key.shape), " instead");
-  ATTN_CHECK(xv.size(0) == B && xv.size(1) == S && xv.size(2) == o_.vdim, "Expected value with N = ", B,
-             ", S = ", S, " and vdim = ", o_.vdim, " (key ", to_string(key.shape), "), but got shape ",
-             to_string(value.shape), " instead");
+  const bool seq_first = in.seq_first;
 
-  // 2. Masks. key_padding_mask (N, S); attn_mask (L, S) or (N·H, L, S), whose dim 0 splits into (N, H)
-  // by strides. Without extra columns they are passed on as views.
-  MaskArg padding{a.key_padding_mask, {}}, mask{a.attn_mask, {}};
-  if (padding.mask.given()) {
-    const Shape want = batched ? Shape{B, S} : Shape{S};
-    ATTN_CHECK(padding.mask.shape() == want, "Expected key_padding_mask of shape ",
-               batched ? "(N, S) = " : "(S,) = ", to_string(want), ", but got ", to_string(padding.mask.shape()),
-               " instead");
-    if (!batched) with_view(padding.mask, [](auto& v) { v = {v.data, {1, v.shape[0]}, {0, v.strides[0]}}; });  // (1, S)
-  }
-  if (mask.mask.given()) {
-    const Shape shape = mask.mask.shape();
-    const bool ok = shape == Shape{L, S} || shape == Shape{B * H, L, S};
-    ATTN_CHECK(ok, "Expected attn_mask of shape (L, S) = ", to_string({L, S}), " or (N·H, L, S) = ",
-               to_string({B * H, L, S}), ", but got ", to_string(shape), " instead");
-    if (shape.size() == 3)  // (N·H, L, S) -> (N, H, L, S)
-      with_view(mask.mask, [&](auto& v) {
-        v = {v.data, {B, H, L, S}, {H * v.strides[0], v.strides[0], v.strides[1], v.strides[2]}};
-      });
-  }
-  Causal causal = a.is_causal ? Causal::top_left : Causal::none;
-  if (extra > 0) {  // append columns: padded copies, with the causal triangle folded into the attn_mask
-    if (padding.mask.given()) padding = pad_mask(padding.mask, padding.mask.shape(), extra, false);
-    if (mask.mask.given() || a.is_causal)
-      mask = pad_mask(mask.mask, mask.mask.given() ? mask.mask.shape() : Shape{L, S}, extra, a.is_causal);
-    causal = Causal::none;
-  }
+  // 2. Masks, as sdpa takes them (with the causal triangle folded in where columns are appended).
+  MhaMasks masks = read_masks(a, in, H, extra);
 
   // 3. In-projections into buffers in the input's layout. K and V get S' rows: the extra ones are the
   // bias_k / bias_v row, then (add_zero_attn) a zero row, left as the buffer's zero fill.
@@ -314,9 +356,9 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   View<float> v = btc(v_buf, seq_first);  // (B, S', Hkv·D)
   View<float> k_rows = k, v_rows = v;     // (B, S, Hkv·D): the projected rows
   k_rows.shape[1] = v_rows.shape[1] = S;
-  project(xq, weight(0, q_proj_weight_), rows(in_proj_bias_, 0, E), q);
-  project(xk, weight(1, k_proj_weight_), rows(in_proj_bias_, E, KV), k_rows);
-  project(xv, weight(2, v_proj_weight_), rows(in_proj_bias_, E + KV, KV), v_rows);
+  project(in.xq, weight(0, q_proj_weight_), rows(in_proj_bias_, 0, E), q);
+  project(in.xk, weight(1, k_proj_weight_), rows(in_proj_bias_, E, KV), k_rows);
+  project(in.xv, weight(2, v_proj_weight_), rows(in_proj_bias_, E + KV, KV), v_rows);
   if (o_.add_bias_kv) {
     for (int64_t b = 0; b < B; ++b) {
       std::memcpy(&k.at({b, S, 0}), bias_k_.data(), sizeof(float) * size_t(KV));
@@ -330,9 +372,9 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   args.q = split_heads(q, H);
   args.k = split_heads(k, Hkv);
   args.v = split_heads(v, Hkv);
-  args.attn_mask = mask.mask;
-  args.key_padding = padding.mask;
-  args.causal = causal;
+  args.attn_mask = masks.mask.mask;
+  args.key_padding = masks.padding.mask;
+  args.causal = masks.causal;
   if (training_ && o_.dropout > 0) {
     args.dropout_p = o_.dropout;
     args.seed = dropout_seed_++;
@@ -344,21 +386,6 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   Tensor lse = training_ ? Tensor({B, H, L}) : Tensor();              // (B, H, L), for backward
   SdpaOut<float> out{split_heads(ctx, H), a.need_weights ? weights.view() : View<float>{},
                      training_ ? lse.view() : View<float>{}};
-  if (a.trace) {
-    std::ostream& t = *a.trace;
-    t << "MultiheadAttention: E = " << E << ", H = " << H << ", Hkv = " << Hkv << ", D = " << D
-      << (batched ? (o_.batch_first ? ", batch_first" : ", seq_first") : ", unbatched") << "\n"
-      << "Q after projection (B, L, E): " << to_string(q.shape) << "\n"
-      << "K after projection (B, S, Hkv·D): " << to_string(k_rows.shape) << "\n"
-      << "V after projection (B, S, Hkv·D): " << to_string(v_rows.shape) << "\n";
-    if (extra) t << "K, V with add_bias_kv/add_zero_attn (B, S', Hkv·D): " << to_string(k.shape) << "\n";
-    t << "Q after head split (B, H, L, D): " << to_string(args.q.shape) << "\n"
-      << "K after head split (B, Hkv, S, D): " << to_string(args.k.shape) << "\n"
-      << "V after head split (B, Hkv, S, Dv): " << to_string(args.v.shape) << "\n"
-      << "scores (B, H, L, S): " << to_string({B, H, L, S2}) << "\n";
-    BackendChoice choice = explain(args, out);
-    t << "sdpa backend: " << to_string(choice.backend) << " (" << choice.reason << ")\n";
-  }
   {
     profile::Scope p("sdpa kernel");
     sdpa(args, out);
@@ -370,32 +397,40 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
           btc(output, seq_first));
 
   // 6. Weights averaged over heads if asked; unbatched results drop N.
-  if (a.need_weights && a.average_attn_weights) {
-    Tensor mean({B, L, S2});  // (B, L, S')
-    const int64_t LS = L * S2;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < LS; ++i) mean.data()[b * LS + i] += weights.data()[(b * H + h) * LS + i];
-    for (int64_t i = 0; i < mean.numel(); ++i) mean.data()[i] /= float(H);
-    weights = std::move(mean);
-  }
-  if (!batched) {
+  if (a.need_weights && a.average_attn_weights) weights = head_mean(weights);
+  if (!in.batched) {
     output.reshape({L, E});
     if (a.need_weights) {
       Shape w = weights.shape();
       weights.reshape(Shape(w.begin() + 1, w.end()));
     }
   }
+
+  // 7. The trace: every shape above, in order, and the backend sdpa ran and why.
   if (a.trace) {
-    *a.trace << "context (B, H, L, Dv): " << to_string(out.out.shape) << "\n"
-             << "context after concat (B, L, E): " << to_string(ctx.shape) << "\n"
-             << "output " << layout_name(batched, o_.batch_first) << ": " << to_string(output.shape()) << "\n";
+    std::ostream& t = *a.trace;
+    t << "MultiheadAttention: E = " << E << ", H = " << H << ", Hkv = " << Hkv << ", D = " << D
+      << (in.batched ? (o_.batch_first ? ", batch_first" : ", seq_first") : ", unbatched") << "\n"
+      << "Q after projection (B, L, E): " << to_string(q.shape) << "\n"
+      << "K after projection (B, S, Hkv·D): " << to_string(k_rows.shape) << "\n"
+      << "V after projection (B, S, Hkv·D): " << to_string(v_rows.shape) << "\n";
+    if (extra) t << "K, V with add_bias_kv/add_zero_attn (B, S', Hkv·D): " << to_string(k.shape) << "\n";
+    t << "Q after head split (B, H, L, D): " << to_string(args.q.shape) << "\n"
+      << "K after head split (B, Hkv, S, D): " << to_string(args.k.shape) << "\n"
+      << "V after head split (B, Hkv, S, Dv): " << to_string(args.v.shape) << "\n"
+      << "scores (B, H, L, S): " << to_string({B, H, L, S2}) << "\n";
+    BackendChoice choice = explain(args, out);
+    t << "sdpa backend: " << to_string(choice.backend) << " (" << choice.reason << ")\n"
+      << "context (B, H, L, Dv): " << to_string(out.out.shape) << "\n"
+      << "context after concat (B, L, E): " << to_string(ctx.shape) << "\n"
+      << "output " << layout_name(in.batched, o_.batch_first) << ": " << to_string(output.shape()) << "\n";
     if (a.need_weights)
-      *a.trace << "weights " << (a.average_attn_weights ? "(N, L, S)" : "(N, H, L, S)") << (batched ? "" : " without N")
-               << ": " << to_string(weights.shape()) << "\n";
+      t << "weights " << (a.average_attn_weights ? "(N, L, S)" : "(N, H, L, S)") << (in.batched ? "" : " without N")
+        << ": " << to_string(weights.shape()) << "\n";
   }
 
-  // 7. Training: keep the inputs, buffers, LSE and masks for backward.
+  // 8. Training: keep the inputs, buffers, LSE and sdpa's arguments for backward. The buffers move with
+  // their bytes, so args' views of them stay valid; the masks are kept as copies the args then view.
   saved_ = Saved{};
   if (training_) {
     Saved& s = saved_;
@@ -406,10 +441,9 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     if (!same_view(value, query)) s.xv = Tensor::copy_of(value);
     s.q = std::move(q_buf), s.k = std::move(k_buf), s.v = std::move(v_buf);
     s.ctx = std::move(ctx_buf), s.lse = std::move(lse);
-    s.mask = keep_mask(std::move(mask), s.mask_bias, s.mask_bools);
-    s.padding = keep_mask(std::move(padding), s.padding_bias, s.padding_bools);
-    s.causal = causal, s.dropout_p = args.dropout_p, s.seed = args.seed;
-    s.dropout_batch_offset = args.dropout_batch_offset;
+    s.args = args;
+    s.args.attn_mask = keep_mask(std::move(masks.mask), s.mask_bias, s.mask_bools);
+    s.args.key_padding = keep_mask(std::move(masks.padding), s.padding_bias, s.padding_bools);
     s.valid = true;
   }
   return {std::move(output), std::move(weights)};
@@ -447,17 +481,8 @@ MhaGrads MultiheadAttention::backward(View<const float> dout) {
   project_backward(btc(s.ctx, sf), out_proj_weight_.view(), dy, dctx, out_proj_weight_grad_.view(),
                    grad_rows(out_proj_bias_grad_, 0, E));
 
-  // 2. Attention: the forward's arguments again; sdpa_backward recomputes the weights from the LSE.
-  SdpaArgs<float> args;
-  args.q = split_heads(btc(s.q, sf), H);
-  args.k = split_heads(btc(s.k, sf), Hkv);
-  args.v = split_heads(btc(s.v, sf), Hkv);
-  args.attn_mask = s.mask;
-  args.key_padding = s.padding;
-  args.causal = s.causal;
-  args.dropout_p = s.dropout_p;
-  args.seed = s.seed;
-  args.dropout_batch_offset = s.dropout_batch_offset;
+  // 2. Attention: the forward's arguments; sdpa_backward recomputes the weights from the LSE.
+  const SdpaArgs<float>& args = s.args;
   Tensor dq_buf = new_buffer(sf, B, L, E), dk_buf = new_buffer(sf, B, S2, KV), dv_buf = new_buffer(sf, B, S2, KV);
   View<float> dq = btc(dq_buf, sf), dk = btc(dk_buf, sf), dv = btc(dv_buf, sf);  // (B, L, E), (B, S', Hkv·D) ×2
   {

@@ -200,6 +200,13 @@ void set_num_threads(int n) {
 int num_threads() { return pool().threads(); }
 int max_threads() { return kMaxThreads; }
 
+int share_threads(int processes) {
+  set_num_threads(0);
+  const int cpus = num_threads();
+  set_num_threads(std::max(1, cpus / std::max(1, processes)));
+  return cpus;
+}
+
 std::string wait_policy() {
   return cat("attn pool: chunks claimed dynamically; idle threads spin ",
              std::chrono::duration_cast<std::chrono::microseconds>(kSpin).count(), " us, then sleep (futex)");

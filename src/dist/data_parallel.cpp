@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "attn/check.h"
+#include "attn/launch.h"
 #include "attn/profile.h"
 #include "attn/threads.h"
 

@@ -1,5 +1,5 @@
 // attn's dense matrix product: a BLIS-style packed GEMM on Highway microkernels, float and double, one
-// copy per SIMD target (AVX-512, AVX2, SSE4, EMU128), chosen when the program runs; plus linear and
+// copy per SIMD target (AVX-512, AVX2, SSE4, SCALAR), chosen when the program runs; plus linear and
 // linear_backward on top of it. Not a general BLAS (row-major only, no complex, no batched strides) and
 // not the attention inner loops (those use the flash kernel's own microkernels).
 //

@@ -33,19 +33,20 @@ inline int64_t VisibleKeys(const SdpaProblem<float>& p, int64_t l, int64_t s0, i
 // any entry is not -inf (a fully masked row costs no GEMM).
 inline bool FillMaskRow(const SdpaProblem<float>& p, int64_t b, int64_t h, int64_t l, int64_t s0, int64_t n,
                         int64_t npad, float* row) {
-  const float inf = std::numeric_limits<float>::infinity();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
   const int64_t end = VisibleKeys(p, l, s0, n);
   std::fill(row, row + end, 0.f);
-  std::fill(row + end, row + npad, -inf);
+  std::fill(row + end, row + npad, -kInf);
   AddMaskRow(p, b, h, l, s0, end, row, 1);
   bool any = false;
-  for (int64_t j = 0; j < end; ++j) any |= row[j] != -inf;
+  for (int64_t j = 0; j < end; ++j) any |= row[j] != -kInf;
   return any;
 }
 
 // Only the causal edge, no masks: row[j] = -inf for j in [VisibleKeys, npad). Costs the triangle, not the tile.
 inline void MaskEdgeRow(const SdpaProblem<float>& p, int64_t l, int64_t s0, int64_t n, int64_t npad, float* row) {
-  std::fill(row + VisibleKeys(p, l, s0, n), row + npad, -std::numeric_limits<float>::infinity());
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::fill(row + VisibleKeys(p, l, s0, n), row + npad, -kInf);
 }
 
 // The transposed form, for the backward: key s0 + s (one row of a (keys, queries) tile) over queries

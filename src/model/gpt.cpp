@@ -55,7 +55,7 @@ GptConfig checked(GptConfig c) {
   if (c.n_kv_head == 0) c.n_kv_head = c.n_head;
   ATTN_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, "Expected n_kv_head dividing n_head ", c.n_head,
              ", but got ", c.n_kv_head, " instead");
-  ATTN_CHECK(c.dropout >= 0 && c.dropout < 1, "Expected dropout in [0, 1), but got ", c.dropout, " instead");
+  check_dropout_p("dropout", c.dropout);
   // Before any allocation (n_layer 1e8 failed in h.reserve with std::bad_alloc): the parameters and
   // their gradients must fit.
   check_fits_in_memory(8 * gpt_parameter_estimate(c),
@@ -104,10 +104,15 @@ std::vector<std::string> gpt_config_names() { return {"tiny", "nanogpt-cpu", "gp
 float cross_entropy(View<const float> logits, const int64_t* targets, View<float> dlogits) {
   ATTN_CHECK(logits.rank() == 2 && logits.stride(1) == 1, "Expected logits (N, V) with unit column stride, but got ",
              to_string(logits.shape), " instead");
-  int64_t count = 0;
-  for (int64_t n = 0; n < logits.size(0); ++n) count += targets[n] >= 0;
+  const int64_t count = scored_tokens(targets, logits.size(0));
   const double total = cross_entropy_sum(logits, targets, dlogits, count);
   return count == 0 ? 0.0f : float(total / double(count));
+}
+
+int64_t scored_tokens(const int64_t* targets, int64_t n) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) count += targets[i] >= 0;
+  return count;
 }
 
 double cross_entropy_sum(View<const float> logits, const int64_t* targets, View<float> dlogits, int64_t denominator) {
@@ -116,13 +121,11 @@ double cross_entropy_sum(View<const float> logits, const int64_t* targets, View<
   const int64_t N = logits.size(0), V = logits.size(1);
   ATTN_CHECK(dlogits.empty() || (dlogits.shape == logits.shape && dlogits.stride(1) == 1),
              "Expected dlogits of shape ", to_string(logits.shape), ", but got ", to_string(dlogits.shape), " instead");
-  int64_t count = 0;
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = 0; n < N; ++n)
     ATTN_CHECK(targets[n] >= -1 && targets[n] < V, "Expected targets in [0, ", V, ") or -1 (ignored), but got ",
                targets[n], " at position ", n, " instead");
-    count += targets[n] >= 0;
-  }
-  if (denominator > 0) count = denominator;  // rows of a larger batch: the whole batch's mean
+  // rows of a larger batch: the whole batch's mean
+  const int64_t count = denominator > 0 ? denominator : scored_tokens(targets, N);
   if (count == 0) {
     for (int64_t n = 0; n < N && !dlogits.empty(); ++n) std::fill_n(dlogits.data + n * dlogits.stride(0), V, 0.0f);
     return 0;
@@ -130,25 +133,25 @@ double cross_entropy_sum(View<const float> logits, const int64_t* targets, View<
   const float inv = 1.0f / float(count);
   std::vector<double> row_loss(size_t(N), 0.0);  // summed in order below: the same loss for any thread count
   parallel_for(N, grain_for(3 * V), [&](int64_t n0, int64_t n1, int) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const float* x = logits.data + n * logits.stride(0);
-    float* d = dlogits.empty() ? nullptr : dlogits.data + n * dlogits.stride(0);  // may alias x
-    if (targets[n] < 0) {
-      if (d) std::fill_n(d, V, 0.0f);
-      continue;
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* x = logits.data + n * logits.stride(0);
+      float* d = dlogits.empty() ? nullptr : dlogits.data + n * dlogits.stride(0);  // may alias x
+      if (targets[n] < 0) {
+        if (d) std::fill_n(d, V, 0.0f);
+        continue;
+      }
+      // loss = logsumexp(x) - x[t], with the max subtracted so exp never overflows
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(x[v] - m));
+      row_loss[size_t(n)] = double(m) + std::log(sum) - double(x[targets[n]]);
+      if (d) {  // d = (softmax(x) - onehot(t)) / count
+        const float scale = float(1.0 / sum) * inv;
+        for (int64_t v = 0; v < V; ++v) d[v] = std::exp(x[v] - m) * scale;
+        d[targets[n]] -= inv;
+      }
     }
-    // loss = logsumexp(x) - x[t], with the max subtracted so exp never overflows
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t v = 0; v < V; ++v) m = std::max(m, x[v]);
-    double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(x[v] - m));
-    row_loss[size_t(n)] = double(m) + std::log(sum) - double(x[targets[n]]);
-    if (d) {  // d = (softmax(x) - onehot(t)) / count
-      const float scale = float(1.0 / sum) * inv;
-      for (int64_t v = 0; v < V; ++v) d[v] = std::exp(x[v] - m) * scale;
-      d[targets[n]] -= inv;
-    }
-  }
   });
   double total = 0;
   for (double l : row_loss) total += l;
@@ -303,12 +306,16 @@ void Gpt::backward(View<const float> dlogits) {
 }
 
 std::vector<std::vector<Param>> Gpt::grad_groups() {
-  std::vector<std::vector<Param>> g;  // in backward()'s order of finished() calls
-  if (!c_.tie_weights) lm_head.parameters(g.emplace_back(), "lm_head.");
-  ln_f.parameters(g.emplace_back(), "transformer.ln_f.");
-  for (size_t i = h.size(); i-- > 0;) h[i].parameters(g.emplace_back(), cat("transformer.h.", i, "."));
-  wte.parameters(g.emplace_back(), "transformer.wte.");
-  wpe.parameters(g.back(), "transformer.wpe.");
+  // children() reversed is backward()'s order of finished() calls, with wte and wpe one group (their
+  // gradients are final together, last) and the dropout (no parameters) none.
+  std::vector<std::vector<Param>> g;
+  for (const Child& c : children()) {
+    std::vector<Param> p;
+    c.layer->parameters(p, c.prefix);
+    if (c.layer == &wpe) g.back().insert(g.back().end(), p.begin(), p.end());
+    else if (!p.empty()) g.push_back(std::move(p));
+  }
+  std::reverse(g.begin(), g.end());
   return g;
 }
 
@@ -318,17 +325,22 @@ void Gpt::set_batch_offset(int64_t b0) {
 }
 
 float Gpt::forward_backward(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T) {
+  const int64_t count = scored_tokens(targets, B * T);
+  const double sum = forward_backward_sum(idx, targets, B, T, count);
+  return count == 0 ? 0.0f : float(sum / double(count));  // cross_entropy's mean
+}
+
+double Gpt::forward_backward_sum(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T, int64_t count) {
   ATTN_CHECK(training_, "Expected training mode for forward_backward, but got eval mode instead");
   Tensor logits = forward(idx, B, T);
-  const int64_t V = c_.vocab_size;
-  View<float> rows = logits.view().reshape({B * T, V});
-  float loss;
+  View<float> rows = logits.view().reshape({B * T, c_.vocab_size});
+  double sum;
   {
     profile::Scope p("cross_entropy");
-    loss = cross_entropy(rows, targets, rows);  // dlogits overwrite the logits in place
+    sum = cross_entropy_sum(rows, targets, rows, count);  // dlogits overwrite the logits in place
   }
   backward(logits.view());
-  return loss;
+  return sum;
 }
 
 float Gpt::evaluate(const int64_t* idx, const int64_t* targets, int64_t B, int64_t T) {

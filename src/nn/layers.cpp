@@ -205,7 +205,7 @@ void LayerNorm::run_backward(View<const float> dout, float* dx, bool accumulate)
 // ---- Dropout ----
 
 Dropout::Dropout(double p, uint64_t seed) : p(p), seed_(mix64(seed)), last_seed_(0) {
-  ATTN_CHECK(p >= 0 && p <= 1, "Expected dropout probability in [0, 1], but got ", p, " instead");
+  check_dropout_p("dropout probability", p);
 }
 
 void Dropout::reseed(uint64_t seed) { seed_ = mix64(seed); }

@@ -1,4 +1,4 @@
-// The elementwise AdamW update over float arrays, SIMD (Highway: AVX-512, AVX2, SSE4 or scalar, chosen
+// The elementwise AdamW update over float arrays, SIMD (Highway: AVX-512, AVX2, SSE4 or SCALAR, chosen
 // when the program runs). Private to src/train: optim.cpp splits the parameters over threads and calls it.
 #pragma once
 #include <cstdint>

@@ -89,23 +89,6 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
   return h;
 }
 
-int launched_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
-    const char* v = std::getenv(var);
-    if (v && std::atoi(v) > 0) return std::atoi(v);
-  }
-  return 1;
-}
-
-void check_trains_alone() {
-#ifndef ATTN_HAVE_MPI
-  const int n = launched_world_size();
-  ATTN_CHECK(n <= 1, "Expected one process (this attn was built without MPI: under mpirun -np ", n,
-             " each process would train a model of its own), but got ", n,
-             " instead: build with MPI (libopenmpi-dev) for data-parallel training");
-#endif
-}
-
 // ---- Dataset ----
 
 Dataset Dataset::text(const std::string& text, const std::string& name) {
@@ -180,8 +163,7 @@ TrainOptions synthetic_defaults() {
   o.weight_decay = 0.1;
   o.eval_every = 50;
   o.eval_iters = 10;
-  // The tiny model's matmuls are too small to split: a second thread only waits (and, on a busy machine,
-  // OpenMP's spin-waiting made 2 threads 10x slower than 1).
+  // The tiny model's matmuls are too small to split: a second thread only waits.
   o.threads = 1;
   return o;
 }
@@ -228,29 +210,14 @@ StepStats Trainer::step() {
   }
   // Forward, loss and backward on this process's rows. The loss is the global batch's mean, so every
   // share's gradient is divided by the global count of scored tokens; the processes' parts then add up
-  // to the one-process gradient. (One process: forward_backward's operations exactly.)
-  const int64_t* x = x_.data() + row0_ * T_;
-  const int64_t* y = y_.data() + row0_ * T_;
-  int64_t count = 0;
-  for (size_t i = 0; i < y_.size(); ++i) count += y_[i] >= 0;
-  Tensor logits = model_->forward(x, rows_, T_);
-  View<float> rows = logits.view().reshape({rows_ * T_, model_->config().vocab_size});
-  double loss_sum;
-  {
-    profile::Scope p("cross_entropy");
-    loss_sum = cross_entropy_sum(rows, y, rows, count);  // dlogits overwrite the logits in place
-  }
-  if (sync_) {
-    struct Unhook {  // the hook lives for this backward only (also when it throws)
-      Gpt& m;
-      ~Unhook() { m.on_grads_final = nullptr; }
-    } unhook{*model_};
-    model_->on_grads_final = [this](size_t group) { sync_->grads_final(group); };
-    model_->backward(logits.view());
-  } else {
-    model_->backward(logits.view());
-  }
-  logits = Tensor();
+  // to the one-process gradient. (One process: forward_backward exactly.)
+  const int64_t count = scored_tokens(y_.data(), int64_t(y_.size()));
+  struct Unhook {  // the hook lives for this backward only (also when it throws)
+    Gpt& m;
+    ~Unhook() { m.on_grads_final = nullptr; }
+  } unhook{*model_};
+  if (sync_) model_->on_grads_final = [this](size_t group) { sync_->grads_final(group); };
+  double loss_sum = model_->forward_backward_sum(x_.data() + row0_ * T_, y_.data() + row0_ * T_, rows_, T_, count);
   if (sync_) {
     sync_->finish();  // profiled inside
     sync_->sum(&loss_sum, 1);
@@ -281,7 +248,7 @@ EvalStats Trainer::evaluate() {
       Tensor logits = model_->forward(x_.data() + row0_ * T_, rows_, T_);
       double* p = &part[size_t(2 * (split * o_.eval_iters + i))];
       p[0] = cross_entropy_sum(logits.view().reshape({rows_ * T_, model_->config().vocab_size}), y);
-      for (int64_t j = 0; j < rows_ * T_; ++j) p[1] += y[j] >= 0;
+      p[1] = double(scored_tokens(y, rows_ * T_));
     }
   }
   if (sync_) sync_->sum(part.data(), part.size());
@@ -317,10 +284,7 @@ void Trainer::distribute(std::shared_ptr<GradientSync> sync) {
   row0_ = o_.batch * r / n;
   rows_ = o_.batch * (r + 1) / n - row0_;
   model_->set_batch_offset(row0_);
-  if (o_.threads == 0 && sync_->local_size() > 1) {  // the machine's CPUs shared among its processes
-    set_num_threads(0);
-    set_num_threads(std::max(1, num_threads() / sync_->local_size()));
-  }
+  if (o_.threads == 0 && sync_->local_size() > 1) share_threads(sync_->local_size());  // the machine's CPUs
 }
 
 void Trainer::save(const std::string& dir, const EvalStats* last_eval) {

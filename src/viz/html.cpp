@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <numeric>
 
 #include "attn/file.h"
@@ -106,7 +107,10 @@ void put_head(std::string& out, View<const float> w, int64_t top_k, double& kept
       }
     } else {
       // NaN ranks last, so the comparison stays a strict weak order
-      const auto key = [&](int64_t j) { float v = at(i, j); return std::isnan(v) ? -INFINITY : v; };
+      const auto key = [&](int64_t j) {
+        const float v = at(i, j);
+        return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
+      };
       std::iota(order.begin(), order.end(), 0);
       std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int64_t a, int64_t b) {
         return key(a) > key(b) || (key(a) == key(b) && a < b);

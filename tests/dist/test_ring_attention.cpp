@@ -12,23 +12,20 @@
 #include <limits>
 #include <tuple>
 
+#include "../sdpa_harness.h"
 #include "../test_util.h"
 #include "attn/ring_attention.h"
-#include "attn/rng.h"
-#include "attn/sdpa.h"
 #include "attn/threads.h"
 
 using namespace attn;
+using namespace attn::test;
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-// Absolute slack of the forward's tolerance rule, as tests/test_flash.cpp states it: where the fp32
-// reference is exact (one visible key: out = v) the 2x term is 0, and flash still rounds Q·scale·log2(e),
-// the exp2 polynomial and 1/l, a few ulp of |out| <= ~4 and of |LSE| <= ~20. The ring's merge adds two
-// exps, a division and a log per row: a few ulp more, inside the same slack.
-constexpr double kAtolOut = 4e-6;
-constexpr double kAtolLse = 1.6e-5;
+// Absolute slack of the forward's tolerance rule: the harness's (tests/sdpa_harness.h), doubled. The
+// ring's merge adds two exps, a division and a log per row: a few ulp more than flash alone.
+constexpr double kRingAtolOut = 2 * kAtolOut;
+constexpr double kRingAtolLse = 2 * kAtolLse;
 
 struct Config {
   int64_t B = 2, H = 4, Hkv = 2, L = 37, D = 16, Dv = 8;
@@ -43,81 +40,71 @@ std::string describe(const Config& c) {
              " on rank ", dist::rank(), " of ", dist::size());
 }
 
-// The whole problem, the same on every rank. Floats widened to T, so fp32 and fp64 hold the same numbers.
-// Key padding (B, L), true = masked out: batch 0 masks ~30% of the keys and key 0 (so under causal masking
-// query 0 sees nothing); batch 1 masks every key (every row fully masked).
-template <typename T>
-struct Problem {
-  TensorT<T> q, k, v, dout;
-  TensorT<uint8_t> pad;
-  SdpaArgs<T> args;
-  Problem(const Config& c, uint64_t seed)
-      : q({c.B, c.H, c.L, c.D}), k({c.B, c.Hkv, c.L, c.D}), v({c.B, c.Hkv, c.L, c.Dv}), dout({c.B, c.H, c.L, c.Dv}),
-        pad({c.B, c.L}) {
-    Rng rng(seed);
-    for (TensorT<T>* t : {&q, &k, &v, &dout})
-      for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = T(float(rng.normal()));
+// The whole problem, the same on every rank: the harness's inputs of self-attention (S = L). Key padding
+// (B, L), true = masked out: batch 0 masks ~25% of the keys and key 0 (so under causal masking query 0
+// sees nothing); batch 1 masks every key (every row fully masked).
+Inputs problem(const Config& c, uint64_t seed) {
+  Case k;
+  k.B = c.B, k.H = c.H, k.Hkv = c.Hkv, k.L = k.S = c.L, k.D = c.D, k.Dv = c.Dv, k.causal = c.causal, k.seed = seed;
+  if (c.padding) k.padding = drop();
+  Inputs in(k);
+  if (c.padding)
     for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t s = 0; s < c.L; ++s) pad.data()[b * c.L + s] = b == 1 || s == 0 || rng.uniform() < 0.3;
-    args.q = q, args.k = k, args.v = v;
-    args.causal = c.causal;
-    if (c.padding) args.key_padding = Mask<T>::drop(pad.view());
-  }
-};
-
-// out (B, H, L, Dv), lse (B, H, L), and the gradients of sum(dout ∘ out).
-template <typename T>
-struct Result {
-  TensorT<T> out, lse, dq, dk, dv;
-  Result(int64_t B, int64_t H, int64_t Hkv, int64_t L, int64_t D, int64_t Dv)
-      : out({B, H, L, Dv}), lse({B, H, L}), dq({B, H, L, D}), dk({B, Hkv, L, D}), dv({B, Hkv, L, Dv}) {}
-  explicit Result(const Config& c) : Result(c.B, c.H, c.Hkv, c.L, c.D, c.Dv) {}
-  SdpaGrads<T> grads() { return {dq.view(), dk.view(), dv.view()}; }
-};
-
-// Single process, whole sequence, on one backend.
-template <typename T>
-Result<T> single(const Config& c, const Problem<T>& in, Backend backend) {
-  Result<T> r(c);
-  sdpa(in.args, SdpaOut<T>{r.out.view(), {}, r.lse.view()}, {backend, false});
-  sdpa_backward<T>(in.args, r.out.view(), r.lse.view(), in.dout.view(), r.grads(), {backend, false});
-  return r;
+      for (int64_t s = 0; s < c.L; ++s) in.padding[b * c.L + s] = b == 1 || s == 0 || in.padding[b * c.L + s];
+  return in;
 }
 
-// This rank's rows, through the ring: local inputs taken from the whole problem, results put back into
-// whole tensors (rows of other ranks left 0) so they compare with single() through the same take.
+// Single process, whole sequence: out, lse and the gradients of sum(dout ∘ out), through one kernel pair.
+struct Single {
+  Forward f;
+  Grads g;
+};
+template <typename T>
+Single single(const Inputs& in, ForwardKernel<T> fwd, BackwardKernel<T> bwd) {
+  return {forward<T>(fwd, in), backward<T>(bwd, in)};
+}
+
+// out (B, H, L, Dv), lse (B, H, L), and the gradients of sum(dout ∘ out), of this rank's rows.
+struct Result {
+  Tensor out, lse, dq, dk, dv;
+  Result(int64_t B, int64_t H, int64_t Hkv, int64_t L, int64_t D, int64_t Dv)
+      : out({B, H, L, Dv}), lse({B, H, L}), dq({B, H, L, D}), dk({B, Hkv, L, D}), dv({B, Hkv, L, Dv}) {}
+  SdpaGrads<float> grads() { return {dq.view(), dk.view(), dv.view()}; }
+};
+
+// This rank's rows, through the ring: local inputs taken from the whole problem.
 struct Ring {
-  Result<float> local;
+  Result local;
   RingStats fwd, bwd;
-  Ring(const Config& c, const Problem<float>& in)
+  Ring(const Config& c, const Inputs& in)
       : local(c.B, c.H, c.Hkv, ring_local_length(c.L, dist::rank(), dist::size(), c.layout), c.D, c.Dv) {
     const int r = dist::rank(), n = dist::size();
     const int64_t Lr = local.out.size(2);
+    const Bound<float> whole = in.bind<float>();
     Tensor q({c.B, c.H, Lr, c.D}), k({c.B, c.Hkv, Lr, c.D}), v({c.B, c.Hkv, Lr, c.Dv}), dout({c.B, c.H, Lr, c.Dv});
     TensorT<uint8_t> pad({c.B, Lr});
-    ring_take<float>(in.q, q, 2, r, n, c.layout);
-    ring_take<float>(in.k, k, 2, r, n, c.layout);
-    ring_take<float>(in.v, v, 2, r, n, c.layout);
-    ring_take<float>(in.dout, dout, 2, r, n, c.layout);
-    ring_take<uint8_t>(in.pad, pad, 1, r, n, c.layout);
+    ring_take<float>(whole.q.view, q, 2, r, n, c.layout);
+    ring_take<float>(whole.k.view, k, 2, r, n, c.layout);
+    ring_take<float>(whole.v.view, v, 2, r, n, c.layout);
+    ring_take<float>(whole.dout.view, dout, 2, r, n, c.layout);
     SdpaArgs<float> a{q, k, v};
     a.causal = c.causal;
-    if (c.padding) a.key_padding = Mask<float>::drop(pad.view());
+    if (c.padding) {
+      ring_take<uint8_t>(whole.pad_bools.view, pad, 1, r, n, c.layout);
+      a.key_padding = Mask<float>::drop(pad.view());
+    }
     ring_sdpa(a, SdpaOut<float>{local.out.view(), {}, local.lse.view()}, dist::world(), c.layout, &fwd);
     ring_sdpa_backward(a, local.out.view(), local.lse.view(), dout.view(), local.grads(), dist::world(), c.layout, &bwd);
   }
 };
 
-// This rank's rows of a whole tensor (sequence dim 2), widened to double.
-template <typename T>
-std::vector<double> mine(const TensorT<T>& full, RingLayout layout) {
-  Shape s = full.shape();
+// This rank's rows of a whole tensor of `shape` (sequence dim 2) given in index order.
+std::vector<double> mine(const std::vector<double>& full, Shape shape, RingLayout layout) {
+  if (shape.size() == 3) shape.push_back(1);
+  Shape s = shape;
   s[2] = ring_local_length(s[2], dist::rank(), dist::size(), layout);
-  if (full.view().rank() == 3) s.push_back(1);
-  TensorT<T> local(s);
-  View<const T> f = full.view();
-  if (f.rank() == 3) f = View<const T>(f.data, {s[0], s[1], f.shape[2], 1});
-  ring_take<T>(f, local, 2, dist::rank(), dist::size(), layout);
+  TensorD local(s);
+  ring_take<double>(View<const double>(full.data(), shape), local, 2, dist::rank(), dist::size(), layout);
   return std::vector<double>(local.data(), local.data() + local.numel());
 }
 
@@ -135,45 +122,45 @@ double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
   return m;
 }
 
-double max_abs(const std::vector<double>& a) {
-  double m = 0;
-  for (double x : a) m = std::isfinite(x) ? std::max(m, std::abs(x)) : m;
-  return m;
-}
-
 // FlashAttention's rule twice: the ring's error against fp64 is at most 2x the plain fp32 reference's
-// error plus atol (the rule every fast kernel meets), and its distance from the single-process flash
-// kernel is at most 2x flash's own error plus atol (the ring is the flash kernel with its keys in other
-// blocks and merged in another order: that may move the result by about flash's error, not more).
-void expect_close(const char* what, const std::vector<double>& ring, const std::vector<double>& flash,
-                  const std::vector<double>& ref32, const std::vector<double>& truth, double atol) {
-  const double ring_err = max_diff(ring, truth), flash_err = max_diff(flash, truth), ref_err = max_diff(ref32, truth);
-  EXPECT_LE(ring_err, 2 * ref_err + atol) << what << ": ring error " << ring_err << ", fp32 reference error " << ref_err;
-  const double apart = max_diff(ring, flash);
+// error plus atol (the harness's rule, every fast kernel's), and its distance from the single-process
+// flash kernel is at most 2x flash's own error plus atol (the ring is the flash kernel with its keys in
+// other blocks and merged in another order: that may move the result by about flash's error, not more).
+void expect_ring_close(const char* what, const std::vector<double>& ring, const std::vector<double>& flash,
+                       const std::vector<double>& ref32, const std::vector<double>& truth, double atol) {
+  expect_close(what, ring, ref32, truth, atol);
+  const double apart = max_diff(ring, flash), flash_err = max_diff(flash, truth);
   EXPECT_LE(apart, 2 * flash_err + atol) << what << ": ring - flash " << apart << ", flash error " << flash_err;
 }
 
 void expect_ring_matches(const Config& c, uint64_t seed = 17) {
   SCOPED_TRACE(describe(c));
-  Problem<float> in32(c, seed);
-  Problem<double> in64(c, seed);
-  const Result<float> flash = single(c, in32, Backend::flash), ref32 = single(c, in32, Backend::reference);
-  const Result<double> truth = single(c, in64, Backend::reference);
-  const Ring ring(c, in32);
+  const Inputs in = problem(c, seed);
+  const Single flash = single<float>(in, flash_forward, flash_backward),
+               ref32 = single<float>(in, reference_forward<float>, reference_backward<float>),
+               truth = single<double>(in, reference_forward<double>, reference_backward<double>);
+  const Ring ring(c, in);
   const RingLayout lay = c.layout;
-  expect_close("out", widen(ring.local.out), mine(flash.out, lay), mine(ref32.out, lay), mine(truth.out, lay), kAtolOut);
-  expect_close("lse", widen(ring.local.lse), mine(flash.lse, lay), mine(ref32.lse, lay), mine(truth.lse, lay), kAtolLse);
-  // Backward atol as tests/test_backward.cpp: 1e-6 (~8 fp32 ulps) of the largest gradient, for exact
-  // cancellations the reference rounds to 0 and flash (D = rowsum(dO∘O)) does not.
-  double largest = 0;
-  for (const TensorD* t : {&truth.dq, &truth.dk, &truth.dv}) largest = std::max(largest, max_abs(mine(*t, lay)));
-  const double atol = 1e-6 * (1 + largest);
-  expect_close("dq", widen(ring.local.dq), mine(flash.dq, lay), mine(ref32.dq, lay), mine(truth.dq, lay), atol);
-  expect_close("dk", widen(ring.local.dk), mine(flash.dk, lay), mine(ref32.dk, lay), mine(truth.dk, lay), atol);
-  expect_close("dv", widen(ring.local.dv), mine(flash.dv, lay), mine(ref32.dv, lay), mine(truth.dv, lay), atol);
+  const Shape o = {c.B, c.H, c.L, c.Dv}, l = {c.B, c.H, c.L}, q = {c.B, c.H, c.L, c.D}, k = {c.B, c.Hkv, c.L, c.D},
+              v = {c.B, c.Hkv, c.L, c.Dv};
+  auto fwd = [&](const char* what, const Tensor& got, std::vector<double> Forward::*m, const Shape& shape, double atol) {
+    expect_ring_close(what, widen(got), mine(flash.f.*m, shape, lay), mine(ref32.f.*m, shape, lay),
+                      mine(truth.f.*m, shape, lay), atol);
+  };
+  auto bwd = [&](const char* what, const Tensor& got, std::vector<double> Grads::*m, const Shape& shape, double atol) {
+    expect_ring_close(what, widen(got), mine(flash.g.*m, shape, lay), mine(ref32.g.*m, shape, lay),
+                      mine(truth.g.*m, shape, lay), atol);
+  };
+  fwd("out", ring.local.out, &Forward::out, o, kRingAtolOut);
+  fwd("lse", ring.local.lse, &Forward::lse, l, kRingAtolLse);
+  // Backward atol: the harness's, of this rank's rows of the fp64 gradients.
+  const double atol = backward_atol({mine(truth.g.dq, q, lay), mine(truth.g.dk, k, lay), mine(truth.g.dv, v, lay)});
+  bwd("dq", ring.local.dq, &Grads::dq, q, atol);
+  bwd("dk", ring.local.dk, &Grads::dk, k, atol);
+  bwd("dv", ring.local.dv, &Grads::dv, v, atol);
   // The zero policy, exactly: where the fp64 reference has a fully masked row (LSE −inf), the ring's out
   // and dq are 0 and its LSE is −inf.
-  const std::vector<double> lse64 = mine(truth.lse, lay), out = widen(ring.local.out), dq = widen(ring.local.dq);
+  const std::vector<double> lse64 = mine(truth.f.lse, l, lay), out = widen(ring.local.out), dq = widen(ring.local.dq);
   int64_t masked = 0;
   for (size_t row = 0; row < lse64.size(); ++row) {
     if (lse64[row] != -kInf) continue;
@@ -235,7 +222,7 @@ TEST(RingAttention, BottomRightIsTopLeftInSelfAttention) {
 TEST(RingAttention, SameBitsForOneAndTwoThreads) {
   Config c;
   c.L = 201, c.causal = Causal::top_left, c.padding = true, c.D = 32, c.Dv = 32;
-  Problem<float> in(c, 5);
+  const Inputs in = problem(c, 5);
   set_num_threads(1);
   const Ring one(c, in);
   set_num_threads(2);
@@ -252,8 +239,7 @@ TEST(RingAttention, SendsEachBlockOnce) {
   Config c;
   c.L = 67;
   const int r = dist::rank(), n = dist::size();
-  Problem<float> in(c, 3);
-  const Ring ring(c, in);
+  const Ring ring(c, problem(c, 3));
   int64_t kv = 0, acc = 0;  // bytes of the blocks this rank passes on, and of the accumulators
   for (int t = 0; t < n; ++t) {
     const int64_t rows = ring_local_length(c.L, (r - t + n) % n, n, c.layout);

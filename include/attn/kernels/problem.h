@@ -3,7 +3,7 @@
 // the causal key range of a query (and query range of a key), the per-element mask value, and the
 // dropout element index, threshold and keep scale. Kernels include this header and nothing of the
 // attention layer; attn/sdpa.h (the entry point sdpa(), backend choice) includes it, not the other way.
-// Not the argument checks (make_problem in src/attention/sdpa.cpp) and not any math.
+// Also the argument checks every kernel relies on (make_problem, src/kernels/problem.cpp); not any math.
 //
 // Layout: Q (B, H, L, D), K (B, Hkv, S, D), V (B, Hkv, S, Dv), out (B, H, L, Dv), all strided views:
 // MultiheadAttention's (B, L, E) projections are passed as (B, H, L, D) views without a copy.
@@ -19,12 +19,22 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
 
+#include "attn/check.h"
 #include "attn/mask.h"
 #include "attn/rng.h"
 #include "attn/tensor.h"
 
 namespace attn {
+
+// The causal rule, its one home: query l of L sees keys [0, causal_key_end(causal, l, L, S)) of S. None:
+// all S; top-left (PyTorch's is_causal): s <= l; bottom-right (a KV cache's): s <= l + S - L.
+inline int64_t causal_key_end(Causal causal, int64_t l, int64_t L, int64_t S) {
+  if (causal == Causal::none) return S;
+  const int64_t end = l + 1 + (causal == Causal::bottom_right ? S - L : 0);
+  return end < 0 ? 0 : (end > S ? S : end);
+}
 
 template <typename T>
 struct SdpaArgs {
@@ -111,10 +121,7 @@ struct SdpaProblem {
 
   // ---- Causal ----
   // Query l sees keys [0, key_end(l)); S when not causal. Top-left: s <= l. Bottom-right: s <= l + S - L.
-  int64_t key_end(int64_t l) const {
-    if (args.causal == Causal::none) return S;
-    return clamp(l + 1 + causal_offset(), 0, S);
-  }
+  int64_t key_end(int64_t l) const { return causal_key_end(args.causal, l, L, S); }
   // Key s is seen by queries [query_begin(s), L): the inverse of key_end (s < key_end(l) iff l >= query_begin(s)).
   int64_t query_begin(int64_t s) const {
     if (args.causal == Causal::none) return 0;
@@ -152,9 +159,29 @@ struct SdpaProblem {
   static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 };
 
+// ---- Argument checks: make_problem's, and the entry points' (sdpa.cpp) for what they add ----
+
+// "names = (2, 4, 7, 8)": a shape with the letters of its dims.
+inline std::string dims_str(const char* names, const Shape& shape) { return cat(names, " = ", to_string(shape)); }
+
+// An Error naming `arg` unless v is given and of rank 4 ("Expected query (B, H, L, D), but got nothing").
+template <typename V>
+void check_rank4(const char* arg, const char* dims, const V& v) {
+  ATTN_CHECK(!v.empty(), "Expected ", arg, " ", dims, ", but got nothing instead");
+  ATTN_CHECK(v.rank() == 4, "Expected ", arg, " of rank 4 ", dims, ", but got shape ", to_string(v.shape),
+             " instead");
+}
+
+// An Error naming `arg` and both shapes unless v's shape is `want`.
+template <typename V>
+void check_shape(const char* arg, const char* dims, const V& v, const Shape& want) {
+  ATTN_CHECK(v.shape == want, "Expected ", arg, " of shape ", dims_str(dims, want), ", but got ",
+             to_string(v.shape), " instead");
+}
+
 // Checks every argument (ranks, shapes, GQA ratio, mask broadcast, scale, dropout) and names the
 // argument and both shapes in the error; derives G, scale, the dropout threshold and keep scale.
-// `out` views that are empty are not requested (out.out is required).
+// `out` views that are empty are not requested (out.out is required). Defined in src/kernels/problem.cpp.
 template <typename T>
 SdpaProblem<T> make_problem(const SdpaArgs<T>& args, const SdpaOut<T>& out);
 

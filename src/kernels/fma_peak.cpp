@@ -10,7 +10,7 @@
 #include "attn/threads.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "../src/core/fma_peak.cpp"  // found through include/; src/ is not on the path
+#define HWY_TARGET_INCLUDE "../src/kernels/fma_peak.cpp"  // found through include/; src/ is not on the path
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
