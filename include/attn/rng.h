@@ -24,6 +24,11 @@ inline uint64_t mix64(uint64_t x) {
 inline void check_dropout_p(const char* arg, double p) {
   ATTN_CHECK(p >= 0 && p <= 1, "Expected ", arg, " in [0, 1], but got ", p, " instead");
 }
+// What a kept element is multiplied by: 1/(1 - p) rounded once to T, 0 when p = 1 (everything dropped).
+template <typename T>
+T dropout_keep_scale(double p) {
+  return p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+}
 inline uint32_t dropout_threshold(double p) {
   double t = std::ldexp(p, 32);
   return t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(t);

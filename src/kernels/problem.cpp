@@ -69,7 +69,7 @@ SdpaProblem<T> make_problem(const SdpaArgs<T>& a, const SdpaOut<T>& o) {
   ATTN_CHECK(std::isfinite(p.scale), "Expected a finite scale, but got ", p.scale, " instead");
   check_dropout_p("dropout_p", a.dropout_p);
   p.drop_threshold = dropout_threshold(a.dropout_p);
-  p.keep_scale = a.dropout_p < 1 ? T(1) / T(1 - a.dropout_p) : T(0);  // p = 1 drops every weight
+  p.keep_scale = dropout_keep_scale<T>(a.dropout_p);  // p = 1 drops every weight
   return p;
 }
 

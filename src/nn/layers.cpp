@@ -219,7 +219,7 @@ Tensor apply_dropout(View<const float> x, double p, uint64_t seed, uint64_t inde
   Tensor y = Tensor::uninitialized(x.shape);
   const int64_t n = y.numel();
   const uint32_t threshold = dropout_threshold(p);
-  const float scale = float(1.0 / (1.0 - p));
+  const float scale = dropout_keep_scale<float>(p);
   const float* px = rows.data;
   float* py = y.data();
   parallel_for(n, grain_for(4), [&](int64_t b, int64_t e, int) {
