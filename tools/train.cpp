@@ -232,6 +232,22 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
               (long long)opt.steps, (long long)t->step_count(), (long long)opt.batch, (long long)t->seq_len(), opt.lr,
               opt.min_lr, (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
               (unsigned long long)opt.seed, num_threads());
+  // What the schedule does that a user would not guess: a warmup that outlasts the run, and a resume whose
+  // longer --steps re-planned the decay (the learning rate rises again).
+  const LrSchedule sched = t->schedule();
+  if (opt.warmup >= opt.steps && opt.steps > 0)
+    std::printf("warning: --warmup %lld outlasts the run's %lld steps: the learning rate peaks at %.2e, never "
+                "reaching --lr %g (give --warmup below --steps)\n",
+                (long long)opt.warmup, (long long)opt.steps, sched.at(opt.steps - 1), opt.lr);
+  if (const auto& before = t->saved_schedule(); before && before->decay_steps != sched.decay_steps &&
+                                                t->step_count() > 0 && t->step_count() < opt.steps) {
+    const int64_t s = t->step_count();
+    std::printf("resume: the cosine decay now ends at step %lld (it ended at %lld): the learning rate goes from "
+                "%.2e at step %lld to %.2e at step %lld and decays from there (--lr-decay-steps %lld keeps the old "
+                "schedule)\n",
+                (long long)sched.decay_steps, (long long)before->decay_steps, before->at(s - 1), (long long)s,
+                sched.at(s), (long long)s + 1, (long long)before->decay_steps);
+  }
   GradientSync* sync = t->sync();
   if (sync) {
     const SyncStats st = sync->stats();

@@ -196,8 +196,19 @@ void sdpa_backward(const SdpaArgs<T>& args, View<const T> out, View<const T> lse
   check_shape("dk", "(B, Hkv, S, D)", grads.dk, {p.B, p.Hkv, p.S, p.D});
   check_rank4("dv", "(B, Hkv, S, Dv)", grads.dv);
   check_shape("dv", "(B, Hkv, S, Dv)", grads.dv, {p.B, p.Hkv, p.S, p.Dv});
+  // The additive mask's gradient dS runs on the reference, the one kernel that writes it.
+  const bool dmask = !grads.dmask.empty();
+  if (dmask) {
+    ATTN_CHECK(args.attn_mask.kind == Mask<T>::Kind::additive, "Expected an additive (float) attn_mask for its ",
+               "gradient dmask, but got ", args.attn_mask.given() ? "a bool mask" : "no attn_mask", " instead");
+    check_rank4("dmask", "(B, H, L, S)", grads.dmask);
+    check_shape("dmask", "(B, H, L, S)", grads.dmask, {p.B, p.H, p.L, p.S});
+    ATTN_CHECK(options.backend != Backend::flash, "Expected backend automatic or reference for the attn_mask's ",
+               "gradient (the reference is the kernel that writes dS), but got flash instead");
+  }
   // The forward's choice (no weights here): flash for float32, the reference for fp64 or on request.
-  const Backend backend = choose(p, options).backend;  // throws where explicit flash or strict refuse fp64
+  const Backend backend = dmask ? Backend::reference : choose(p, options).backend;  // choose throws where explicit
+                                                                                     // flash or strict refuse fp64
   if (no_queries(p)) {  // dq is empty; no query reads any key, so dK = dV = 0
     fill_zero(grads.dk);
     fill_zero(grads.dv);

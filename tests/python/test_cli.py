@@ -53,6 +53,23 @@ def test_resume_with_more_steps_replans_the_decay(tmp_path):
     assert r.returncode == 0 and "cosine decay to step 100)" in r.stdout, r.stdout + r.stderr
 
 
+
+def test_learning_rate_surprises_are_said_or_refused(tmp_path):
+    # --lr 0 trains nothing: refused; a warmup longer than the run never reaches --lr: a warning with the
+    # peak; a longer resume re-plans the decay, so the lr rises again: said with both values.
+    r = run("train", "--out", str(tmp_path / "zero"), "--steps", "2", "--lr", "0")
+    assert r.returncode != 0 and "Expected lr > 0" in r.stderr, r.stdout + r.stderr
+    out = str(tmp_path / "ck")
+    r = run("train", "--out", out, "--steps", "4", "--warmup", "10", "--eval-every", "0", "--eval-iters", "1")
+    assert r.returncode == 0 and "warning: --warmup 10 outlasts the run's 4 steps" in r.stdout, r.stdout + r.stderr
+    r = run("train", "--out", out, "--resume", "--steps", "20")
+    m = re.search(r"resume: the cosine decay now ends at step 20 \(it ended at 4\): the learning rate goes from "
+                  r"(\S+) at step 4 to (\S+) at step 5", r.stdout)
+    assert r.returncode == 0 and m, r.stdout + r.stderr
+    assert "--lr-decay-steps 4 keeps the old schedule" in r.stdout
+    r = run("train", "--out", out, "--resume", "--steps", "22", "--lr-decay-steps", "20")
+    assert r.returncode == 0 and "resume:" not in r.stdout, r.stdout  # the same schedule: nothing to say
+
 def test_train_prints_its_memory_and_refuses_a_run_larger_than_memory(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("abcdefgh ijklmnop\n" * 500)

@@ -53,6 +53,9 @@ struct SdpaGrads {
   View<T> dq;  // (B, H, L, D)
   View<T> dk;  // (B, Hkv, S, D)
   View<T> dv;  // (B, Hkv, S, Dv)
+  // Optional: dLoss/d(attn_mask) of an additive attn_mask, which is dS = dLoss/dscores, per element of
+  // (B, H, L, S) (the caller sums it over the dims its mask broadcasts). The reference writes it.
+  View<T> dmask;  // (B, H, L, S)
 };
 
 // A mask resolved against (B, H, L, S): element strides, 0 on broadcast dims.
