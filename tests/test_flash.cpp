@@ -448,6 +448,35 @@ TEST(Flash, EverySimdTargetCompiledIn) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// ---- Weights from the flash LSE (sdpa with weights requested) ----
+
+// The weights sdpa() returns on the flash path (weights_from_lse) against the fp64 reference's, with the
+// same rule as the output; every mask kind, causal alignment, GQA and dropout (the same keep bits).
+TEST(FlashWeights, MatchTheReferenceWithMasksCausalGqaAndDropout) {
+  const MaskKind kinds[] = {MaskKind::none, MaskKind::keep, MaskKind::additive};
+  int i = 0;
+  for (MaskKind mask : kinds)
+    for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+      Case c;
+      c.B = 2, c.H = 4, c.Hkv = i % 2 ? 2 : 4, c.L = 37, c.S = 65, c.D = c.Dv = 63, c.mask = mask;
+      c.padding = i % 3 ? MaskKind::none : MaskKind::drop, c.causal = causal, c.masked_rows = 0.1;
+      c.dropout_p = i++ % 2 ? 0.25 : 0;
+      SCOPED_TRACE(c.name());
+      Inputs in(c);
+      auto weights = [&](auto zero, Backend backend) {
+        using T = decltype(zero);
+        auto out = make_arr<T>({c.B, c.H, c.L, c.Dv}, 0, T(NAN));
+        auto w = make_arr<T>({c.B, c.H, c.L, c.S}, 0, T(NAN));
+        sdpa<T>(in.args<T>(), SdpaOut<T>{out.view, w.view, {}}, {backend, false});
+        return std::pair{gather(w.view), gather(out.view)};
+      };
+      const auto flash = weights(0.f, Backend::automatic), ref32 = weights(0.f, Backend::reference),
+                 truth = weights(0.0, Backend::reference);
+      expect_close("weights", flash.first, ref32.first, truth.first, kAtolOut);
+      expect_close("out", flash.second, ref32.second, truth.second, kAtolOut);
+    }
+}
+
 // ---- sdpa(): backend choice ----
 
 TEST(FlashBackend, ExplainAndStrict) {
@@ -461,11 +490,17 @@ TEST(FlashBackend, ExplainAndStrict) {
   BackendChoice ch = explain(args, plain);
   EXPECT_EQ(ch.backend, Backend::flash) << ch.reason;
   ch = explain(args, with_weights);
-  EXPECT_EQ(ch.backend, Backend::reference);
-  EXPECT_EQ(ch.reason, "weights requested: flash never materializes them");
-  EXPECT_THROW(explain(args, with_weights, {Backend::automatic, true}), Error);
-  EXPECT_THROW(sdpa(args, with_weights, {Backend::automatic, true}), Error);
-  EXPECT_THROW(sdpa(args, with_weights, {Backend::flash, false}), Error);
+  EXPECT_EQ(ch.backend, Backend::flash);
+  EXPECT_EQ(ch.reason, "float32 with weights: flash for the output and LSE, the weights from the LSE");
+  EXPECT_NO_THROW(sdpa(args, with_weights, {Backend::automatic, true}));
+  EXPECT_NO_THROW(sdpa(args, with_weights, {Backend::flash, false}));
+  // weights with strided columns: the reference materializes them (a fallback strict mode refuses)
+  auto wide = make_arr<float>({c.B, c.H, c.L, 2 * c.S}, 0);
+  const View<float> strided(wide.view.data, {c.B, c.H, c.L, c.S}, {c.H * c.L * 2 * c.S, c.L * 2 * c.S, 2 * c.S, 2});
+  const SdpaOut<float> with_strided{out.view, strided, {}};
+  EXPECT_EQ(explain(args, with_strided).backend, Backend::reference);
+  EXPECT_THROW(sdpa(args, with_strided, {Backend::automatic, true}), Error);
+  EXPECT_THROW(sdpa(args, with_strided, {Backend::flash, false}), Error);
   EXPECT_EQ(explain(args, with_weights, {Backend::reference, true}).backend, Backend::reference);
   EXPECT_EQ(explain(args, plain, {Backend::reference, false}).backend, Backend::reference);
   EXPECT_EQ(explain(args, plain, {Backend::flash, true}).backend, Backend::flash);

@@ -122,7 +122,9 @@ TEST_P(GoldenRun, NanogptCpuShapeOnText) {
                 kNanogpt[GetParam() - 1]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Threads, GoldenRun, ::testing::Values(1, 2));
+// Named by the thread count (GoldenRun.X/2_threads), not gtest's index (GoldenRun.X/1 was 2 threads).
+INSTANTIATE_TEST_SUITE_P(Threads, GoldenRun, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param) + "_threads"; });
 
 }  // namespace
 }  // namespace attn

@@ -254,21 +254,28 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
     const int n = sync->size();
     const int64_t lo = opt.batch / n, hi = (opt.batch + n - 1) / n;
     std::printf("data parallel: %d processes, %lld%s rows of each batch per process, threads %d each; gradients "
-                "(%s) summed in %d bucket%s during the backward; rank 0 prints and writes; Ctrl-C ends every "
-                "process (the last checkpoint stays)\n",
+                "(%s) summed in %d bucket%s during the backward; rank 0 prints and writes; Ctrl-C stops "
+                "every process at one step and saves it\n",
                 n, (long long)lo, hi > lo ? cat(" or ", hi).c_str() : "", num_threads(), bytes_text(st.bytes).c_str(),
                 st.buckets, st.buckets == 1 ? "" : "s");
   }
   std::fflush(stdout);
 
-  // Ctrl-C: a checkpoint, then exit 130. Under mpirun, mpirun itself ends every process on Ctrl-C.
+  // Ctrl-C: a checkpoint, then exit 130. Under mpirun the terminal's Ctrl-C reaches every process (and
+  // mpirun, which ends them a few seconds later): after each step the processes add up their flags, so
+  // all stop at the same step, and rank 0 saves.
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
   sa.sa_flags = SA_RESETHAND;
   sigemptyset(&sa.sa_mask);
   struct sigaction previous;
-  if (!sync) sigaction(SIGINT, &sa, &previous);
+  sigaction(SIGINT, &sa, &previous);
   g_interrupted = 0;
+  auto interrupted = [&] {
+    double any = g_interrupted ? 1 : 0;
+    if (sync) sync->sum(&any, 1);
+    return any > 0;
+  };
 
   profile::reset();
   profile::enable(cli.profile);  // only the training steps: evaluation and checkpoints are outside "step"
@@ -315,12 +322,13 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
       std::printf("%s\n", line);
       std::fflush(stdout);
     }
-    if (g_interrupted) {
+    if (interrupted()) {
       clear_bar();
       save(have_eval ? &ev : nullptr);
       std::printf("interrupted at step %lld: checkpoint saved in %s (continue with --resume)\n", (long long)step,
                   cli.out.c_str());
-      if (!sync) sigaction(SIGINT, &previous, nullptr);
+      std::fflush(stdout);
+      sigaction(SIGINT, &previous, nullptr);
       return 130;
     }
     if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < opt.steps) {
@@ -338,7 +346,7 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
   ev = t->evaluate();
   save(&ev);
   clear_bar();
-  if (!sync) sigaction(SIGINT, &previous, nullptr);
+  sigaction(SIGINT, &previous, nullptr);
   const int64_t done = t->step_count() - first;
   std::printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)t->step_count(), ev.train_loss, ev.val_loss);
   std::printf("done: %lld steps in %.1f s (%.1f s training, %s tok/s); checkpoint in %s\n", (long long)done,

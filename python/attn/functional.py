@@ -20,7 +20,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     enable_gqa: dim -3 of key/value may divide dim -3 of query (grouped-query attention).
     Extras: return_weights / return_lse make it return (out, weights?, lse?); a fully masked row
     gives zeros (PyTorch gives NaN); dropout uses `seed`.
-    backend: "auto" (flash for float32 without weights, else the reference), "reference" or "flash";
+    backend: "auto" (flash for float32, its weights from its LSE; the reference for float64), "reference"
+    or "flash";
     strict=True turns an automatic fallback to the reference into an error. explain=True runs nothing
     and returns (backend, reason): what this call would run, and why.
     """

@@ -17,7 +17,7 @@ import torch
 import _attn
 
 from . import functional as _F
-from ._interop import as_array
+from ._interop import DTYPE_RULE, as_array
 from .layers import _mask
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention"]
@@ -140,7 +140,8 @@ class MultiheadAttention(torch.nn.Module):
                  kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, num_kv_heads=None):
         super().__init__()
         if dtype not in (None, torch.float32) or torch.device(device or "cpu").type != "cpu":
-            raise _attn.AttnError(f"Expected dtype float32 on the CPU, but got dtype {dtype}, device {device} instead")
+            raise _attn.AttnError(f"Expected dtype float32 on the CPU, but got dtype {dtype}, device {device} instead "
+                                  f"({DTYPE_RULE})")
         self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.num_kv_heads = num_kv_heads or num_heads
@@ -179,6 +180,10 @@ class MultiheadAttention(torch.nn.Module):
         out, weights = _Mha.apply(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                                   average_attn_weights, is_causal, *(params[n] for n in self._names))
         return out, (weights if need_weights else None)
+
+    # What nn.TransformerEncoderLayer's fast path reads besides the parameters (eval, no grad): it then runs
+    # torch's fused kernel on these parameters, as it would for torch.nn.MultiheadAttention.
+    merge_masks = torch.nn.MultiheadAttention.merge_masks
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}"

@@ -169,6 +169,9 @@ void reference_forward(const SdpaProblem<T>& p);
 // FlashAttention-2 forward, fp32 only: never materializes the weights (p.out.weights must be empty),
 // writes out and, if requested, LSE. Same result for any thread count.
 void flash_forward(const SdpaProblem<float>& p);
+// The weights p.out.weights (B, H, L, S) of a forward whose p.out.lse is written (flash_forward's):
+// keep ∘ exp(Q·Kᵀ·scale + bias − lse), one GEMM per head. Needs unit column strides of Q, K and weights.
+void weights_from_lse(const SdpaProblem<float>& p);
 // Tile sizes of flash_forward: keys per tile (a multiple of 64, the widest microkernel block) and
 // query rows per tile (about; rounded to whole GQA groups). Derived from the L2 size read at run time
 // (cpu_info()); set_flash_tiles forces a configuration (tests, benchmarks), {} derives them again.
