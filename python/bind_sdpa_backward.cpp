@@ -41,7 +41,8 @@ py::tuple run(py::array& q, py::array& k, py::array& v, py::array& out,
     py::gil_scoped_release nogil;
     sdpa_backward(a, out_v, lse_v, dout_v, grads, opt);
   }
-  return mask_grad ? py::make_tuple(dq, dk, dv, dmask) : py::make_tuple(dq, dk, dv);
+  if (mask_grad) return py::tuple(py::make_tuple(dq, dk, dv, dmask));
+  return py::tuple(py::make_tuple(dq, dk, dv));
 }
 
 }  // namespace

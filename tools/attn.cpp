@@ -45,9 +45,9 @@ int main(int argc, char** argv) {
   bench->add_option("--dim", bench_opt.dim, "--ring: head dim D = Dv")->check(attn::number_of<int64_t>())
       ->check(attn::positive());
   bench->add_option("--causal", bench_opt.causal, "--ring: causal (top-left) or not");
-  bench->add_option("--backward", bench_opt.backward, "time the backward too (default with --ring; without it, "
-                    "flash backward rows with their scratch beyond inputs and outputs)")->expected(0, 1)
-      ->default_str("off; on with --ring");
+  bench->add_option("--backward", bench_opt.backward, "time the backward too (without --ring: flash backward rows "
+                    "with their scratch beyond inputs and outputs)")->expected(0, 1)
+      ->option_text("BOOLEAN=off; on with --ring");  // not default_str: CLI11 takes it as the value of a bare --backward
 
   attn::TrainCli train_opt;
   auto* train = attn::add_train_command(app, train_opt);

@@ -243,8 +243,8 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
                                                 t->step_count() > 0 && t->step_count() < opt.steps) {
     const int64_t s = t->step_count();
     std::printf("resume: the cosine decay now ends at step %lld (it ended at %lld): the learning rate goes from "
-                "%.2e at step %lld to %.2e at step %lld and decays from there (--lr-decay-steps %lld keeps the old "
-                "schedule)\n",
+                "%.2e at step %lld to %.2e at step %lld, on the new schedule from there (--lr-decay-steps %lld keeps "
+                "the old one)\n",
                 (long long)sched.decay_steps, (long long)before->decay_steps, before->at(s - 1), (long long)s,
                 sched.at(s), (long long)s + 1, (long long)before->decay_steps);
   }
@@ -261,15 +261,18 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
   }
   std::fflush(stdout);
 
-  // Ctrl-C: a checkpoint, then exit 130. Under mpirun the terminal's Ctrl-C reaches every process (and
-  // mpirun, which ends them a few seconds later): after each step the processes add up their flags, so
-  // all stop at the same step, and rank 0 saves.
+  // Ctrl-C: a checkpoint, then exit 130. Under mpirun the terminal's Ctrl-C reaches mpirun alone, which
+  // sends SIGTERM to every process and SIGKILL a second later (odls_base_sigkill_timeout): SIGTERM is then
+  // the same request, and after each step the processes add up their flags, so all stop at the same step
+  // and rank 0 saves it within that second.
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
   sa.sa_flags = SA_RESETHAND;
   sigemptyset(&sa.sa_mask);
   struct sigaction previous;
   sigaction(SIGINT, &sa, &previous);
+  struct sigaction previous_term;
+  if (sync) sigaction(SIGTERM, &sa, &previous_term);
   g_interrupted = 0;
   auto interrupted = [&] {
     double any = g_interrupted ? 1 : 0;
@@ -329,6 +332,7 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
                   cli.out.c_str());
       std::fflush(stdout);
       sigaction(SIGINT, &previous, nullptr);
+      if (sync) sigaction(SIGTERM, &previous_term, nullptr);
       return 130;
     }
     if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < opt.steps) {
@@ -347,6 +351,7 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
   save(&ev);
   clear_bar();
   sigaction(SIGINT, &previous, nullptr);
+  if (sync) sigaction(SIGTERM, &previous_term, nullptr);
   const int64_t done = t->step_count() - first;
   std::printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)t->step_count(), ev.train_loss, ev.val_loss);
   std::printf("done: %lld steps in %.1f s (%.1f s training, %s tok/s); checkpoint in %s\n", (long long)done,

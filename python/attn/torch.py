@@ -63,8 +63,9 @@ def _sdpa_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Te
 
 @_sdpa_backward_op.register_fake
 def _(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad):
+    # contiguous, as the real op returns them (empty_like would copy a strided query's layout)
     dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dmask
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
 
 
 def _sdpa_setup_context(ctx, inputs, output):

@@ -248,6 +248,39 @@ def test_half_precision_is_refused_by_name(dtype):
         attn.torch.MultiheadAttention(4, 2)(q[0], q[0], q[0])
 
 
+
+def test_one_dtype_rule_in_one_message():
+    """float64 works in scaled_dot_product_attention and is refused by MultiheadAttention, and both refusals
+    (the module's constructor and its forward) state the same rule, which says so, instead of 'attn does not
+    compute in float64'."""
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    attn.torch.scaled_dot_product_attention(q, q, q)
+    rule = "attn computes in float32 everywhere, and in float64 too in scaled_dot_product_attention"
+    with pytest.raises(attn.AttnError, match=rule):
+        attn.torch.MultiheadAttention(4, 2)(q[0], q[0], q[0])
+    with pytest.raises(attn.AttnError, match=rule):
+        attn.torch.MultiheadAttention(4, 2, dtype=torch.float64)
+
+
+def test_mha_drops_into_transformer_encoder_layer():
+    """Swapped into nn.TransformerEncoderLayer: training mode (attn's forward and backward), and eval under
+    no_grad, where torch's fast path reads merge_masks and the other attributes of torch's module."""
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    ours = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    ours.load_state_dict(ref.state_dict())
+    ours.self_attn = attn.torch.MultiheadAttention(32, 4, batch_first=True)
+    ours.self_attn.load_state_dict(ref.self_attn.state_dict())
+    x = torch.randn(2, 5, 32)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    torch.testing.assert_close(ours(x, src_key_padding_mask=pad), ref(x, src_key_padding_mask=pad))
+    ours(x).sum().backward()
+    assert ours.self_attn.in_proj_weight.grad is not None
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, src_key_padding_mask=pad), ref(x, src_key_padding_mask=pad))
+        torch.testing.assert_close(ours(x), ref(x))
+
 class _NanoGptAttention(torch.nn.Module):
     """nanoGPT's CausalSelfAttention with its F.scaled_dot_product_attention call swapped for attn's."""
 
