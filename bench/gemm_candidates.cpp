@@ -147,7 +147,11 @@ __attribute__((target("avx512f,fma"))) double fma_peak_gflops() {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     __m512 sum = acc[0];
     for (int i = 1; i < 24; ++i) sum = _mm512_add_ps(sum, acc[i]);
-    volatile float sink = _mm512_reduce_add_ps(sum);
+    alignas(64) float lanes[16];  // not _mm512_reduce_add_ps: GCC 12 warns maybe-uninitialized inside it
+    _mm512_store_ps(lanes, sum);
+    float total = 0;
+    for (float x : lanes) total += x;
+    volatile float sink = total;
     (void)sink;
     best = std::max(best, iters * 24.0 * 32 / s * 1e-9);
   }
