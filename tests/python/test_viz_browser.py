@@ -155,6 +155,10 @@ def test_head_model_and_matrix_views(browser, tmp_path):
         p.click("#tab-model")
         assert p.is_visible("#view-model") and not p.is_visible("#view-head")
         assert page.count("#model-grid .thumb") == 2 * H
+        # thumbnails use the page: a few heads on a 1200 px page get far more than the old 84 px
+        side = p.evaluate("() => Math.max(...Array.from(document.querySelectorAll('#model-grid .thumb'), "
+                          "(c) => c.getBoundingClientRect().width))")
+        assert side >= min(240, (1200 - 140) // H - 10) - 1, side
         page.shot("model_view.png")
         p.click(".thumb[data-layer='0'][data-head='2']")
         assert p.is_visible("#view-matrix") and not p.is_visible("#view-model")
