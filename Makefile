@@ -1,33 +1,59 @@
 # The two front doors: `make demo` and `make test`. Both install what is missing, then build.
+# demo: the demo set of scripts/install-deps.sh, and the CLI and the Python module only (seconds, not minutes);
+# test (and build): the test set too, and everything (tests, benchmarks, examples).
 SHELL := /bin/bash
 BUILD ?= build
 PY := .venv/bin/python
 JOBS ?= 2
+CONFIGURE := cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python
+# Put the Python module on .venv's path (a .pth file): python/ and the built _attn.
+PTH = printf '%s\n%s\n' "$(CURDIR)/python" "$(CURDIR)/$(BUILD)/python" > \
+  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/attn.pth"
 
-.PHONY: demo test deps build test-cpp test-python bench clean fuzz fuzz-build asan
+.PHONY: demo build-demo test test-halves deps build test-cpp test-python bench clean fuzz fuzz-build asan
 
-demo: build
+demo: build-demo
 	$(BUILD)/attn demo
 
+# A first configure here leaves the tests, benchmarks and examples out; make test turns them on.
+build-demo:
+	@scripts/install-deps.sh demo
+	@[ -f $(BUILD)/CMakeCache.txt ] || $(CONFIGURE) -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCH=OFF \
+	  -DATTN_BUILD_EXAMPLES=OFF
+	cmake --build $(BUILD) -j$(JOBS) --target attn _attn
+	@$(PTH)
+
 test: build
-	$(MAKE) --no-print-directory test-cpp test-python
+	@$(MAKE) --no-print-directory test-halves
 
 deps:
-	@scripts/install-deps.sh
+	@scripts/install-deps.sh test
 
-# Configure once, build incrementally, and put the Python module on .venv's path (a .pth file).
+# Configure once (again when a demo build left the tests out), build incrementally, put the module on the path.
 build: deps
-	@[ -f $(BUILD)/CMakeCache.txt ] || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release \
-	  -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python
+	@grep -qs '^ATTN_BUILD_TESTS:BOOL=ON' $(BUILD)/CMakeCache.txt && \
+	  grep -qs '^ATTN_BUILD_BENCH:BOOL=ON' $(BUILD)/CMakeCache.txt || \
+	  $(CONFIGURE) -DATTN_BUILD_TESTS=ON -DATTN_BUILD_BENCH=ON -DATTN_BUILD_EXAMPLES=ON
 	cmake --build $(BUILD) -j$(JOBS)
-	@printf '%s\n%s\n' "$(CURDIR)/python" "$(CURDIR)/$(BUILD)/python" > \
-	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/attn.pth"
+	@$(PTH)
+
+# The two halves of make test. Each runs whatever the other gives, each says how it ended, and either
+# failing fails make test (tests/python/test_make.py runs this with stand-in commands).
+TEST_CPP = cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+TEST_PYTHON = $(PY) -m pytest -q tests/python
+test-halves:
+	@cpp=0; py=0; \
+	( $(TEST_CPP) ) || cpp=$$?; \
+	( $(TEST_PYTHON) ) || py=$$?; \
+	say() { [ "$$2" = 0 ] && echo "$$1 passed" || echo "$$1 FAILED (exit $$2)"; }; \
+	echo "make test: $$(say C++ $$cpp), $$(say Python $$py)"; \
+	[ $$cpp = 0 ] && [ $$py = 0 ]
 
 test-cpp:
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
+	$(TEST_CPP)
 
 test-python:
-	$(PY) -m pytest -q tests/python
+	$(TEST_PYTHON)
 
 # libFuzzer targets (tests/fuzz/fuzz_*.cpp) with ASan + UBSan, built with clang in build-fuzz (clang is
 # installed on demand: ATTN_FUZZ=1 scripts/install-deps.sh). Each runs FUZZ_SECONDS on a copy of its seed

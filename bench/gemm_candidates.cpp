@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -115,13 +114,6 @@ std::vector<Candidate> candidates() {
                  [](int) {}});  // libxsmm_sgemm runs on the calling thread
 #endif
   return out;
-}
-
-std::string read_file(const char* path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 double fma_peak_gflops();  // below

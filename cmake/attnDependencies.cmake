@@ -5,13 +5,16 @@
 # ATTN_DEP_PACKAGES    CMake packages (find_package names), and ATTN_DEP_TARGETS the targets they give.
 # ATTN_DEP_PKGCONFIG   pkg-config modules; each becomes the imported target PkgConfig::attn_<module>.
 # ATTN_DEP_PC_LIBS     what attn.pc adds to Libs for the CMake packages (no .pc file of their own).
+# ATTN_DEP_PC_CFLAGS   what attn.pc adds to Cflags: the definitions attn::attn carries as a CMake target.
 set(ATTN_DEP_PACKAGES nlohmann_json Threads)
 set(ATTN_DEP_TARGETS nlohmann_json::nlohmann_json Threads::Threads)
 set(ATTN_DEP_PKGCONFIG libhwy cairo)
 set(ATTN_DEP_PC_LIBS "-pthread")
 set(ATTN_DEP_PC_REQUIRES "nlohmann_json")  # nlohmann-json3-dev ships nlohmann_json.pc
+set(ATTN_DEP_PC_CFLAGS "")
 if(ATTN_HAVE_MPI)  # set by CMakeLists.txt, and by attnConfig.cmake as it was at build time
-  set(MPI_CXX_SKIP_MPICXX ON)
+  set(MPI_CXX_SKIP_MPICXX ON)  # MPI::MPI_CXX then defines OMPI_SKIP_MPICXX; ompi.pc does not
+  set(ATTN_DEP_PC_CFLAGS "-DATTN_HAVE_MPI -DOMPI_SKIP_MPICXX")
   list(APPEND ATTN_DEP_PACKAGES MPI)
   list(APPEND ATTN_DEP_TARGETS MPI::MPI_CXX)
   string(APPEND ATTN_DEP_PC_REQUIRES " ompi")

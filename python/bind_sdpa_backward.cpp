@@ -1,5 +1,6 @@
 // Python binding of sdpa_backward(): numpy in, (dq, dk, dv) numpy out, float32 or float64, no copies of
-// the inputs. Takes the same argument spelling as _attn.sdpa, plus the forward's out and lse and dout.
+// the inputs. Takes the same argument spelling as _attn.sdpa, plus the forward's out and lse and dout;
+// mask_grad=True adds dmask (B, H, L, S), the gradient of an additive mask, unreduced.
 #include <pybind11/stl.h>
 
 #include "attn/sdpa.h"
@@ -19,20 +20,28 @@ py::tuple run(py::array& q, py::array& k, py::array& v, py::array& out,
               py::array& lse, py::array& dout, std::optional<py::array>& mask,
               const std::string& mask_kind, std::optional<py::array>& key_padding,
               const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
-              double dropout_p, uint64_t seed, const SdpaOptions& opt) {
+              double dropout_p, uint64_t seed, const SdpaOptions& opt, bool mask_grad) {
   SdpaArgs<T> a = make_args<T>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale, dropout_p, seed);
   // The gradients have the shapes of their inputs; sdpa_backward checks everything else.
   auto shape = [](const View<const T>& x) { return x.shape; };
   auto [dq, dq_v] = new_array<T>(shape(a.q));
   auto [dk, dk_v] = new_array<T>(shape(a.k));
   auto [dv, dv_v] = new_array<T>(shape(a.v));
+  SdpaGrads<T> grads{dq_v, dk_v, dv_v};
+  py::object dmask = py::none();
+  if (mask_grad) {
+    auto [m, m_v] = new_array<T>({a.q.size(0), a.q.size(1), a.q.size(2), a.k.size(2)});
+    dmask = m;
+    grads.dmask = m_v;
+  }
   View<const T> out_v = view_of<const T>(out, "out"), lse_v = view_of<const T>(lse, "lse"),
                 dout_v = view_of<const T>(dout, "dout");
   {
     py::gil_scoped_release nogil;
-    sdpa_backward(a, out_v, lse_v, dout_v, SdpaGrads<T>{dq_v, dk_v, dv_v}, opt);
+    sdpa_backward(a, out_v, lse_v, dout_v, grads, opt);
   }
-  return py::make_tuple(dq, dk, dv);
+  if (mask_grad) return py::tuple(py::make_tuple(dq, dk, dv, dmask));
+  return py::tuple(py::make_tuple(dq, dk, dv));
 }
 
 }  // namespace
@@ -43,11 +52,12 @@ void bind_sdpa_backward(py::module_& m) {
       [](py::array& q, py::array& k, py::array& v, py::array& out, py::array& lse,
          py::array& dout, std::optional<py::array>& mask, const std::string& mask_kind,
          std::optional<py::array>& key_padding, const std::string& padding_kind, const std::string& causal,
-         std::optional<double> scale, double dropout_p, uint64_t seed, const std::string& backend, bool strict) {
+         std::optional<double> scale, double dropout_p, uint64_t seed, const std::string& backend, bool strict,
+         bool mask_grad) {
         SdpaOptions opt{parse_backend(backend), strict};
         auto call = [&]<typename T>(T) {
           return run<T>(q, k, v, out, lse, dout, mask, mask_kind, key_padding, padding_kind, causal, scale,
-                        dropout_p, seed, opt);
+                        dropout_p, seed, opt, mask_grad);
         };
         return q.dtype().is(py::dtype::of<double>()) ? call(0.0) : call(0.0f);
       },
@@ -55,5 +65,7 @@ void bind_sdpa_backward(py::module_& m) {
       py::arg("mask") = py::none(), py::arg("mask_kind") = "keep", py::arg("key_padding") = py::none(),
       py::arg("padding_kind") = "drop", py::arg("causal") = "none", py::arg("scale") = py::none(),
       py::arg("dropout_p") = 0.0, py::arg("seed") = 0, py::arg("backend") = "auto", py::arg("strict") = false,
-      "Gradients of rank-4 SDPA on numpy arrays, given the forward's out and lse and dout: returns (dq, dk, dv).");
+      py::arg("mask_grad") = false,
+      "Gradients of rank-4 SDPA on numpy arrays, given the forward's out and lse and dout: returns (dq, dk, dv), "
+      "and dmask (B, H, L, S), the additive mask's gradient, with mask_grad=True.");
 }

@@ -1,14 +1,45 @@
 #!/usr/bin/env bash
 # Installs what attn needs on Debian 12, and nothing that is already there (idempotent, fast when done).
 # Debian packages through apt (as root, or with sudo); Python packages into .venv from PyPI.
+#   scripts/install-deps.sh demo     what `make demo` needs: the library, the CLI and the Python module
+#   scripts/install-deps.sh [test]   that and what the tests and benchmarks add (`make test`, `make build`)
+#   scripts/install-deps.sh --list demo|test   prints the apt and Python packages of that set, installs nothing
+# Not the fuzz toolchain: ATTN_FUZZ=1 adds clang (make fuzz) and skips Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(g++ cmake make pkg-config ccache libopenblas-dev libopenblas-openmp-dev libhwy-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libcli11-dev nlohmann-json3-dev libcairo2-dev chromium openmpi-bin libopenmpi-dev)
+list=""
+[ "${1:-}" != "--list" ] || { list=1; shift; }
+set_name="${1:-test}"
+case "$set_name" in demo|test) ;; *) echo "install-deps: Expected a set demo or test, but got '$set_name' instead" >&2; exit 2;; esac
+
+# The demo set: compiler, build tools and what libattn_core links (Highway, cairo, nlohmann-json, Open MPI),
+# CLI11 for the CLI; numpy and pybind11 for the module.
+APT_DEMO=(g++ cmake make pkg-config ccache libhwy-dev libcli11-dev nlohmann-json3-dev libcairo2-dev openmpi-bin
+  libopenmpi-dev)
+PY_REQS_DEMO=(numpy pybind11)
+# The test set adds: OpenBLAS (the tests' second GEMM), GoogleTest, Google Benchmark, chromium (the views'
+# browser test, through playwright); pytest and its helpers, and torch pinned to 2.13.0, the CPU build (an
+# unpinned torch pulls a CUDA build of several GB). scikit-build-core: pyproject.toml's build backend, for
+# `pip install .` (tests/python/test_packaging.py).
+APT_TEST=(libopenblas-dev libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev chromium)
+PY_REQS_TEST=(scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0")
+
+APT_PACKAGES=("${APT_DEMO[@]}")
+PY_REQS=("${PY_REQS_DEMO[@]}")
+if [ "$set_name" = test ]; then
+  APT_PACKAGES+=("${APT_TEST[@]}")
+  PY_REQS+=("${PY_REQS_TEST[@]}")
+fi
 # Fuzzing only (make fuzz sets ATTN_FUZZ=1): clang with libFuzzer and its OpenMP, ~250 MB that the
 # normal build does not need.
 [ -z "${ATTN_FUZZ:-}" ] || APT_PACKAGES+=(clang libclang-rt-14-dev libomp-14-dev)
+if [ -n "$list" ]; then
+  echo "apt: ${APT_PACKAGES[*]}"
+  echo "python: ${PY_REQS[*]}"
+  exit 0
+fi
+
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,9 +53,6 @@ fi
 
 [ -z "${ATTN_FUZZ:-}" ] || exit 0  # the fuzz build needs no Python
 
-# Python: torch pinned to 2.13.0, the CPU build; an unpinned torch pulls a CUDA build of several GB.
-# scikit-build-core: pyproject.toml's build backend, for `pip install .` (tests/python/test_packaging.py).
-PY_REQS=(numpy pybind11 scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0")
 [ -x .venv/bin/python ] || python3 -m venv .venv
 if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
@@ -35,6 +63,6 @@ for req in sys.argv[1:]:
         sys.exit(1)
 PY
 then
-  echo "install-deps: python packages into .venv"
+  echo "install-deps: python packages into .venv ($set_name set)"
   .venv/bin/pip install -q --disable-pip-version-check "${PY_REQS[@]}"
 fi

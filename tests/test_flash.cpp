@@ -274,6 +274,36 @@ TEST(Flash, TheToleranceRuleCatchesAWrongKernel) {
   EXPECT_NONFATAL_FAILURE(backward_off(), "dq: error");
 }
 
+// ---- Weights from the flash LSE (sdpa with weights requested) ----
+
+// What sdpa() runs for fp32 with weights requested: flash_forward for out and LSE, then weights_from_lse.
+static void flash_then_weights(const SdpaProblem<float>& p) {
+  SdpaProblem<float> q = p;
+  q.out.weights = {};
+  flash_forward(q);
+  weights_from_lse(p);
+}
+
+// The weights of the flash path against the fp64 reference's, with the same rule as the output; every mask
+// kind, causal alignment, GQA and dropout (the same keep bits).
+TEST(FlashWeights, MatchTheReferenceWithMasksCausalGqaAndDropout) {
+  int i = 0;
+  for (MaskKind mask : {MaskKind::none, MaskKind::keep, MaskKind::additive})
+    for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+      Case c;
+      c.B = 2, c.H = 4, c.Hkv = i % 2 ? 2 : 4, c.L = 37, c.S = 65, c.D = c.Dv = 63, c.mask = {mask, {}};
+      c.padding = i % 3 ? MaskSpec{} : drop(), c.causal = causal, c.masked_rows = 0.1;
+      c.dropout_p = i++ % 2 ? 0.25 : 0;
+      SCOPED_TRACE(c.name());
+      const Inputs in(c);
+      const Forward got = forward<float>(flash_then_weights, in, true);
+      const Forward ref32 = forward<float>(reference_forward<float>, in, true);
+      const Forward truth = forward<double>(reference_forward<double>, in, true);
+      expect_close("weights", got.weights, ref32.weights, truth.weights, kAtolOut);
+      expect_close("out", got.out, ref32.out, truth.out, kAtolOut);
+    }
+}
+
 // ---- sdpa(): backend choice ----
 
 TEST(FlashBackend, ExplainAndStrict) {
@@ -287,11 +317,17 @@ TEST(FlashBackend, ExplainAndStrict) {
   BackendChoice ch = explain(args, plain);
   EXPECT_EQ(ch.backend, Backend::flash) << ch.reason;
   ch = explain(args, with_weights);
-  EXPECT_EQ(ch.backend, Backend::reference);
-  EXPECT_EQ(ch.reason, "weights requested: flash never materializes them");
-  EXPECT_THROW(explain(args, with_weights, {Backend::automatic, true}), Error);
-  EXPECT_THROW(sdpa(args, with_weights, {Backend::automatic, true}), Error);
-  EXPECT_THROW(sdpa(args, with_weights, {Backend::flash, false}), Error);
+  EXPECT_EQ(ch.backend, Backend::flash);
+  EXPECT_EQ(ch.reason, "float32 with weights: flash for the output and LSE, the weights from the LSE");
+  EXPECT_NO_THROW(sdpa(args, with_weights, {Backend::automatic, true}));
+  EXPECT_NO_THROW(sdpa(args, with_weights, {Backend::flash, false}));
+  // weights with strided columns: the reference materializes them (a fallback strict mode refuses)
+  Arr<float> wide({c.B, c.H, c.L, 2 * c.S}, 0);
+  const View<float> strided(wide.view.data, {c.B, c.H, c.L, c.S}, {c.H * c.L * 2 * c.S, c.L * 2 * c.S, 2 * c.S, 2});
+  const SdpaOut<float> with_strided{out.view, strided, {}};
+  EXPECT_EQ(explain(args, with_strided).backend, Backend::reference);
+  EXPECT_THROW(sdpa(args, with_strided, {Backend::automatic, true}), Error);
+  EXPECT_THROW(sdpa(args, with_strided, {Backend::flash, false}), Error);
   EXPECT_EQ(explain(args, with_weights, {Backend::reference, true}).backend, Backend::reference);
   EXPECT_EQ(explain(args, plain, {Backend::reference, false}).backend, Backend::reference);
   EXPECT_EQ(explain(args, plain, {Backend::flash, true}).backend, Backend::flash);

@@ -120,7 +120,10 @@ struct OddParams {
   std::vector<Tensor> values, grads;
   std::vector<Param> list() {
     std::vector<Param> ps;
-    for (size_t i = 0; i < values.size(); ++i) ps.push_back({"p" + std::to_string(i), &values[i], &grads[i]});
+    for (size_t i = 0; i < values.size(); ++i) {
+      std::string name = "p";  // appended, not "p" + string: GCC 12's -Wrestrict false positive
+      ps.push_back({name += std::to_string(i), &values[i], &grads[i]});
+    }
     return ps;
   }
 };

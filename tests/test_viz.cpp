@@ -146,6 +146,29 @@ TEST(VizHeatmap, PngHasTheLayoutSizeAndIsNotBlank) {
   std::filesystem::remove(path);
 }
 
+// The scale rule of every view: each query row relative to its largest weight. A causal matrix whose
+// row 0 holds weight 1 (one key) and whose later rows spread thinly still shows every row's largest
+// weight dark and its smallest light; an explicit vmax is one absolute scale instead.
+TEST(VizHeatmap, EachRowIsDrawnRelativeToItsLargestWeight) {
+  const int64_t n = 8;
+  Tensor w({n, n});  // (L, S) causal: row i spreads over keys 0..i, its largest at key i
+  for (int64_t i = 0; i < n; ++i) {
+    float sum = 0;
+    for (int64_t j = 0; j <= i; ++j) sum += (w.data()[i * n + j] = j == i ? 2.f : 1.f);
+    for (int64_t j = 0; j <= i; ++j) w.data()[i * n + j] /= sum;
+  }
+  const std::string path = temp_path("rows.png");
+  HeatmapLayout lay = write_heatmap_png(path, w, tokens(n, "t"));
+  Png png = read_png(path);
+  for (int64_t i = 1; i < n; ++i) {
+    EXPECT_LT(cell_luma(png, lay, i, i), kDark) << "row " << i << "'s largest weight " << w.data()[i * n + i];
+    EXPECT_GT(cell_luma(png, lay, i, 0), cell_luma(png, lay, i, i) + 0.2) << "row " << i;
+  }
+  lay = write_heatmap_png(path, w, tokens(n, "t"), {}, {.vmax = 1.f});  // absolute: row 7's 0.22 is pale
+  EXPECT_GT(cell_luma(read_png(path), lay, n - 1, n - 1), 0.6);
+  std::filesystem::remove(path);
+}
+
 TEST(VizHeatmap, IdentityIsDarkOnTheDiagonalAndLightElsewhere) {
   const int64_t n = 7;
   Tensor eye({n, n});

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "attn " ATTN_VERSION);
   app.option_defaults()->always_capture_default();  // every --help shows each option's default
-  auto* demo = app.add_subcommand("demo", "walk through attention on the seed's configuration");
+  auto* demo = app.add_subcommand("demo", "walk through attention step by step, then train a tiny GPT (seconds, no data)");
 
   bool info_strict = false;
   int info_threads = 0;
@@ -54,8 +54,9 @@ int main(int argc, char** argv) {
   bench->add_option("--dim", bench_opt.dim, "--ring: head dim D = Dv")->check(attn::number_of<int64_t>())
       ->check(attn::positive());
   bench->add_option("--causal", bench_opt.causal, "--ring: causal (top-left) or not");
-  bench->add_option("--backward", bench_opt.backward, "time the backward too (default with --ring; without it, "
-                    "flash backward rows with their scratch beyond inputs and outputs)")->expected(0, 1);
+  bench->add_option("--backward", bench_opt.backward, "time the backward too (without --ring: flash backward rows "
+                    "with their scratch beyond inputs and outputs)")->expected(0, 1)
+      ->option_text("BOOLEAN=off; on with --ring");  // not default_str: CLI11 takes it as the value of a bare --backward
 
   attn::TrainCli train_opt;
   auto* train = attn::add_train_command(app, train_opt);

@@ -56,6 +56,7 @@ int run_generate(const GenerateCli& cli) {
   generate(*m.model, prompt, o);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
+  std::fflush(stdout);  // the text and its newline first: with 2>&1 the stats line comes after it
   std::fprintf(stderr, "(%lld characters in %.2f s, %.0f per second, checkpoint step %lld)\n", (long long)cli.n, s,
                s > 0 ? double(cli.n) / s : 0.0, (long long)m.step);
   return 0;

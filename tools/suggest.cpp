@@ -51,7 +51,17 @@ int report_parse_error(CLI::App& app, const CLI::ParseError& e, int argc, char**
   std::vector<std::string> commands;
   for (const CLI::App* s : app.get_subcommands([](const CLI::App*) { return true; })) commands.push_back(s->get_name());
   int i = 1;
-  while (i < argc && argv[i][0] == '-') ++i;  // the top level has flags only
+  std::vector<std::string> top;  // the top level's own flags (--help, --version)
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& n : o->get_lnames()) top.push_back(n);
+  for (; i < argc && argv[i][0] == '-'; ++i) {  // the top level has flags only
+    const std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 || std::find(top.begin(), top.end(), a.substr(2)) != top.end()) continue;
+    const std::string guess = nearest(a.substr(2), top);
+    std::fprintf(stderr, "error: attn has no option %s%s%s%s; attn --help lists them\n", a.c_str(),
+                 guess.empty() ? "" : " (did you mean --", guess.c_str(), guess.empty() ? "" : "?)");
+    return 2;
+  }
   if (i == argc || std::find(commands.begin(), commands.end(), argv[i]) == commands.end()) {
     std::string got = i == argc ? "" : argv[i], guess = nearest(got, commands);
     std::fprintf(stderr, "error: %s%s%s; the commands are %s (attn --help)\n",

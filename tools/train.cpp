@@ -232,27 +232,53 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
               (long long)opt.steps, (long long)t->step_count(), (long long)opt.batch, (long long)t->seq_len(), opt.lr,
               opt.min_lr, (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
               (unsigned long long)opt.seed, num_threads());
+  // What the schedule does that a user would not guess: a warmup that outlasts the run, and a resume whose
+  // longer --steps re-planned the decay (the learning rate rises again).
+  const LrSchedule sched = t->schedule();
+  if (opt.warmup >= opt.steps && opt.steps > 0)
+    std::printf("warning: --warmup %lld outlasts the run's %lld steps: the learning rate peaks at %.2e, never "
+                "reaching --lr %g (give --warmup below --steps)\n",
+                (long long)opt.warmup, (long long)opt.steps, sched.at(opt.steps - 1), opt.lr);
+  if (const auto& before = t->saved_schedule(); before && before->decay_steps != sched.decay_steps &&
+                                                t->step_count() > 0 && t->step_count() < opt.steps) {
+    const int64_t s = t->step_count();
+    std::printf("resume: the cosine decay now ends at step %lld (it ended at %lld): the learning rate goes from "
+                "%.2e at step %lld to %.2e at step %lld, on the new schedule from there (--lr-decay-steps %lld keeps "
+                "the old one)\n",
+                (long long)sched.decay_steps, (long long)before->decay_steps, before->at(s - 1), (long long)s,
+                sched.at(s), (long long)s + 1, (long long)before->decay_steps);
+  }
   GradientSync* sync = t->sync();
   if (sync) {
     const SyncStats st = sync->stats();
     const int n = sync->size();
     const int64_t lo = opt.batch / n, hi = (opt.batch + n - 1) / n;
     std::printf("data parallel: %d processes, %lld%s rows of each batch per process, threads %d each; gradients "
-                "(%s) summed in %d bucket%s during the backward; rank 0 prints and writes; Ctrl-C ends every "
-                "process (the last checkpoint stays)\n",
+                "(%s) summed in %d bucket%s during the backward; rank 0 prints and writes; Ctrl-C stops "
+                "every process at one step and saves it\n",
                 n, (long long)lo, hi > lo ? cat(" or ", hi).c_str() : "", num_threads(), bytes_text(st.bytes).c_str(),
                 st.buckets, st.buckets == 1 ? "" : "s");
   }
   std::fflush(stdout);
 
-  // Ctrl-C: a checkpoint, then exit 130. Under mpirun, mpirun itself ends every process on Ctrl-C.
+  // Ctrl-C: a checkpoint, then exit 130. Under mpirun the terminal's Ctrl-C reaches mpirun alone, which
+  // sends SIGTERM to every process and SIGKILL a second later (odls_base_sigkill_timeout): SIGTERM is then
+  // the same request, and after each step the processes add up their flags, so all stop at the same step
+  // and rank 0 saves it within that second.
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
   sa.sa_flags = SA_RESETHAND;
   sigemptyset(&sa.sa_mask);
   struct sigaction previous;
-  if (!sync) sigaction(SIGINT, &sa, &previous);
+  sigaction(SIGINT, &sa, &previous);
+  struct sigaction previous_term;
+  if (sync) sigaction(SIGTERM, &sa, &previous_term);
   g_interrupted = 0;
+  auto interrupted = [&] {
+    double any = g_interrupted ? 1 : 0;
+    if (sync) sync->sum(&any, 1);
+    return any > 0;
+  };
 
   profile::reset();
   profile::enable(cli.profile);  // only the training steps: evaluation and checkpoints are outside "step"
@@ -299,12 +325,14 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
       std::printf("%s\n", line);
       std::fflush(stdout);
     }
-    if (g_interrupted) {
+    if (interrupted()) {
       clear_bar();
       save(have_eval ? &ev : nullptr);
       std::printf("interrupted at step %lld: checkpoint saved in %s (continue with --resume)\n", (long long)step,
                   cli.out.c_str());
-      if (!sync) sigaction(SIGINT, &previous, nullptr);
+      std::fflush(stdout);
+      sigaction(SIGINT, &previous, nullptr);
+      if (sync) sigaction(SIGTERM, &previous_term, nullptr);
       return 130;
     }
     if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < opt.steps) {
@@ -322,7 +350,8 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
   ev = t->evaluate();
   save(&ev);
   clear_bar();
-  if (!sync) sigaction(SIGINT, &previous, nullptr);
+  sigaction(SIGINT, &previous, nullptr);
+  if (sync) sigaction(SIGTERM, &previous_term, nullptr);
   const int64_t done = t->step_count() - first;
   std::printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)t->step_count(), ev.train_loss, ev.val_loss);
   std::printf("done: %lld steps in %.1f s (%.1f s training, %s tok/s); checkpoint in %s\n", (long long)done,

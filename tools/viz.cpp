@@ -72,7 +72,7 @@ CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
                                                   "block_size); default with --builtin: ") + kExampleText);
   cmd->add_option("--out", cli.out, "output directory (created)");
   cmd->add_option("--top-k", cli.top_k, "weights kept per query row in the HTML (0: all; default: all up to 64 keys)")
-      ->check(number_of<int>())->check(non_negative());
+      ->check(number_of<int>())->check(non_negative())->option_text("INT:NONNEGATIVE=all up to 64 keys");
   cmd->add_option("--png-max-px", cli.png_max_px, "longest side of one head's matrix in the PNGs, pixels")
       ->check(number_of<int>())->check(positive());
   cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")->check(number_of<double>())->check(positive());

@@ -18,6 +18,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,8 @@ class Trainer {
   int64_t seq_len() const { return T_; }
   int64_t tokens_per_step() const { return o_.batch * T_; }
   LrSchedule schedule() const;
+  // After resume(): the checkpoint's schedule, before a longer `steps` (or lr_decay_steps) re-planned it.
+  const std::optional<LrSchedule>& saved_schedule() const { return saved_schedule_; }
 
  private:
   void write_checkpoint(const std::string& dir, const EvalStats* last_eval);
@@ -202,6 +205,7 @@ class Trainer {
   std::vector<int64_t> x_, y_;  // (B, T): the global batch
   std::shared_ptr<GradientSync> sync_;
   int64_t row0_ = 0, rows_ = 0;  // this process's share of x_, y_: rows [row0_, row0_ + rows_)
+  std::optional<LrSchedule> saved_schedule_;
 };
 
 // ---- Checkpoints without a trainer ----

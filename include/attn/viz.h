@@ -21,7 +21,10 @@ std::string display_token(const std::string& token, int max_chars = 16);
 
 struct HeatmapOptions {
   std::string title;    // empty: "attention" for one head, "all heads" for a grid
-  float vmax = 0.f;     // weight drawn darkest; <= 0: the largest finite weight drawn
+  // <= 0: the scale rule of every view (the HTML's too): each query row is drawn relative to its own
+  // largest weight (darkest), so a causal view's first rows (one key, weight 1) do not pale the rest; the
+  // colour bar says so. > 0: one absolute scale, 0 to vmax, for the whole picture.
+  float vmax = 0.f;
   int max_px = 1024;    // longest side of one matrix in pixels; longer inputs are max-pooled to fit
   int max_cell = 40;    // cell side in pixels for short inputs
   int columns = 0;      // grid only: panels per row; 0: about sqrt(H)

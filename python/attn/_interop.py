@@ -11,6 +11,10 @@ import numpy as np
 
 import _attn
 
+# The one dtype rule, in every message that refuses a dtype.
+DTYPE_RULE = ("attn computes in float32 everywhere, and in float64 too in scaled_dot_product_attention and its "
+              "backward; bfloat16 and float16 are refused, not widened")
+
 
 def is_torch(x):
     return type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "numpy")
@@ -24,7 +28,7 @@ def as_array(x, name, floats=("float32", "float64")):
         kind = str(x.dtype).removeprefix("torch.")
         if x.is_floating_point() and kind not in floats:
             raise _attn.AttnError(f"Expected {name} of dtype {' or '.join(floats)}, but got {x.dtype} instead "
-                                  f"(attn does not compute in {kind}: convert with .float() first)")
+                                  f"({DTYPE_RULE}: convert with .float() first)")
         return x.detach().resolve_conj().resolve_neg().numpy()
     if not isinstance(x, np.ndarray) and hasattr(x, "__dlpack__"):
         return np.from_dlpack(x)

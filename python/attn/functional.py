@@ -20,7 +20,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     enable_gqa: dim -3 of key/value may divide dim -3 of query (grouped-query attention).
     Extras: return_weights / return_lse make it return (out, weights?, lse?); a fully masked row
     gives zeros (PyTorch gives NaN); dropout uses `seed`.
-    backend: "auto" (flash for float32 without weights, else the reference), "reference" or "flash";
+    backend: "auto" (flash for float32, its weights from its LSE; the reference for float64), "reference"
+    or "flash";
     strict=True turns an automatic fallback to the reference into an error. explain=True runs nothing
     and returns (backend, reason): what this call would run, and why.
     """
@@ -50,22 +51,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 @torch_io
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False, *,
-                                          causal_alignment="top_left", seed=0, backend="auto", strict=False):
+                                          causal_alignment="top_left", seed=0, backend="auto", strict=False,
+                                          return_mask_grad=False):
     """Gradients (dq, dk, dv) of scaled_dot_product_attention at (query, key, value).
 
     grad_out is dLoss/dout; out and lse come from the forward call (return_lse=True), whose other
     arguments (mask, dropout_p and seed, is_causal, scale, enable_gqa) must be passed again. With
     enable_gqa, dk and dv are summed over the query heads that share a key/value head. A fully masked
-    row gets zero gradient.
+    row gets zero gradient. return_mask_grad=True (a float attn_mask) returns (dq, dk, dv, dmask) too:
+    the mask's gradient dS, summed over the dims the mask broadcasts, in the mask's shape (it runs on the
+    reference backward, the kernel that writes dS).
     """
+    mask_shape = None if attn_mask is None else as_array(attn_mask, "attn_mask").shape
     (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
     out, lse, grad_out = (np.asarray(as_array(x, n), dtype=query.dtype)
                           for x, n in ((out, "out"), (lse, "lse"), (grad_out, "grad_out")))
     causal = causal_alignment if is_causal else "none"
-    dq, dk, dv = _attn.sdpa_backward(_as4(query), _as4(key), _as4(value), _as4(out), _as4(lse[..., None])[..., 0],
-                                     _as4(grad_out), mask, kind, None, "drop", causal, scale, float(dropout_p),
-                                     int(seed), backend, bool(strict))
-    return dq.reshape(query.shape), dk.reshape(key.shape), dv.reshape(value.shape)
+    grads = _attn.sdpa_backward(_as4(query), _as4(key), _as4(value), _as4(out), _as4(lse[..., None])[..., 0],
+                                _as4(grad_out), mask, kind, None, "drop", causal, scale, float(dropout_p),
+                                int(seed), backend, bool(strict), bool(return_mask_grad))
+    dq, dk, dv = grads[0].reshape(query.shape), grads[1].reshape(key.shape), grads[2].reshape(value.shape)
+    if not return_mask_grad:
+        return dq, dk, dv
+    return dq, dk, dv, _sum_to(grads[3].reshape(query.shape[:-1] + (key.shape[-2],)), mask_shape)
+
+
+def _sum_to(x, shape):
+    """x summed over the dims that `shape` broadcasts (missing leading ones, and 1s): the gradient of a
+    broadcast input, in its shape."""
+    x = x.sum(axis=tuple(range(x.ndim - len(shape))))
+    return x.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1), keepdims=True)
 
 def _as4(x):
     """(..., H, L, D) as (B, H, L, D): missing leading dims become 1, extra ones fold into B."""

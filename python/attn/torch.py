@@ -9,13 +9,15 @@ everything around them stays torch's. Not a GPU path, and not bf16/fp16 (a clear
 Importing this module imports torch; `import attn` does not.
 """
 
+from typing import Optional, Tuple
+
 import numpy as np
 import torch
 
 import _attn
 
 from . import functional as _F
-from ._interop import as_array
+from ._interop import DTYPE_RULE, as_array
 from .layers import _mask
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention"]
@@ -25,38 +27,79 @@ def _draw_seed():
     return int(torch.randint(0, 2**62, (1,)).item())  # torch.manual_seed makes attn's dropout repeat
 
 
-class _Sdpa(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
-        q, k, v = (as_array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
-        mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
-        out, lse = _F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
-                                                   return_lse=True, seed=seed)
-        out, lse = torch.from_numpy(out), torch.from_numpy(lse)
-        ctx.save_for_backward(query, key, value, out, lse, attn_mask)
-        ctx.args = dict(dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, seed=seed)
-        return out
+# SDPA as two torch.library custom ops with fake (meta) implementations: Dynamo and AOTAutograd trace
+# them as single nodes (torch.compile(fullgraph=True) works, no graph break per call), and eager autograd
+# runs the same ops. The forward returns the LSE as a second output, for the backward.
+@torch.library.custom_op("attn::sdpa", mutates_args=())
+def _sdpa_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
+             dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool,
+             seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = (as_array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+    mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+    out, lse = _F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
+                                               return_lse=True, seed=seed)
+    return torch.from_numpy(out), torch.from_numpy(lse)
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        query, key, value, out, lse, attn_mask = ctx.saved_tensors
-        mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
-        dq, dk, dv = _F.scaled_dot_product_attention_backward(
-            as_array(grad_out.contiguous(), "grad_out"), as_array(query, "query"), as_array(key, "key"),
-            as_array(value, "value"), out.numpy(), lse.numpy(), mask, **ctx.args)
-        return torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv), None, None, None, None, None, None
+
+@_sdpa_op.register_fake
+def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+    return query.new_empty(query.shape[:-1] + value.shape[-1:]), query.new_empty(query.shape[:-1])
+
+
+@torch.library.custom_op("attn::sdpa_backward", mutates_args=())
+def _sdpa_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      out: torch.Tensor, lse: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float,
+                      is_causal: bool, scale: Optional[float], enable_gqa: bool, seed: int,
+                      mask_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dmask): dmask is the float mask's gradient when mask_grad, else an empty tensor."""
+    mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+    grads = _F.scaled_dot_product_attention_backward(
+        as_array(grad_out.contiguous(), "grad_out"), as_array(query, "query"), as_array(key, "key"),
+        as_array(value, "value"), as_array(out, "out"), as_array(lse, "lse"), mask, dropout_p, is_causal, scale,
+        enable_gqa, seed=seed, return_mask_grad=mask_grad)
+    dmask = torch.from_numpy(grads[3]).to(attn_mask.dtype) if mask_grad else query.new_empty(0)
+    return (*(torch.from_numpy(g) for g in grads[:3]), dmask)
+
+
+@_sdpa_backward_op.register_fake
+def _(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad):
+    # contiguous, as the real op returns them (empty_like would copy a strided query's layout)
+    dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
+
+
+def _sdpa_setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, attn_mask)
+    ctx.args = (dropout_p, is_causal, scale, enable_gqa, seed)
+    # a float mask that requires grad (a learned bias) gets its dS
+    ctx.mask_grad = attn_mask is not None and attn_mask.is_floating_point() and attn_mask.requires_grad
+    ctx.mark_non_differentiable(lse)
+
+
+def _sdpa_backward(ctx, grad_out, _grad_lse):
+    query, key, value, out, lse, attn_mask = ctx.saved_tensors
+    dq, dk, dv, dmask = _sdpa_backward_op(grad_out, query, key, value, out, lse, attn_mask, *ctx.args,
+                                          ctx.mask_grad)
+    return dq, dk, dv, (dmask if ctx.mask_grad else None), None, None, None, None, None
+
+
+_sdpa_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
 
-    float32 or float64 CPU tensors; attn_mask bool (True = may attend) or float (added), no gradient. One
+    float32 or float64 CPU tensors; attn_mask bool (True = may attend) or float (added; a float mask that
+    requires grad gets its gradient, reduced over the dims it broadcasts, as torch gives it). One
     difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded
-    from torch's generator.
+    from torch's generator. Traceable by torch.compile (custom ops attn::sdpa and attn::sdpa_backward).
     """
     seed = _draw_seed() if dropout_p > 0 else 0
-    return _Sdpa.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale, bool(enable_gqa), seed)
+    return _sdpa_op(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
+                    None if scale is None else float(scale), bool(enable_gqa), seed)[0]
 
 
 class _Mha(torch.autograd.Function):
@@ -98,7 +141,8 @@ class MultiheadAttention(torch.nn.Module):
                  kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, num_kv_heads=None):
         super().__init__()
         if dtype not in (None, torch.float32) or torch.device(device or "cpu").type != "cpu":
-            raise _attn.AttnError(f"Expected dtype float32 on the CPU, but got dtype {dtype}, device {device} instead")
+            raise _attn.AttnError(f"Expected dtype float32 on the CPU, but got dtype {dtype}, device {device} instead "
+                                  f"({DTYPE_RULE})")
         self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.num_kv_heads = num_kv_heads or num_heads
@@ -137,6 +181,10 @@ class MultiheadAttention(torch.nn.Module):
         out, weights = _Mha.apply(self, query, key, value, key_padding_mask, need_weights, attn_mask,
                                   average_attn_weights, is_causal, *(params[n] for n in self._names))
         return out, (weights if need_weights else None)
+
+    # What nn.TransformerEncoderLayer's fast path reads besides the parameters (eval, no grad): it then runs
+    # torch's fused kernel on these parameters, as it would for torch.nn.MultiheadAttention.
+    merge_masks = torch.nn.MultiheadAttention.merge_masks
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}"

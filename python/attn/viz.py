@@ -53,9 +53,10 @@ def _layer(a, i):
 
 
 def heatmap(path, weights, query_tokens, key_tokens=None, title=None, *, vmax=None, max_px=1024):
-    """Write a PNG of weights (L, S), or of all heads (H, L, S) side by side with one colour scale.
+    """Write a PNG of weights (L, S), or of all heads (H, L, S) side by side, on one colour rule.
 
-    vmax: the weight drawn darkest (default: the largest); max_px: longest side of one matrix in
+    vmax: one absolute scale, 0 to vmax (default: each query row relative to its largest weight, the rule
+    of every view, said on the colour bar); max_px: longest side of one matrix in
     pixels (longer inputs are max-pooled). Returns the layout: width, height, cell (pixels), rows,
     cols (cells drawn per panel) and panels (top-left corner of each matrix), so cell (i, j) of
     panel p starts at (panels[p][0] + j * cell, panels[p][1] + i * cell).

@@ -41,23 +41,34 @@ Backend parse_backend(const std::string& s) {
   throw Error(cat("Expected backend in {auto, reference, flash}, but got '", s, "' instead"));
 }
 
-// The backend for a checked problem. automatic: flash for float32, unless weights are requested (flash
-// never materializes them) or T is double; strict turns such a fallback into an error. An explicit
-// backend is honoured, or refused with the reason.
+// Weights requested: flash writes the output and LSE, weights_from_lse the weights, which needs unit
+// column strides of Q, K and the weights (its GEMM's rows); else the reference materializes them.
+template <typename T>
+bool weights_by_gemm(const SdpaProblem<T>& p) {
+  return p.args.q.strides[3] == 1 && p.args.k.strides[3] == 1 && p.out.weights.strides[3] == 1;
+}
+
+// The backend for a checked problem. automatic: flash for float32 (with weights requested, the weights
+// from its LSE), unless T is double or requested weights have strided columns; strict turns such a
+// fallback into an error. An explicit backend is honoured, or refused with the reason.
 template <typename T>
 BackendChoice choose(const SdpaProblem<T>& p, const SdpaOptions& options) {
   constexpr bool fp64 = std::is_same_v<T, double>;
-  const bool weights = !p.out.weights.empty();
+  const bool weights = !p.out.weights.empty(), strided = weights && !weights_by_gemm(p);
   if (options.backend == Backend::reference) return {Backend::reference, "reference requested"};
   if (options.backend == Backend::flash) {
     ATTN_CHECK(!fp64, "Expected float32 inputs for backend flash, but got float64 instead (fp64 runs on the reference)");
-    ATTN_CHECK(!weights, "Expected no weights output for backend flash (flash never materializes them), but got ",
-               "weights of shape ", to_string(p.out.weights.shape), " instead");
+    ATTN_CHECK(!strided, "Expected query, key and weights with unit column stride for backend flash with weights ",
+               "(the weights come from one GEMM per head), but got strides ", to_string(p.args.q.strides), ", ",
+               to_string(p.args.k.strides), " and ", to_string(p.out.weights.strides), " instead");
     return {Backend::flash, "flash requested"};
   }
   if (options.strict) check_no_simd_fallback();
   if (!fp64 && !weights) return {Backend::flash, "float32 without weights runs on the flash kernel"};
-  const char* reason = fp64 ? "fp64 runs on the reference" : "weights requested: flash never materializes them";
+  if (!fp64 && !strided)
+    return {Backend::flash, "float32 with weights: flash for the output and LSE, the weights from the LSE"};
+  const char* reason = fp64 ? "fp64 runs on the reference"
+                            : "weights requested with strided columns: the reference materializes them";
   ATTN_CHECK(!options.strict, "Expected the flash backend (strict mode allows no fallback), but got a fallback to ",
              "the reference instead: ", reason);
   return {Backend::reference, reason};
@@ -74,7 +85,16 @@ void sdpa(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& opt
   const Backend backend = choose(p, options).backend;  // throws where explicit flash or strict refuse fp64
   if (no_queries(p)) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (backend == Backend::flash) return flash_forward(p);
+    if (backend == Backend::flash && p.out.weights.empty()) return flash_forward(p);
+    if (backend == Backend::flash) {  // flash never holds a row of weights: its LSE gives them
+      SdpaProblem<float> f = p;
+      f.out.weights = {};
+      Tensor lse;  // (B, H, L) when the caller asked for none
+      if (f.out.lse.empty()) f.out.lse = (lse = Tensor({p.B, p.H, p.L})).view();
+      flash_forward(f);
+      f.out.weights = p.out.weights;
+      return weights_from_lse(f);
+    }
   }
   reference_forward(p);
 }
@@ -123,8 +143,19 @@ void sdpa_backward(const SdpaArgs<T>& args, View<const T> out, View<const T> lse
   check_shape("dk", "(B, Hkv, S, D)", grads.dk, {p.B, p.Hkv, p.S, p.D});
   check_rank4("dv", "(B, Hkv, S, Dv)", grads.dv);
   check_shape("dv", "(B, Hkv, S, Dv)", grads.dv, {p.B, p.Hkv, p.S, p.Dv});
+  // The additive mask's gradient dS runs on the reference, the one kernel that writes it.
+  const bool dmask = !grads.dmask.empty();
+  if (dmask) {
+    ATTN_CHECK(args.attn_mask.kind == Mask<T>::Kind::additive, "Expected an additive (float) attn_mask for its ",
+               "gradient dmask, but got ", args.attn_mask.given() ? "a bool mask" : "no attn_mask", " instead");
+    check_rank4("dmask", "(B, H, L, S)", grads.dmask);
+    check_shape("dmask", "(B, H, L, S)", grads.dmask, {p.B, p.H, p.L, p.S});
+    ATTN_CHECK(options.backend != Backend::flash, "Expected backend automatic or reference for the attn_mask's ",
+               "gradient (the reference is the kernel that writes dS), but got flash instead");
+  }
   // The forward's choice (no weights here): flash for float32, the reference for fp64 or on request.
-  const Backend backend = choose(p, options).backend;  // throws where explicit flash or strict refuse fp64
+  const Backend backend = dmask ? Backend::reference : choose(p, options).backend;  // choose throws where explicit
+                                                                                     // flash or strict refuse fp64
   if (no_queries(p)) {  // dq is empty; no query reads any key, so dK = dV = 0
     fill_zero(grads.dk);
     fill_zero(grads.dv);

@@ -107,7 +107,7 @@ CpuInfo read_cpu() {
       {"avx512vnni", __builtin_cpu_supports("avx512vnni")}, {"avx512bf16", __builtin_cpu_supports("avx512bf16")},
   };
   for (const auto& [n, has] : named)
-    if (has) c.features += (c.features.empty() ? "" : " ") + std::string(n);
+    if (has) c.features += std::string(c.features.empty() ? "" : " ") + n;  // not "" + string: GCC 12's -Wrestrict
   read_caches(c);
   if (const char* spec = std::getenv("ATTN_CPU_CACHES"); spec && *spec) force_caches(c, spec);
   return c;

@@ -30,7 +30,8 @@ int64_t simd_target_bits() { return chosen(); }
 
 std::string simd_compiled() {
   std::string all;
-  for (int64_t t : hwy::SupportedAndGeneratedTargets()) all += (all.empty() ? "" : " ") + std::string(hwy::TargetName(t));
+  for (int64_t t : hwy::SupportedAndGeneratedTargets())
+    all += std::string(all.empty() ? "" : " ") + hwy::TargetName(t);  // not "" + string: GCC 12's -Wrestrict
   return all;
 }
 

@@ -1,7 +1,8 @@
 // Naive SDPA backward: dQ, dK, dV by the chain rule, recomputing each row of weights with the forward's
 // code (reference_row.h).
 // Slow and O(S) scratch per row on purpose: the oracle the flash backward is tested against. It reads
-// neither the saved output nor the LSE, so a wrong forward can't hide a wrong backward.
+// neither the saved output nor the LSE, so a wrong forward can't hide a wrong backward. The one kernel
+// that writes dS itself (g.dmask: the gradient of an additive attn_mask, learned biases).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -37,6 +38,11 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
         const T* dO = dout.data + b * dout.strides[0] + h * dout.strides[1] + l * dout.strides[2];
         T* dq = g.dq.data + b * g.dq.strides[0] + h * g.dq.strides[1] + l * g.dq.strides[2];
         for (int64_t d = 0; d < p.D; ++d) dq[d * g.dq.strides[3]] = 0;
+        T* dmask = g.dmask.empty() ? nullptr  // (S,) dS of this row, when asked for
+                                   : g.dmask.data + b * g.dmask.strides[0] + h * g.dmask.strides[1] +
+                                         l * g.dmask.strides[2];
+        if (dmask)
+          for (int64_t s = 0; s < p.S; ++s) dmask[s * g.dmask.strides[3]] = 0;
         // P = softmax(q·kᵀ·scale + masks), by the forward's own code; a fully masked row has P = 0, so
         // every gradient it feeds is 0
         if (reference_weights(p, b, h, l, w.data()).m == -kInf) continue;
@@ -54,8 +60,9 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
           T* dv = dvb + s * g.dv.strides[2];
           for (int64_t e = 0; e < p.Dv; ++e) dv[e * g.dv.strides[3]] += pd * dO[e * dout.strides[3]];
         }
-        // dS = P ∘ (dP − D); dQ = scale·dS·K; dK += scale·dSᵀ·Q
+        // dS = P ∘ (dP − D) (the additive mask's gradient); dQ = scale·dS·K; dK += scale·dSᵀ·Q
         for (int64_t s = 0; s < p.S; ++s) {
+          if (dmask) dmask[s * g.dmask.strides[3]] = w[s] * (dw[s] - D);
           T ds = w[s] * (dw[s] - D) * scale;
           const T* k = kb + s * a.k.strides[2];
           T* dk = dkb + s * g.dk.strides[2];

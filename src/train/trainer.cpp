@@ -49,7 +49,7 @@ void check_options(const TrainOptions& o) {
   positive(o.batch, "batch");
   positive(o.eval_iters, "eval_iters");
   non_negative(o.threads, "threads");
-  non_negative(o.lr, "lr");
+  ATTN_CHECK(o.lr > 0, "Expected lr > 0 (at lr 0 nothing trains), but got ", o.lr, " instead");
   non_negative(o.min_lr, "min_lr");
   non_negative(double(o.warmup), "warmup");
   non_negative(double(o.lr_decay_steps), "lr_decay_steps");
@@ -325,6 +325,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr
   ATTN_CHECK(c.config.contains("training") && c.config.contains("data"), "Expected training options in '", where,
              "' (a checkpoint from attn train), but got a model-only checkpoint instead");
   TrainOptions o = ckpt::train_options_from(c.config["training"], where + " training");
+  const LrSchedule saved{o.lr, o.min_lr, o.warmup, o.lr_decay_steps};
   if (steps > 0) {
     // A longer run re-plans a decay that ended with the old run; a shorter one keeps the schedule it followed.
     if (steps > o.steps && o.lr_decay_steps == o.steps) o.lr_decay_steps = steps;
@@ -356,6 +357,7 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr
   t->model().load_state_dict(c.tensors);
   t->opt_->load_state(optim, step, "optim.");
   t->step_ = step;
+  t->saved_schedule_ = saved;
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "attn/file.h"
 #include "attn/viz.h"
@@ -81,9 +82,13 @@ struct Plan {
   std::vector<std::string> q_labels, k_labels;  // per token; empty: not drawn
   double left_w, top_h, panel_title_h, panel_w, panel_h, title_h, bar_h, tick_w;
   float vmax;
+  bool per_row;  // colour = weight / its row's largest (vmax 1); else weight / vmax
   std::string title, subtitle;
   HeatmapLayout layout;
 };
+
+// A colour bar tick: the weight, or with the per-row rule its share of the row's largest, in percent.
+std::string tick_text(const Plan& p, double t) { return p.per_row ? format_tick(100 * t) + "%" : format_tick(t); }
 
 Plan make_plan(cairo_t* cr, View<const float> w, const std::vector<std::string>& query_tokens,
                const std::vector<std::string>& key_tokens, const HeatmapOptions& opt, bool grid) {
@@ -128,23 +133,18 @@ Plan make_plan(cairo_t* cr, View<const float> w, const std::vector<std::string>&
   p.title_h = kTitleSize + 6 + kSmallSize + 12;
   p.bar_h = std::clamp(p.rows * p.cell, 120.0, 480.0);
 
-  float largest = 0.f;
-  for (int64_t h = 0; h < p.H; ++h)
-    for (int64_t i = 0; i < p.L; ++i)
-      for (int64_t j = 0; j < p.S; ++j) {
-        float v = w.data[h * w.strides[0] + i * w.strides[1] + j * w.strides[2]];
-        if (std::isfinite(v)) largest = std::max(largest, v);
-      }
-  p.vmax = opt.vmax > 0 ? opt.vmax : largest > 0 ? largest : 1.f;
+  p.per_row = !(opt.vmax > 0);
+  p.vmax = p.per_row ? 1.f : opt.vmax;
   set_font(cr, kSmallSize - 1);
   p.tick_w = 0;
-  for (double t : ticks(p.vmax)) p.tick_w = std::max(p.tick_w, text_width(cr, format_tick(t)));
+  for (double t : ticks(p.vmax)) p.tick_w = std::max(p.tick_w, text_width(cr, tick_text(p, t)));
 
   p.title = !opt.title.empty() ? valid_utf8(opt.title) : grid ? "all heads" : "attention";
   p.subtitle = "queries \u2193 " + std::to_string(p.L) + "  \u00b7  keys \u2192 " + std::to_string(p.S);
   if (grid) p.subtitle += "  \u00b7  " + std::to_string(p.H) + " heads";
   if (p.pool > 1)
     p.subtitle += "  \u00b7  each cell: max of " + std::to_string(p.pool) + "\u00d7" + std::to_string(p.pool);
+  if (p.per_row) p.subtitle += "  \u00b7  colour: each row relative to its largest weight (100%)";
 
   const double grid_w = p.columns * p.panel_w + (p.columns - 1) * kGap;
   const double grid_h = p.grid_rows * p.panel_h + (p.grid_rows - 1) * kGap;
@@ -167,16 +167,27 @@ Plan make_plan(cairo_t* cr, View<const float> w, const std::vector<std::string>&
   return p;
 }
 
-// Cells of head h: drawn cell (r, c) shows the max over its pool x pool block (NaN if any is NaN).
+// Cells of head h: drawn cell (r, c) shows the max over its pool x pool block (NaN if any is NaN), of
+// the weights relative to their row's largest (per_row) or of the weights.
 void draw_cells(cairo_t* cr, const Plan& p, int64_t h, double x0, double y0) {
   const float* base = p.w.data + h * p.w.strides[0];
+  std::vector<float> top(size_t(p.L), 1.f);  // (L,) what each row's weights are divided by
+  if (p.per_row)
+    for (int64_t i = 0; i < p.L; ++i) {
+      float m = 0.f;
+      for (int64_t j = 0; j < p.S; ++j) {
+        const float x = base[i * p.w.strides[1] + j * p.w.strides[2]];
+        if (std::isfinite(x)) m = std::max(m, x);
+      }
+      top[size_t(i)] = m > 0 ? m : 1.f;  // a fully masked row (all 0) stays 0
+    }
   cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);  // integer-aligned cells: crisp edges
   for (int r = 0; r < p.rows; ++r)
     for (int c = 0; c < p.cols; ++c) {
       float v = -std::numeric_limits<float>::infinity();
       for (int64_t i = r * p.pool; i < std::min(p.L, (r + 1) * p.pool); ++i)
         for (int64_t j = c * p.pool; j < std::min(p.S, (c + 1) * p.pool); ++j) {
-          float x = base[i * p.w.strides[1] + j * p.w.strides[2]];
+          float x = base[i * p.w.strides[1] + j * p.w.strides[2]] / top[size_t(i)];
           v = std::isnan(x) || std::isnan(v) ? NAN : std::max(v, x);
         }
       Rgb col = colour_at(v / p.vmax);
@@ -250,7 +261,7 @@ void draw_colour_bar(cairo_t* cr, const Plan& p, double x, double y) {
     cairo_line_to(cr, x + kBarWidth + 4, ty);
     cairo_stroke(cr);
     cairo_move_to(cr, x + kBarWidth + 6, ty + (kSmallSize - 1) * 0.36);
-    cairo_show_text(cr, format_tick(t).c_str());
+    cairo_show_text(cr, tick_text(p, t).c_str());
   }
 }
 

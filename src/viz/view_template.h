@@ -83,7 +83,8 @@ inline constexpr const char* kViewBody = R"attn(
   <div class="toolbar"><span>Heads</span><span id="head-legend"></span>
     <button id="heads-all">all</button><button id="heads-none">none</button></div>
   <p class="hint">A line's colour is its head; it runs from white (weight 0) to the head's full colour
-    (weight 1), as in each head's key above. Where lines cross, the larger weight is drawn on top, so every
+    (its query's largest weight: every view draws each query row relative to its own largest weight), as in
+    each head's key above. Where lines cross, the larger weight is drawn on top, so every
     head keeps its own colour. Hover a token to see only its lines; click it to pin (click again or press
     Esc to release). Click a head to hide or show its lines.</p>
   <div id="head-view">
@@ -94,7 +95,8 @@ inline constexpr const char* kViewBody = R"attn(
   </div>
 </section>
 <section id="view-model" class="view" hidden>
-  <p class="hint">Every head of every layer (rows: queries, columns: keys). Click one to open it in the matrix view.</p>
+  <p class="hint">Every head of every layer (rows: queries, columns: keys; each row relative to its largest
+    weight). Click one to open it in the matrix view.</p>
   <table id="model-grid"></table>
 </section>
 <section id="view-matrix" class="view" hidden>
@@ -253,9 +255,9 @@ inline constexpr const char* kViewJs = R"attn(
     st.byH = Array.from({ length: n }, () => []);
     for (let h = 0; h < n; ++h) {
       for (let i = 0; i < L; ++i) {
-        const [ks, ws] = row(l, h, i);
-        ws.forEach((w, t) => {
-          if (w > 0) all.push({ h, q: i, k: ks ? ks[t] : t, w });  // zero (masked) and null (non-finite) draw nothing
+        const [ks, ws] = row(l, h, i), top = ws.reduce((m, w) => (w > m ? w : m), 0);
+        ws.forEach((w, t) => {  // zero (masked) and null (non-finite) draw nothing; tinted relative to the row
+          if (w > 0) all.push({ h, q: i, k: ks ? ks[t] : t, w, t: w / top });
         });
       }
     }
@@ -267,7 +269,7 @@ inline constexpr const char* kViewJs = R"attn(
       line.setAttribute("y1", (x.q + 0.5) * ROW);
       line.setAttribute("x2", "100%");
       line.setAttribute("y2", (x.k + 0.5) * ROW);
-      line.setAttribute("stroke", tint(headRgb(x.h, n), x.w));
+      line.setAttribute("stroke", tint(headRgb(x.h, n), x.t));
       Object.assign(line.dataset, { head: x.h, q: x.q, k: x.k, w: x.w });
       x.el = line;
       st.byQ[x.q].push(x);
@@ -281,27 +283,30 @@ inline constexpr const char* kViewJs = R"attn(
   }
 
   // ---- rasters: model thumbnails and the matrix ------------------------------------------------
-  // Head (l, h) as at most maxSide x maxSide cells; a cell shows the max of its pool x pool block.
+  // Head (l, h) as at most maxSide x maxSide cells; a cell shows the max of its pool x pool block: v the
+  // weight, t its colour. The scale rule of every view (the PNGs' too): each query row is drawn relative
+  // to its own largest weight, so a causal view's first rows (one key, weight 1) do not pale the rest.
   function raster(l, h, maxSide) {
     const pool = Math.max(1, Math.ceil(Math.max(L, S) / maxSide));
-    const rows = Math.ceil(L / pool), cols = Math.ceil(S / pool), v = new Float32Array(rows * cols);
-    let vmax = 0;
+    const rows = Math.ceil(L / pool), cols = Math.ceil(S / pool);
+    const v = new Float32Array(rows * cols), t = new Float32Array(rows * cols);
     for (let i = 0; i < L; ++i) {
       const [ks, ws] = row(l, h, i), base = Math.floor(i / pool) * cols;
-      ws.forEach((w, t) => {
+      const top = ws.reduce((m, w) => (w > m ? w : m), 0);
+      ws.forEach((w, k) => {
         if (!(w > 0)) return;
-        const p = base + Math.floor((ks ? ks[t] : t) / pool);
+        const p = base + Math.floor((ks ? ks[k] : k) / pool);
         v[p] = Math.max(v[p], w);
-        vmax = Math.max(vmax, w);
+        t[p] = Math.max(t[p], w / top);
       });
     }
-    return { l, h, pool, rows, cols, v, vmax: vmax || 1 };
+    return { l, h, pool, rows, cols, v, t };
   }
-  // One pixel per cell, coloured on the scale 0..vmax.
+  // One pixel per cell, coloured by t (0 .. the row's largest weight).
   function image(r) {
     const c = el("canvas", { width: r.cols, height: r.rows }), ctx = c.getContext("2d");
     const img = ctx.createImageData(r.cols, r.rows);
-    r.v.forEach((x, p) => { img.data.set(colour(x / r.vmax), 4 * p); img.data[4 * p + 3] = 255; });
+    r.t.forEach((x, p) => { img.data.set(colour(x), 4 * p); img.data[4 * p + 3] = 255; });
     ctx.putImageData(img, 0, 0);
     return c;
   }
@@ -309,7 +314,9 @@ inline constexpr const char* kViewJs = R"attn(
   function buildModel() {
     if (st.modelBuilt) return;
     st.modelBuilt = true;
-    const table = $("model-grid"), head = el("tr"), BOX = 84;
+    // thumbnails as large as the page's width allows for one row of heads (84 to 240 px)
+    const table = $("model-grid"), head = el("tr");
+    const BOX = Math.max(84, Math.min(240, Math.floor((document.documentElement.clientWidth - 140) / hmax) - 10));
     head.append(el("th"));
     for (let h = 0; h < hmax; ++h) head.append(el("th", {}, `head ${h}`));
     table.append(head);
@@ -319,7 +326,7 @@ inline constexpr const char* kViewJs = R"attn(
       for (let h = 0; h < hmax; ++h) {
         const td = el("td");
         if (h < heads.length) {
-          const r = raster(l, h, 64), c = image(r), scale = BOX / Math.max(r.rows, r.cols);
+          const r = raster(l, h, BOX), c = image(r), scale = BOX / Math.max(r.rows, r.cols);
           c.className = "thumb";
           Object.assign(c.dataset, { layer: l, head: h });
           c.title = `${D.layer_names[l]} · head ${h}`;
@@ -395,7 +402,7 @@ inline constexpr const char* kViewJs = R"attn(
       }
       ctx.restore();
     }
-    // colour bar: bottom = 0, top = the largest weight of this head
+    // colour bar: bottom = 0, top = each row's largest weight
     const bx = x0 + w + 18, grad = ctx.createLinearGradient(0, y0 + barH, 0, y0);
     D.colours.forEach((c, k) => grad.addColorStop(k / (D.colours.length - 1), `rgb(${c})`));
     ctx.fillStyle = grad;
@@ -404,11 +411,12 @@ inline constexpr const char* kViewJs = R"attn(
     ctx.fillStyle = "#1f2328";
     ctx.textAlign = "left";
     ctx.font = `11px ${FONT}`;
-    for (const t of [0, 0.5, 1]) ctx.fillText(fmt(t * r.vmax), bx + 17, y0 + (1 - t) * barH);
+    for (const t of [0, 0.5, 1]) ctx.fillText(`${100 * t}%`, bx + 17, y0 + (1 - t) * barH);
     // drawn cell (i, j) starts at (x0 + j * cell, y0 + i * cell), CSS pixels
     Object.assign(cv.dataset, { layer: l, head: h, x0, y0, cell, pool: r.pool });
     st.geom = { x0, y0, cell, r };
     $("matrix-caption").textContent = `${D.layer_names[l]} · head ${h} · rows: queries, columns: keys` +
+      ` · colour: each row relative to its largest weight (100%)` +
       (r.pool > 1 ? ` · each cell: max of ${r.pool}×${r.pool}` : "");
   }
 

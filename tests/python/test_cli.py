@@ -28,6 +28,7 @@ def run(*args):
     (["bench", "--threads", "-1"], "--threads: Expected a number >= 0, but got -1 instead"),
     (["generate", "--ckpt", "x", "--temperature", "-1"], "--temperature: Expected a number >= 0, but got -1 instead"),
     (["generate", "--prompt", "x"], "--ckpt is required"),
+    (["--versoin"], "attn has no option --versoin (did you mean --version?)"),
 ])
 def test_errors_say_what_to_do(args, message):
     r = run(*args)
@@ -41,6 +42,18 @@ def test_version_and_defaults_in_help():
     assert "--threads INT:NONNEGATIVE=0" in run("generate", "--help").stdout
     train = run("train", "--help").stdout
     assert "--steps INT=2000 with --data, 200 without" in train and "--out TEXT=out" in train
+    assert "--top-k INT:NONNEGATIVE=all up to 64 keys" in run("viz", "--help").stdout  # not =-1
+
+
+def test_generate_prints_its_text_before_its_stats_with_2_to_1(tmp_path):
+    out = str(tmp_path / "ck")
+    assert run("train", "--out", out, "--steps", "1", "--eval-iters", "1").returncode == 0
+    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    r = subprocess.run([str(exe), "generate", "--ckpt", out, "--prompt", "ab|", "-n", "5"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 2 and lines[0].startswith("ab|"), r.stdout
+    assert lines[1].startswith("(5 characters in "), r.stdout
 
 
 def test_resume_with_more_steps_replans_the_decay(tmp_path):
@@ -52,6 +65,23 @@ def test_resume_with_more_steps_replans_the_decay(tmp_path):
     r = run("train", "--out", out, "--resume", "--steps", "12", "--lr-decay-steps", "100")
     assert r.returncode == 0 and "cosine decay to step 100)" in r.stdout, r.stdout + r.stderr
 
+
+
+def test_learning_rate_surprises_are_said_or_refused(tmp_path):
+    # --lr 0 trains nothing: refused; a warmup longer than the run never reaches --lr: a warning with the
+    # peak; a longer resume re-plans the decay, so the lr rises again: said with both values.
+    r = run("train", "--out", str(tmp_path / "zero"), "--steps", "2", "--lr", "0")
+    assert r.returncode != 0 and "Expected lr > 0" in r.stderr, r.stdout + r.stderr
+    out = str(tmp_path / "ck")
+    r = run("train", "--out", out, "--steps", "4", "--warmup", "10", "--eval-every", "0", "--eval-iters", "1")
+    assert r.returncode == 0 and "warning: --warmup 10 outlasts the run's 4 steps" in r.stdout, r.stdout + r.stderr
+    r = run("train", "--out", out, "--resume", "--steps", "20")
+    m = re.search(r"resume: the cosine decay now ends at step 20 \(it ended at 4\): the learning rate goes from "
+                  r"(\S+) at step 4 to (\S+) at step 5", r.stdout)
+    assert r.returncode == 0 and m, r.stdout + r.stderr
+    assert "--lr-decay-steps 4 keeps the old one" in r.stdout
+    r = run("train", "--out", out, "--resume", "--steps", "22", "--lr-decay-steps", "20")
+    assert r.returncode == 0 and "resume:" not in r.stdout, r.stdout  # the same schedule: nothing to say
 
 def test_train_prints_its_memory_and_refuses_a_run_larger_than_memory(tmp_path):
     text = tmp_path / "t.txt"
@@ -78,3 +108,12 @@ def test_bench_states_both_ceilings_and_backward_rows():
                                              ("causal", "flash-bwd")], r.stdout
     for _, _, ms, gf, _, fma, _ in rows:  # %fma is GFLOP/s over the printed peak
         assert float(ms) > 0 and abs(int(fma) - 100 * float(gf) / float(ceilings[2])) <= 1, (gf, fma, r.stdout)
+    # the GQA and decode rows at the given lengths, not at 4096 and 16384; the decode floor at a bandwidth
+    assert re.search(r"^gqa\s+128\s+128\s+32/8\s", r.stdout, re.M) and re.search(r"^decode\s+1\s+128\s", r.stdout, re.M)
+    assert not re.search(r"\b(4096|16384)\b", r.stdout.split("%sgemm")[-1]), r.stdout
+    assert re.search(r"^decode floor: reading K and V once \(\d+ MB\) takes [\d.]+ ms \([\d.]+ GB/s on 1 threads\)$",
+                     r.stdout, re.M), r.stdout
+
+
+def test_bench_backward_default_is_said_as_it_is():
+    assert "--backward BOOLEAN=off; on with --ring" in run("bench", "--help").stdout

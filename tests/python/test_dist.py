@@ -203,3 +203,27 @@ def test_python_trainer_under_mpirun(tmp_path):
     assert r.returncode != 0 and "rank failed on purpose" in r.stderr, r.stderr
     assert "error: rank 1 of 2: an uncaught Python exception" in r.stderr, r.stderr
     assert time.time() - t0 < 100
+
+
+def test_ctrl_c_under_mpirun_saves_the_step_every_rank_reached(tmp_path):
+    """SIGINT to the process group, as a terminal's Ctrl-C sends it to mpirun and every rank: the ranks
+    agree to stop after one step, rank 0 saves it, and the checkpoint is that step's (no eval needed)."""
+    ck = tmp_path / "ck"
+    p = subprocess.Popen([str(MPIRUN), "-np", "2", exe(), "train", "--steps", "1000000", "--eval-every", "0",
+                          "--eval-iters", "1", "--log-every", "1", "--threads", "1", "--out", str(ck)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in p.stdout:  # rank 0's plain lines
+            if line.startswith("step 5/"):
+                break
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    m = re.search(r"interrupted at step (\d+): checkpoint saved", out)
+    assert m, out[-2000:] + err[-2000:]
+    step = json.loads((ck / "config.json").read_text())["step"]
+    assert step == int(m.group(1)) >= 5
+    attn.GPT.load(str(ck))
+    assert attn.Trainer.resume(str(ck)).step_count == step

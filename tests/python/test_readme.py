@@ -1,6 +1,7 @@
-"""The README is a test: every ```sh and ```python block runs, in order, as written, in one empty temp
-directory (shell blocks with bash -e, `build/` there linking to the build being tested; Python blocks
-with this interpreter, which imports the attn under test). Not run: the set-up block, whose `make`
+"""The README is a test: every ```sh and ```python block runs, in order, as written, in a stand-in for the
+repo root (a temp directory where `build/` links to the build being tested and `scripts/` to the repo's;
+shell blocks with bash -e, Python blocks with this interpreter, which imports the attn under test), and
+writes nothing outside `tour/` (and `out/demo/`, `attn demo`'s views), which git ignores. Not run: the set-up block, whose `make`
 commands are what runs this test, ```cpp fragments (examples/quickstart.cpp is the built program), and
 an mpirun block when attn was built without MPI.
 Links to files of the repo must point at files that exist.
@@ -42,7 +43,13 @@ def test_readme_blocks_run_in_order(tmp_path):
         ran[lang] += 1
     assert ran["sh"] >= 2 and ran["python"] >= 2, ran
     for f in ("views/attention.html", "views.html", "gpt.html", "mha.safetensors", "rev/config.json"):
-        assert (tmp_path / f).is_file(), f"the README's tour did not write {f}"
+        assert (tmp_path / "tour" / f).is_file(), f"the README's tour did not write tour/{f}"
+    outside = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("build", "scripts", "tour", "out"))
+    outside += sorted(f"out/{p.name}" for p in (tmp_path / "out").iterdir() if p.name != "demo")
+    assert not outside, f"the README's tour wrote {outside} outside tour/ and out/demo/ (into the checkout)"
+    for f in ("tour/rev/config.json", "out/demo/attention.html"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", f], cwd=REPO)
+        assert ignored.returncode == 0, f"{f} is not git-ignored"
 
 
 def test_readme_links_exist():

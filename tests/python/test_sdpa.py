@@ -292,13 +292,13 @@ def test_explain_says_which_backend_runs_and_strict_refuses_a_fallback():
     q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype(np.float32) for _ in range(3))
     assert attn.scaled_dot_product_attention(q, k, v, explain=True)[0] == "flash"
     backend, reason = attn.scaled_dot_product_attention(q, k, v, return_weights=True, explain=True)
-    assert backend == "reference" and "weights" in reason
+    assert backend == "flash" and "weights from the LSE" in reason
     backend, reason = attn.scaled_dot_product_attention(*(x.astype(np.float64) for x in (q, k, v)), explain=True)
     assert backend == "reference" and "fp64" in reason
     with pytest.raises(attn.AttnError, match="strict"):
-        attn.scaled_dot_product_attention(q, k, v, return_weights=True, strict=True)
+        attn.scaled_dot_product_attention(*(x.astype(np.float64) for x in (q, k, v)), strict=True)
     with pytest.raises(attn.AttnError, match="flash"):
-        attn.scaled_dot_product_attention(q, k, v, return_weights=True, backend="flash")
+        attn.scaled_dot_product_attention(*(x.astype(np.float64) for x in (q, k, v)), backend="flash")
     # explain runs nothing but checks everything: a bad shape is the same error as a real call's
     with pytest.raises(attn.AttnError, match="value"):
         attn.scaled_dot_product_attention(q, k, v[..., :3, :], explain=True)

@@ -58,6 +58,34 @@ def test_sdpa_matches_torch_autograd(kind, gqa):
         torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
 
 
+
+@pytest.mark.parametrize("mask_shape", [(2, 1, 7, 9), (4, 7, 9), (7, 9), (1, 4, 1, 9)])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_sdpa_float_mask_gets_torchs_gradient(mask_shape, gqa):
+    """A learned additive bias (ALiBi, T5's relative bias): its gradient is dS, summed over the dims the
+    mask broadcasts, as torch gives it; also with is_causal (attn takes both at once, torch an -inf bias)."""
+    q, k, v, _ = sdpa_case(None, gqa)
+    bias = torch.randn(mask_shape, generator=torch.Generator().manual_seed(2))
+    dout = torch.randn(q.shape[:-1] + (v.shape[-1],), generator=torch.Generator().manual_seed(1))
+
+    def run(fn, dtype, causal):
+        x = [t.detach().to(dtype, copy=True).requires_grad_() for t in (q, k, v, bias)]
+        if fn is F.scaled_dot_product_attention:
+            upper = torch.full((7, 9), float("-inf"), dtype=dtype).triu(1) if causal else 0
+            out = fn(*x[:3], attn_mask=x[3] + upper, enable_gqa=gqa)
+        else:
+            out = fn(*x[:3], attn_mask=x[3], is_causal=causal, enable_gqa=gqa)
+        out.backward(dout.to(dtype))
+        return x[3].grad
+
+    for causal in (False, True):
+        truth = run(F.scaled_dot_product_attention, torch.float64, causal)
+        ours = run(attn.torch.scaled_dot_product_attention, torch.float32, causal)
+        assert ours is not None and ours.shape == bias.shape and ours.dtype == torch.float32
+        check(ours, run(F.scaled_dot_product_attention, torch.float32, causal), truth, f"dmask causal={causal}")
+        torch.testing.assert_close(run(attn.torch.scaled_dot_product_attention, torch.float64, causal), truth,
+                                   rtol=1e-10, atol=1e-12)
+
 def mha_pair(seed, **kw):
     torch.manual_seed(seed)
     ref = torch.nn.MultiheadAttention(16, 4, **kw)
@@ -218,3 +246,79 @@ def test_half_precision_is_refused_by_name(dtype):
             fn(q, q, q)
     with pytest.raises(attn.AttnError, match="Expected query of dtype float32, but got"):
         attn.torch.MultiheadAttention(4, 2)(q[0], q[0], q[0])
+
+
+
+def test_one_dtype_rule_in_one_message():
+    """float64 works in scaled_dot_product_attention and is refused by MultiheadAttention, and both refusals
+    (the module's constructor and its forward) state the same rule, which says so, instead of 'attn does not
+    compute in float64'."""
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    attn.torch.scaled_dot_product_attention(q, q, q)
+    rule = "attn computes in float32 everywhere, and in float64 too in scaled_dot_product_attention"
+    with pytest.raises(attn.AttnError, match=rule):
+        attn.torch.MultiheadAttention(4, 2)(q[0], q[0], q[0])
+    with pytest.raises(attn.AttnError, match=rule):
+        attn.torch.MultiheadAttention(4, 2, dtype=torch.float64)
+
+
+def test_mha_drops_into_transformer_encoder_layer():
+    """Swapped into nn.TransformerEncoderLayer: training mode (attn's forward and backward), and eval under
+    no_grad, where torch's fast path reads merge_masks and the other attributes of torch's module."""
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    ours = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    ours.load_state_dict(ref.state_dict())
+    ours.self_attn = attn.torch.MultiheadAttention(32, 4, batch_first=True)
+    ours.self_attn.load_state_dict(ref.self_attn.state_dict())
+    x = torch.randn(2, 5, 32)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    torch.testing.assert_close(ours(x, src_key_padding_mask=pad), ref(x, src_key_padding_mask=pad))
+    ours(x).sum().backward()
+    assert ours.self_attn.in_proj_weight.grad is not None
+    ours.eval(), ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x, src_key_padding_mask=pad), ref(x, src_key_padding_mask=pad))
+        torch.testing.assert_close(ours(x), ref(x))
+
+class _NanoGptAttention(torch.nn.Module):
+    """nanoGPT's CausalSelfAttention with its F.scaled_dot_product_attention call swapped for attn's."""
+
+    def __init__(self, C=32, H=4):
+        super().__init__()
+        self.H, self.c_attn, self.c_proj = H, torch.nn.Linear(C, 3 * C), torch.nn.Linear(C, C)
+
+    def forward(self, x, bias=None):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        y = attn.torch.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+def test_torch_compile_fullgraph_traces_attn_sdpa():
+    """attn::sdpa and attn::sdpa_backward are custom ops with fake implementations: Dynamo traces a model
+    through them in one graph (no break per call), AOTAutograd through their backward, and the compiled
+    model gives eager's outputs and gradients, a learned float bias's included."""
+    torch.manual_seed(0)
+    model, x = _NanoGptAttention(), torch.randn(2, 16, 32)
+    bias = torch.randn(4, 16, 16, requires_grad=True)
+    assert torch._dynamo.explain(model)(x, bias).graph_break_count == 0
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+
+    def grads(m):
+        for p in (*model.parameters(), bias):
+            p.grad = None
+        y = m(x, bias)
+        y.square().sum().backward()
+        return [y.detach(), bias.grad] + [p.grad for p in model.parameters()]
+
+    for a, b in zip(grads(compiled), grads(model)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_custom_ops_pass_torch_opcheck():
+    q, k, v, mask = sdpa_case("float", True)
+    args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), mask.requires_grad_(), 0.0, True, None,
+            True, 0)
+    torch.library.opcheck(torch.ops.attn.sdpa.default, args)

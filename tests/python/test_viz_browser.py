@@ -155,6 +155,10 @@ def test_head_model_and_matrix_views(browser, tmp_path):
         p.click("#tab-model")
         assert p.is_visible("#view-model") and not p.is_visible("#view-head")
         assert page.count("#model-grid .thumb") == 2 * H
+        # thumbnails use the page: a few heads on a 1200 px page get far more than the old 84 px
+        side = p.evaluate("() => Math.max(...Array.from(document.querySelectorAll('#model-grid .thumb'), "
+                          "(c) => c.getBoundingClientRect().width))")
+        assert side >= min(240, (1200 - 140) // H - 10) - 1, side
         page.shot("model_view.png")
         p.click(".thumb[data-layer='0'][data-head='2']")
         assert p.is_visible("#view-matrix") and not p.is_visible("#view-model")
@@ -217,7 +221,8 @@ def pixel(page, x, y, tmp_path):
 def test_heads_keep_their_colours_and_the_legend_says_which(browser, tmp_path):
     """With every head shown, overlapping lines show one head's colour (the largest weight's, drawn on top),
     never a blend of several; each line's colour is its head's colour from the legend, tinted by its weight
-    (white at 0, the head's colour at 1)."""
+    relative to its query row's largest (white at 0, the head's colour at the row's largest: the scale rule
+    of every view)."""
     H, L = 3, 4
     w = softmax_rows((H, L, L), 4)
     w[:, 1, 1] = [0.3, 0.6, 0.1]  # three lines on top of each other: query 1 -> key 1, head 1 the largest
@@ -240,8 +245,10 @@ def test_heads_keep_their_colours_and_the_legend_says_which(browser, tmp_path):
              getComputedStyle(l).opacity])""")
         assert len(lines) == H * L * L
         assert [x[1] for x in lines] == sorted(x[1] for x in lines)
-        for h, x, stroke, stroke_opacity, opacity in lines:
-            want = np.rint(255 - min(1.0, x) * (255 - head_rgb[h])).astype(int)
+        top = w.max(-1)  # (H, L): each query row's largest weight
+        lines_q = p.evaluate("() => Array.from(document.querySelectorAll('#lines line'), (l) => +l.dataset.q)")
+        for (h, x, stroke, stroke_opacity, opacity), q in zip(lines, lines_q):
+            want = np.rint(255 - min(1.0, x / top[h, q]) * (255 - head_rgb[h])).astype(int)
             assert stroke == "rgb({}, {}, {})".format(*want) and stroke_opacity == opacity == "1", (h, x, stroke)
         # on screen: where the three lines of query 1 -> key 1 lie (a quarter of the way across, row 1's
         # middle; no other line passes there), head 1's colour at 0.6 alone; hide head 1: head 0's at 0.3
@@ -252,11 +259,11 @@ def test_heads_keep_their_colours_and_the_legend_says_which(browser, tmp_path):
         def tinted(h, weight):
             return tuple(int(c) for c in np.rint(255 - weight * (255 - head_rgb[h])))
 
-        got = pixel(page, x, y, tmp_path)
-        assert max(abs(a - b) for a, b in zip(got, tinted(1, 0.6))) <= 2, (got, tinted(1, 0.6))
+        got, want = pixel(page, x, y, tmp_path), tinted(1, 0.6 / top[1, 1])
+        assert max(abs(a - b) for a, b in zip(got, want)) <= 2, (got, want)
         p.click(".head-swatch[data-head='1']")
-        got = pixel(page, x, y, tmp_path)
-        assert max(abs(a - b) for a, b in zip(got, tinted(0, 0.3))) <= 2, (got, tinted(0, 0.3))
+        got, want = pixel(page, x, y, tmp_path), tinted(0, 0.3 / top[0, 1])
+        assert max(abs(a - b) for a, b in zip(got, want)) <= 2, (got, want)
         page.shot("head_view_colours.png")
         page.assert_clean()
     finally:

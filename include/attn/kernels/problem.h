@@ -63,6 +63,9 @@ struct SdpaGrads {
   View<T> dq;  // (B, H, L, D)
   View<T> dk;  // (B, Hkv, S, D)
   View<T> dv;  // (B, Hkv, S, Dv)
+  // Optional: dLoss/d(attn_mask) of an additive attn_mask, which is dS = dLoss/dscores, per element of
+  // (B, H, L, S) (the caller sums it over the dims its mask broadcasts). The reference writes it.
+  View<T> dmask;  // (B, H, L, S)
 };
 
 // A mask resolved against (B, H, L, S): element strides, 0 on broadcast dims.
@@ -193,6 +196,9 @@ void reference_forward(const SdpaProblem<T>& p);
 // FlashAttention-2 forward, fp32 only: never materializes the weights (p.out.weights must be empty),
 // writes out and, if requested, LSE. Same result for any thread count.
 void flash_forward(const SdpaProblem<float>& p);
+// The weights p.out.weights (B, H, L, S) of a forward whose p.out.lse is written (flash_forward's):
+// keep ∘ exp(Q·Kᵀ·scale + bias − lse), one GEMM per head. Needs unit column strides of Q, K and weights.
+void weights_from_lse(const SdpaProblem<float>& p);
 // Tile sizes of flash_forward: keys per tile (a multiple of 64, the widest microkernel block; a constant
 // of the algorithm, since the online softmax rescales at each key tile and so the keys decide the bits)
 // and query rows per tile (about; rounded to whole GQA groups; they change no bits). set_flash_tiles
