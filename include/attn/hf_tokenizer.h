@@ -29,7 +29,8 @@ class HfTokenizer {
 
   // Valid UTF-8 (an Error naming the byte offset otherwise, where the library refuses a Python str that
   // can't be one). add_special_tokens: the post-processor's ([CLS] ... [SEP]); truncation to max_length
-  // tokens, special ones included (-1: as the file says, 0: none).
+  // tokens, special ones included (-1: as the file says, 0: none). The file's padding is not applied:
+  // callers pad batches themselves (Pretrained::embed: to each batch's longest, at no cost).
   Encoding encode(std::string_view text, bool add_special_tokens = true, int64_t max_length = -1) const;
   // The text of ids, through the file's decoder; skip_special_tokens drops the special added tokens.
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens = true) const;
