@@ -136,6 +136,7 @@ def test_embeddings_match_the_sentence_transformers_recipe(model):
     assert got.shape == (len(lines), 384)
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= 0.99999, cos.min()
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1, atol=1e-6)  # modules.json's Normalize
 
 
 def test_attention_weights_are_each_layers_softmax(model):
