@@ -73,6 +73,24 @@ TEST(MappedSafetensors, F32TensorsAreViewsOfTheFileAndOutliveTheReader) {
   EXPECT_EQ(load_safetensors(d / "m.safetensors").at("a").data()[0], sd.at("a").data()[0]);
 }
 
+// transformers' files hold integer buffers (embeddings.position_ids, I64): the file is read, and only
+// asking for such a tensor as floats is an error.
+TEST(MappedSafetensors, IntegerTensorsAreIndexedButNotFloats) {
+  TempDir d;
+  std::string h = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"p":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})";
+  h.append((8 - h.size() % 8) % 8, ' ');
+  const uint64_t n = h.size();
+  std::string bytes(reinterpret_cast<const char*>(&n), 8);
+  bytes += h + std::string(12, '\0');
+  std::ofstream(d / "m.safetensors", std::ios::binary) << bytes;
+  MappedSafetensors f(d / "m.safetensors");
+  EXPECT_TRUE(f.contains("p"));
+  EXPECT_EQ(f.get("a").data()[0], 0.0f);
+  EXPECT_NE(error_of([&] { f.get("p"); }).find("tensor 'p' of dtype F32, F64, F16 or BF16, but got \"I64\""),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_safetensors(d / "m.safetensors"); }).find("\"I64\""), std::string::npos);
+}
+
 TEST(HfLoader, ErrorsNameTheTensorAndBothShapes) {
   {
     TempDir d;
