@@ -283,8 +283,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   const json& dt = field("dtype");
   for (const DType& d : kDTypes)
     if (dt.is_string() && dt.get_ref<const std::string&>() == d.name) e.dtype = &d;
-  ST_CHECK(e.dtype, "Expected tensor '", name, "' of dtype F32, F64, F16, BF16 or an integer type, but got ", brief(dt),
-           " instead");
+  ST_CHECK(e.dtype, "Expected tensor '", name, "' of dtype F32, F64, F16 or BF16 (or an integer dtype, indexed but not "
+           "read as floats), but got ", brief(dt), " instead");
 
   const json& sh = field("shape");
   bool ok = sh.is_array();
