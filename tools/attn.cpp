@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
   auto* generate = attn::add_generate_command(app, generate_opt);
   attn::VizCli viz_opt;
   auto* viz = attn::add_viz_command(app, viz_opt);
+  attn::EmbedCli embed_opt;
+  auto* embed = attn::add_embed_command(app, embed_opt);
 
   // Nothing throws past main: a bad flag, a bad file or an exhausted machine is one line and exit 2.
   auto fail = [](const char* what) {
@@ -97,6 +99,7 @@ int main(int argc, char** argv) {
     if (*train) return attn::run_train(train_opt);
     if (*generate) return attn::run_generate(generate_opt);
     if (*viz) return attn::run_viz(viz_opt);
+    if (*embed) return attn::run_embed(embed_opt);
   } catch (const attn::Error& e) {
     return fail(e.what());
   } catch (const std::bad_alloc&) {

@@ -73,6 +73,15 @@ struct GenerateCli {
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli);
 int run_generate(const GenerateCli& cli);
 
+// `attn embed` (tools/embed.cpp): sentence embeddings of a Hugging Face model directory.
+struct EmbedCli {
+  std::string model, input, out;  // input "": stdin; out "": JSON lines on stdout
+  int64_t batch = 32;
+  int threads = 0;
+};
+CLI::App* add_embed_command(CLI::App& app, EmbedCli& cli);
+int run_embed(const EmbedCli& cli);
+
 // `attn viz` (tools/viz.cpp): no ckpt (or builtin): train the built-in model for at most `seconds` first.
 struct VizCli {
   std::string ckpt, text, out = "out/viz";

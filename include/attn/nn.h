@@ -46,6 +46,9 @@ class Linear : public Layer {
  public:
   // torch.nn.Linear: weight (out, in) and bias (out) ~ U(-1/sqrt(in), 1/sqrt(in)).
   Linear(int64_t in_features, int64_t out_features, bool bias = true, uint64_t seed = 0);
+  // Over given (pretrained) weights, possibly borrowed from a mapped file: weight (out, in), bias (out)
+  // or empty. For inference: the gradient buffers stay empty.
+  Linear(Tensor weight, Tensor bias);
   Tensor forward(View<const float> x);      // (..., in) -> (..., out)
   Tensor forward(Tensor&& x);               // the same; when training, keeps x's buffer as the saved input
   Tensor backward(View<const float> dout);  // (..., out) -> (..., in)
@@ -65,6 +68,8 @@ class LayerNorm : public Layer {
  public:
   // torch.nn.LayerNorm over the last dim: y = (x - mean) / sqrt(var + eps) · weight + bias, biased var.
   LayerNorm(int64_t normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
+  // Over given weights (F) and bias (F) or empty, for inference as Linear's.
+  LayerNorm(Tensor weight, Tensor bias, double eps);
   Tensor forward(View<const float> x);      // (..., F) -> (..., F)
   Tensor backward(View<const float> dout);  // (..., F) -> (..., F)
   // The residual add before a norm and the gradient add after its backward, fused into the row passes
@@ -150,6 +155,7 @@ struct GELU : ActivationLayer {  // approximate: "none" (erf) or "tanh", as torc
 class Embedding : public Layer {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed = 0);
+  explicit Embedding(Tensor weight);  // over a given (V, E) table, for inference as Linear's
   // ids: `shape`'s numel indices in [0, num_embeddings), contiguous -> (shape..., embedding_dim).
   Tensor forward(const int64_t* ids, const Shape& shape);
   // dout (shape..., embedding_dim): scatter-adds into weight_grad. The ids have no gradient.

@@ -1,10 +1,13 @@
 // safetensors files (https://github.com/huggingface/safetensors format): an 8-byte little-endian
 // header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the
 // raw little-endian bytes. Reads what safetensors.torch.save_file writes; writes what safe_open reads.
-// Not a lazy/mmap loader: files here are parameter sets of at most a few hundred MB.
+// load_safetensors reads a whole file into float32 tensors; MappedSafetensors maps one (a pretrained
+// model's weights) and uses its F32 tensors in place.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "attn/tensor.h"
 
@@ -18,6 +21,27 @@ using StateDict = std::map<std::string, Tensor>;  // PyTorch state_dict names ->
 // missing field, offsets out of range, reversed, overlapping or leaving holes in the data, a dtype it
 // can't read, or a shape that does not match the byte count. Never reads past the end of the file.
 StateDict load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+// A safetensors file mapped into memory (private pages, see file.h), with load_safetensors' checks of
+// the whole header before any tensor is handed out. get() returns an F32 tensor whose data is 4-byte
+// aligned in the file as a Tensor over the mapping itself (no copy; it keeps the mapping alive after
+// this object is gone), and any other tensor converted into a new float32 one as load_safetensors does.
+class MappedSafetensors {
+ public:
+  explicit MappedSafetensors(const std::string& path);
+  const std::string& path() const;
+  std::vector<std::string> names() const;  // sorted
+  bool contains(const std::string& name) const;
+  // The stored shape; an Error naming the file and the tensor if there is none of that name.
+  const Shape& shape(const std::string& name) const;
+  bool in_place(const std::string& name) const;  // get(name) is a view of the file's bytes
+  Tensor get(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
 
 // Writes F32 tensors atomically: a temporary file in the same folder, fsync, then rename over `path`,
 // so a crash leaves either the old file or the new one, never a broken one; on an error the temporary

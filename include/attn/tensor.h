@@ -74,6 +74,9 @@ class TensorT {
   // that a GEMM with beta = 0 or a loop overwrites). Reading it first is reading garbage.
   static TensorT uninitialized(Shape shape) { return TensorT(std::move(shape), false); }
   static TensorT copy_of(View<const T> src);  // contiguous copy of a (possibly strided) view
+  // A tensor over memory it does not own (a mapped file): `keeper` is held, and the memory left alone,
+  // until the tensor is gone. data needs T's alignment only, not 64 bytes.
+  static TensorT borrow(T* data, Shape shape, std::shared_ptr<const void> keeper);
   TensorT(TensorT&&) noexcept = default;
   TensorT& operator=(TensorT&&) noexcept = default;
   TensorT(const TensorT&) = delete;  // no hidden copies: use copy_of
@@ -92,7 +95,10 @@ class TensorT {
   void reshape(Shape shape);
 
  private:
-  struct Free { void operator()(T* p) const; };
+  struct Free {
+    std::shared_ptr<const void> keeper;  // set: borrowed memory, not freed here
+    void operator()(T* p) const;
+  };
   std::unique_ptr<T[], Free> buf_;
   Shape shape_;
 };

@@ -8,7 +8,7 @@ from _attn import GPT, AdamW, CharTokenizer, Trainer, TrainOptions, gpt_config  
 
 from .functional import scaled_dot_product_attention, scaled_dot_product_attention_backward  # noqa: F401
 from .io import load_safetensors, save_safetensors  # noqa: F401
-from . import viz  # noqa: F401
+from . import models, viz  # noqa: F401
 from .layers import (  # noqa: F401
     GELU, Dropout, Embedding, FeedForward, LayerNorm, Linear, MultiheadAttention, ReLU, TransformerDecoderLayer,
     TransformerEncoderLayer)

@@ -1,7 +1,8 @@
 // safetensors I/O: a reader that treats the file as hostile (F32/F64/F16/BF16 in, float32 out) and an
 // atomic F32 writer whose bytes match what the safetensors library writes for the same tensors.
-// Not a lazy or mmap loader: the file is read into memory once, and every number in the header is
-// checked against the bytes actually there before any tensor is built.
+// load_safetensors reads the file into memory once; MappedSafetensors maps it and hands out F32 tensors
+// in place. Either way every number in the header is checked against the bytes actually there before
+// any tensor is built.
 #include "attn/safetensors.h"
 
 #include <fcntl.h>
@@ -111,6 +112,10 @@ const DType kDTypes[] = {
     {"BF16", 2, [](const uint8_t* s, float* d, int64_t n) {
        convert_each<uint16_t>(s, d, n, [](uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); });
      }},
+    // Integer and bool tensors (transformers' position_ids buffers) are indexed so a file that holds them
+    // is read, but they are not floats: load_safetensors and MappedSafetensors::get refuse them by name.
+    {"I64", 8, nullptr}, {"I32", 4, nullptr}, {"I16", 2, nullptr}, {"I8", 1, nullptr}, {"U64", 8, nullptr},
+    {"U32", 4, nullptr}, {"U16", 2, nullptr}, {"U8", 1, nullptr}, {"BOOL", 1, nullptr},
 };
 
 struct Entry {
@@ -278,7 +283,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   const json& dt = field("dtype");
   for (const DType& d : kDTypes)
     if (dt.is_string() && dt.get_ref<const std::string&>() == d.name) e.dtype = &d;
-  ST_CHECK(e.dtype, "Expected tensor '", name, "' of dtype F32, F64, F16 or BF16, but got ", brief(dt), " instead");
+  ST_CHECK(e.dtype, "Expected tensor '", name, "' of dtype F32, F64, F16 or BF16 (or an integer dtype, indexed but not "
+           "read as floats), but got ", brief(dt), " instead");
 
   const json& sh = field("shape");
   bool ok = sh.is_array();
@@ -347,15 +353,23 @@ std::string quote(const std::string& path, const std::string& s) {
 
 }  // namespace
 
-StateDict load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
-  const std::string file = read_file(path);
-  ST_CHECK(file.size() >= 8, "Expected at least 8 bytes (the header length), but got ", file.size(), " instead");
+namespace {
+
+// The checked index of a whole file's bytes: its entries (sorted by offset), metadata and data start.
+struct Index {
+  std::vector<Entry> entries;
+  std::map<std::string, std::string> meta;
+  const uint8_t* data;  // the first byte after the header
+};
+
+Index index_file(const std::string& path, const uint8_t* file, uint64_t size) {
+  ST_CHECK(size >= 8, "Expected at least 8 bytes (the header length), but got ", size, " instead");
   uint64_t n;
-  std::memcpy(&n, file.data(), 8);
-  ST_CHECK(n <= file.size() - 8, "Expected a header length of at most ", file.size() - 8, " (the file has ",
-           file.size(), " bytes), but got ", n, " instead");
+  std::memcpy(&n, file, 8);
+  ST_CHECK(n <= size - 8, "Expected a header length of at most ", size - 8, " (the file has ", size,
+           " bytes), but got ", n, " instead");
   ST_CHECK(n <= kMaxHeader, "Expected a header length of at most ", kMaxHeader, ", but got ", n, " instead");
-  const char* header = reinterpret_cast<const char*>(file.data() + 8);
+  const char* header = reinterpret_cast<const char*>(file + 8);
   // JSON has no raw NUL anywhere, and nlohmann's parser would take one for the end of its input,
   // silently ignoring whatever follows it.
   const void* nul = std::memchr(header, 0, n);
@@ -364,10 +378,8 @@ StateDict load_safetensors(const std::string& path, std::map<std::string, std::s
   json j = parse_header(path, header, header + n);
   ST_CHECK(j.is_object(), "Expected a JSON object as the header, but got ", brief(j), " instead");
 
-  const auto* data = reinterpret_cast<const uint8_t*>(file.data()) + 8 + n;
-  const uint64_t data_size = file.size() - 8 - n;
-  std::map<std::string, std::string> meta;
-  std::vector<Entry> entries;
+  Index ix{{}, {}, file + 8 + n};
+  const uint64_t data_size = size - 8 - n;
   for (const auto& [name, v] : j.items()) {
     if (name == "__metadata__") {
       ST_CHECK(v.is_object() || v.is_null(), "Expected __metadata__ to be an object of strings, but got ", brief(v),
@@ -375,22 +387,94 @@ StateDict load_safetensors(const std::string& path, std::map<std::string, std::s
       for (const auto& [k, s] : v.items()) {
         ST_CHECK(s.is_string(), "Expected __metadata__ value of \"", k, "\" to be a string, but got ", brief(s),
                  " instead");
-        meta[k] = s.get<std::string>();
+        ix.meta[k] = s.get<std::string>();
       }
       continue;
     }
-    entries.push_back(parse_entry(path, name, v, data_size));
+    ix.entries.push_back(parse_entry(path, name, v, data_size));
   }
-  check_tiling(path, entries, data_size);
+  check_tiling(path, ix.entries, data_size);
+  return ix;
+}
 
+void check_float(const std::string& path, const Entry& e) {
+  ST_CHECK(e.dtype->convert, "Expected tensor '", e.name, "' of dtype F32, F64, F16 or BF16, but got \"",
+           e.dtype->name, "\" instead");
+}
+
+Tensor converted(const std::string& path, const Entry& e, const uint8_t* data) {
+  check_float(path, e);
+  Tensor t(e.shape);
+  e.dtype->convert(data + e.begin, t.data(), t.numel());
+  return t;
+}
+
+}  // namespace
+
+StateDict load_safetensors(const std::string& path, std::map<std::string, std::string>* metadata) {
+  const std::string file = read_file(path);
+  Index ix = index_file(path, reinterpret_cast<const uint8_t*>(file.data()), file.size());
   StateDict out;
-  for (const Entry& e : entries) {
-    Tensor t(e.shape);
-    e.dtype->convert(data + e.begin, t.data(), t.numel());
-    out.emplace(e.name, std::move(t));
-  }
-  if (metadata) *metadata = std::move(meta);
+  for (const Entry& e : ix.entries) check_float(path, e);  // before anything is built
+  for (const Entry& e : ix.entries) out.emplace(e.name, converted(path, e, ix.data));
+  if (metadata) *metadata = std::move(ix.meta);
   return out;
+}
+
+// ---- MappedSafetensors ----
+
+struct MappedSafetensors::Impl {
+  std::string path;
+  std::shared_ptr<MappedFile> file;
+  std::map<std::string, Entry> entries;
+  std::map<std::string, std::string> meta;
+  const uint8_t* data = nullptr;
+};
+
+MappedSafetensors::MappedSafetensors(const std::string& path) : impl_(std::make_shared<Impl>()) {
+  impl_->path = path;
+  try {
+    impl_->file = map_regular_file(path, "safetensors file");
+  } catch (const Error& e) {
+    throw Error(printable(e.what()));
+  }
+  Index ix = index_file(path, impl_->file->data, impl_->file->size);
+  for (Entry& e : ix.entries) impl_->entries.emplace(e.name, std::move(e));
+  impl_->meta = std::move(ix.meta);
+  impl_->data = ix.data;
+}
+
+const std::string& MappedSafetensors::path() const { return impl_->path; }
+const std::map<std::string, std::string>& MappedSafetensors::metadata() const { return impl_->meta; }
+
+std::vector<std::string> MappedSafetensors::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : impl_->entries) out.push_back(name);
+  return out;
+}
+
+bool MappedSafetensors::contains(const std::string& name) const { return impl_->entries.count(name) > 0; }
+
+const Shape& MappedSafetensors::shape(const std::string& name) const {
+  auto it = impl_->entries.find(name);
+  const std::string& path = impl_->path;
+  ST_CHECK(it != impl_->entries.end(), "Expected a tensor named '", name, "', but got none of that name instead");
+  return it->second.shape;
+}
+
+bool MappedSafetensors::in_place(const std::string& name) const {
+  shape(name);  // checks the name
+  const Entry& e = impl_->entries.at(name);
+  return std::strcmp(e.dtype->name, "F32") == 0 && reinterpret_cast<uintptr_t>(impl_->data + e.begin) % alignof(float) == 0;
+}
+
+Tensor MappedSafetensors::get(const std::string& name) const {
+  const bool borrow = in_place(name);
+  const Entry& e = impl_->entries.at(name);
+  if (!borrow) return converted(impl_->path, e, impl_->data);
+  // The mapping's pages are private: the Tensor's non-const data never writes the file.
+  float* p = reinterpret_cast<float*>(const_cast<uint8_t*>(impl_->data + e.begin));
+  return Tensor::borrow(p, e.shape, impl_->file);
 }
 
 void save_safetensors(const std::string& path, const StateDict& tensors,

@@ -130,7 +130,19 @@ T& View<T>::at(std::initializer_list<int64_t> index) const {
 }
 
 template <typename T>
-void TensorT<T>::Free::operator()(T* p) const { std::free(p); }
+void TensorT<T>::Free::operator()(T* p) const {
+  if (!keeper) std::free(p);
+}
+
+template <typename T>
+TensorT<T> TensorT<T>::borrow(T* data, Shape shape, std::shared_ptr<const void> keeper) {
+  ATTN_CHECK(keeper != nullptr, "Expected a keeper of the borrowed memory, but got none instead");
+  attn::numel(shape);  // checks the sizes
+  TensorT t;
+  t.shape_ = std::move(shape);
+  t.buf_ = std::unique_ptr<T[], Free>(data, Free{std::move(keeper)});
+  return t;
+}
 
 template <typename T>
 TensorT<T>::TensorT(Shape shape, bool zero_fill) : shape_(std::move(shape)) {

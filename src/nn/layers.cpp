@@ -87,6 +87,13 @@ Tensor Linear::forward(View<const float> x) { return run(x, nullptr); }
 Tensor Linear::forward(Tensor&& x) { return run(x.view(), &x); }
 
 // owner: the tensor x views, which may be kept as the saved input instead of a copy (nullptr: copy).
+Linear::Linear(Tensor w, Tensor b) : weight(std::move(w)), bias(std::move(b)) {
+  ATTN_CHECK(weight.shape().size() == 2 && weight.numel() > 0, "Expected a Linear weight (out, in), but got ",
+             to_string(weight.shape()), " instead");
+  ATTN_CHECK(!bias.data() || bias.shape() == Shape{weight.size(0)}, "Expected a Linear bias of shape ",
+             to_string({weight.size(0)}), ", but got ", to_string(bias.shape()), " instead");
+}
+
 Tensor Linear::run(View<const float> x, Tensor* owner) {
   const int64_t in = weight.size(1), out = weight.size(0);
   ATTN_CHECK(x.rank() >= 1 && x.size(-1) == in, "Expected input (..., in_features) with in_features = ", in,
@@ -130,6 +137,13 @@ LayerNorm::LayerNorm(int64_t normalized_shape, double eps, bool elementwise_affi
     bias = Tensor({normalized_shape});
     bias_grad = Tensor({normalized_shape});
   }
+}
+
+LayerNorm::LayerNorm(Tensor w, Tensor b, double eps) : weight(std::move(w)), bias(std::move(b)), eps(eps) {
+  ATTN_CHECK(weight.shape().size() == 1 && weight.numel() > 0, "Expected a LayerNorm weight (F), but got ",
+             to_string(weight.shape()), " instead");
+  ATTN_CHECK(!bias.data() || bias.shape() == weight.shape(), "Expected a LayerNorm bias of shape ",
+             to_string(weight.shape()), ", but got ", to_string(bias.shape()), " instead");
 }
 
 void LayerNorm::parameters(std::vector<Param>& out, const std::string& prefix) {
@@ -360,6 +374,11 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t see
   weight = Tensor({num_embeddings, embedding_dim});
   weight_grad = Tensor({num_embeddings, embedding_dim});
   init::normal(weight, 0.0, 1.0, rng);
+}
+
+Embedding::Embedding(Tensor w) : weight(std::move(w)) {
+  ATTN_CHECK(weight.shape().size() == 2 && weight.numel() > 0, "Expected an Embedding table (V, E), but got ",
+             to_string(weight.shape()), " instead");
 }
 
 void Embedding::parameters(std::vector<Param>& out, const std::string& prefix) {

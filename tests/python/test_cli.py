@@ -21,8 +21,8 @@ def run(*args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["trian"], "unknown command 'trian' (did you mean 'train'?); the commands are demo, info, tune, bench, train, generate, viz"),
-    ([], "a command is required; the commands are demo, info, tune, bench, train, generate, viz"),
+    (["trian"], "unknown command 'trian' (did you mean 'train'?); the commands are demo, info, tune, bench, train, generate, viz, embed"),
+    ([], "a command is required; the commands are demo, info, tune, bench, train, generate, viz, embed"),
     (["train", "--step", "10"], "attn train has no option --step (did you mean --steps?)"),
     (["generate", "--temprature", "1"], "(did you mean --temperature?)"),
     (["bench", "--threads", "-1"], "--threads: Expected a number >= 0, but got -1 instead"),

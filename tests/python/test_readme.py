@@ -27,7 +27,7 @@ def test_readme_blocks_run_in_order(tmp_path):
     assert (build / "attn").is_file(), f"no attn binary in {build}"
     (tmp_path / "build").symlink_to(build)
     (tmp_path / "scripts").symlink_to(REPO / "scripts")  # scripts/mpirun-local
-    env = dict(os.environ, PYTHONUNBUFFERED="1", ATTN_TUNE_FILE=str(tmp_path / "tune.json"))  # not the user's
+    env = dict(os.environ, PYTHONUNBUFFERED="1", ATTN_TUNE_FILE=str(tmp_path / "tour" / "tune.json"))  # not the user's
     ran = {"sh": 0, "python": 0}
     for lang, code in blocks():
         if lang == "sh" and re.search(r"^make ", code, re.M):

@@ -1,0 +1,49 @@
+"""Pretrained Hugging Face models on attn's own layers and kernels (torch not needed).
+
+    import attn.models
+    m = attn.models.from_pretrained("path/to/all-MiniLM-L6-v2")   # config.json, model.safetensors, tokenizer.json
+    ids = m.tokenizer.encode("Hello world")                       # the ids `tokenizers` gives, [CLS] ... [SEP]
+    h = m.forward(np.array([ids]))                                 # (B, L, E): the last hidden state
+    e = m.embed(["Hello world", "Goodbye"])                        # (N, E): sentence-transformers' pooling
+
+Not a hub client: a local directory only.
+"""
+import numpy as np
+
+import _attn
+
+
+class PretrainedModel:
+    """A loaded model directory. Float32 weights are read in place from the mapped safetensors file."""
+
+    def __init__(self, directory):
+        self._p = _attn.Pretrained(str(directory))
+        self.tokenizer = self._p.tokenizer
+        self.architecture = self._p.architecture
+        self.hidden_size = self._p.hidden_size
+        self.num_layers = self._p.num_layers
+        self.num_heads = self._p.num_heads
+
+    def forward(self, ids, attention_mask=None):
+        """ids (B, L) int -> the last hidden state (B, L, E); attention_mask (B, L), 1 = token, 0 = padding
+        (None: all tokens). Padded positions are computed not at all and come back as 0."""
+        return self._p.forward(np.asarray(ids), None if attention_mask is None else np.asarray(attention_mask))
+
+    __call__ = forward
+
+    def attention_weights(self, ids, attention_mask=None):
+        """Per layer, the attention weights (B, H, L, L) of forward(ids, attention_mask)."""
+        return self._p.attention_weights(np.asarray(ids), None if attention_mask is None else np.asarray(attention_mask))
+
+    def embed(self, texts, batch_size=32, max_length=None):
+        """Sentence embeddings (N, E) of a list of texts, pooled as the directory's sentence-transformers files
+        say; each text truncated to max_length tokens (None: sentence_bert_config.json's max_seq_length, else
+        the tokenizer's truncation)."""
+        if isinstance(texts, str):
+            raise _attn.AttnError("Expected a list of texts, but got one str instead (wrap it in a list)")
+        return self._p.embed(list(texts), batch_size, max_length or 0)
+
+
+def from_pretrained(directory):
+    """The model in a Hugging Face model directory (BertModel)."""
+    return PretrainedModel(directory)

@@ -1,0 +1,91 @@
+// Python binding of pretrained Hugging Face models (attn/hf.h) and their tokenizers (attn/hf_tokenizer.h):
+// numpy in, numpy out; token ids are int64 arrays or lists. Only argument conversion here; the package's
+// python/attn/models.py is what users call.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "attn/hf.h"
+#include "attn/hf_tokenizer.h"
+#include "bind_layer.h"
+
+namespace py = pybind11;
+using namespace attn;
+using py_util::to_numpy;
+
+namespace {
+
+using Ids = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+Ids ids_2d(const py::object& x, const char* arg) {
+  Ids a = Ids::ensure(x);
+  ATTN_CHECK(a && a.ndim() == 2, "Expected ", arg, " of shape (B, L) holding integers, but got ",
+             a ? std::to_string(a.ndim()) + " dims" : std::string("an object that is not an integer array"),
+             " instead");
+  return a;
+}
+
+// (ids, attention_mask or None) checked against each other; mask may be None.
+std::pair<Ids, Ids> ids_and_mask(const py::object& ids, const py::object& mask) {
+  Ids x = ids_2d(ids, "ids");
+  Ids m;
+  if (!mask.is_none()) {
+    m = ids_2d(mask, "attention_mask");
+    ATTN_CHECK(m.shape(0) == x.shape(0) && m.shape(1) == x.shape(1), "Expected attention_mask of ids' shape (",
+               x.shape(0), ", ", x.shape(1), "), but got (", m.shape(0), ", ", m.shape(1), ") instead");
+  }
+  return {x, m};
+}
+
+}  // namespace
+
+void bind_models(py::module_& m) {
+  py::class_<HfTokenizer>(m, "HfTokenizer", "A tokenizer.json pipeline (WordPiece with BERT's normalizer).")
+      .def_static("from_file", &HfTokenizer::from_file, py::arg("path"))
+      .def("encode", [](const HfTokenizer& t, const std::string& text, bool special,
+                        int64_t max_length) { return t.encode(text, special, max_length).ids; },
+           py::arg("text"), py::arg("add_special_tokens") = true, py::arg("max_length") = -1,
+           "Token ids as the `tokenizers` library gives them (max_length -1: the file's truncation, 0: none).")
+      .def("tokenize", [](const HfTokenizer& t, const std::string& text, bool special) {
+             return t.encode(text, special).tokens;
+           }, py::arg("text"), py::arg("add_special_tokens") = true, "The token strings of encode().")
+      .def("decode", &HfTokenizer::decode, py::arg("ids"), py::arg("skip_special_tokens") = true)
+      .def("token_to_id", [](const HfTokenizer& t, const std::string& s) -> py::object {
+             const int64_t id = t.token_to_id(s);
+             return id < 0 ? py::object(py::none()) : py::object(py::int_(id));
+           }, py::arg("token"))
+      .def("id_to_token", &HfTokenizer::id_to_token, py::arg("id"))
+      .def_property_readonly("vocab_size", &HfTokenizer::vocab_size)
+      .def_property_readonly("pad_id", &HfTokenizer::pad_id)
+      .def_property_readonly("max_length", &HfTokenizer::max_length);
+
+  py::class_<Pretrained>(m, "Pretrained", "A Hugging Face model directory: model, tokenizer, pooling.")
+      .def(py::init([](const std::string& dir) { return Pretrained::load(dir); }), py::arg("dir"))
+      .def_property_readonly("architecture", [](const Pretrained& p) { return p.model->architecture(); })
+      .def_property_readonly("hidden_size", [](const Pretrained& p) { return p.model->hidden_size(); })
+      .def_property_readonly("num_layers", [](const Pretrained& p) { return p.model->num_layers(); })
+      .def_property_readonly("num_heads", [](const Pretrained& p) { return p.model->num_heads(); })
+      .def_property_readonly("vocab_size", [](const Pretrained& p) { return p.model->vocab_size(); })
+      .def_property_readonly("max_tokens", &Pretrained::max_tokens)
+      .def_property_readonly("tokenizer", [](Pretrained& p) -> HfTokenizer& { return p.tokenizer; },
+                             py::return_value_policy::reference_internal)
+      .def("forward", [](Pretrained& p, const py::object& ids, const py::object& mask) {
+             auto [x, mk] = ids_and_mask(ids, mask);
+             return py_util::run([&] {
+               return p.model->forward(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
+             });
+           }, py::arg("ids"), py::arg("attention_mask") = py::none())
+      .def("attention_weights", [](Pretrained& p, const py::object& ids, const py::object& mask) {
+             auto [x, mk] = ids_and_mask(ids, mask);
+             std::vector<Tensor> w;
+             {
+               py::gil_scoped_release nogil;
+               w = p.model->attention_weights(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
+             }
+             py::list out;
+             for (Tensor& t : w) out.append(to_numpy(std::move(t)));
+             return out;
+           }, py::arg("ids"), py::arg("attention_mask") = py::none())
+      .def("embed", [](Pretrained& p, const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {
+             return py_util::run([&] { return p.embed(texts, batch, max_length); });
+           }, py::arg("texts"), py::arg("batch_size") = 32, py::arg("max_length") = 0);
+}

@@ -1,0 +1,190 @@
+// The parts of a Hugging Face model directory that every architecture shares: its weights (one mapped
+// safetensors file or the shards an index names), the choice of loader by config.json's
+// "architectures", and sentence-transformers' pooling. The architectures live in hf_<name>.cpp.
+#include <cmath>
+#include <filesystem>
+
+#include "attn/hf.h"
+#include "hf_json.h"
+
+namespace attn {
+
+namespace fs = std::filesystem;
+using hf::json;
+
+HfWeights::HfWeights(const std::string& dir) : dir_(dir) {
+  check_path(dir, "model directory");
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  std::vector<std::string> shards;
+  if (fs::exists(single)) {
+    shards.push_back("model.safetensors");
+  } else if (fs::exists(index)) {
+    const json j = hf::read_json(index.string(), "safetensors index");
+    auto wm = j.find("weight_map");
+    ATTN_CHECK(wm != j.end() && wm->is_object(), "Expected \"weight_map\" (tensor name -> file) in '",
+               index.string(), "', but got none instead");
+    for (const auto& [name, file] : wm->items()) {
+      ATTN_CHECK(file.is_string() && fs::path(file.get<std::string>()).filename() == file.get<std::string>(),
+                 "Expected the shard of '", name, "' in '", index.string(), "' to be a file name, but got ",
+                 hf::brief(file), " instead");
+      if (std::find(shards.begin(), shards.end(), file.get<std::string>()) == shards.end())
+        shards.push_back(file.get<std::string>());
+    }
+  } else {
+    ATTN_CHECK(false, "Expected a model directory with model.safetensors or model.safetensors.index.json, but got '",
+               dir, "' without either instead");
+  }
+  for (const std::string& f : shards) {
+    files_.emplace_back((fs::path(dir) / f).string());
+    for (const std::string& name : files_.back().names()) {
+      auto [it, fresh] = where_.emplace(name, files_.size() - 1);
+      ATTN_CHECK(fresh, "Expected each tensor in one shard, but got '", name, "' in both '",
+                 files_[it->second].path(), "' and '", files_.back().path(), "' instead");
+    }
+  }
+}
+
+bool HfWeights::contains(const std::string& name) const { return where_.count(name) > 0; }
+
+std::vector<std::string> HfWeights::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, i] : where_) out.push_back(name);
+  return out;
+}
+
+Tensor HfWeights::get(const std::string& name, const Shape& want) const {
+  auto it = where_.find(name);
+  ATTN_CHECK(it != where_.end(), "Expected a tensor '", name, "' of shape ", to_string(want), " in '", dir_,
+             "', but got no tensor of that name instead");
+  const MappedSafetensors& f = files_[it->second];
+  ATTN_CHECK(f.shape(name) == want, "Expected tensor '", name, "' of shape ", to_string(want),
+             " (from config.json), but got ", to_string(f.shape(name)), " in '", f.path(), "' instead");
+  return f.get(name);
+}
+
+std::unique_ptr<PretrainedModel> load_pretrained(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  const json j = hf::read_json(path, "config.json");
+  std::string arch;
+  if (auto a = j.find("architectures"); a != j.end() && a->is_array() && a->size() == 1 && (*a)[0].is_string())
+    arch = (*a)[0].get<std::string>();
+  ATTN_CHECK(arch == "BertModel", "Expected \"architectures\" [\"BertModel\"] in '", path, "', but got ",
+             j.contains("architectures") ? hf::brief(j["architectures"]) : std::string("none"), " instead");
+  return std::make_unique<BertModel>(dir);
+}
+
+// ---- sentence-transformers pooling ----
+
+Pooling read_pooling(const std::string& dir) {
+  Pooling p;
+  const fs::path sbert = fs::path(dir) / "sentence_bert_config.json";
+  if (fs::exists(sbert))
+    p.max_seq_length = hf::field_or<int64_t>(hf::read_json(sbert.string(), "sentence_bert_config.json"),
+                                             "max_seq_length", sbert.string(), 0);
+  const fs::path modules = fs::path(dir) / "modules.json";
+  if (!fs::exists(modules)) return p;
+  const std::string text = read_regular_file(modules.string(), "modules.json", hf::kMaxJsonBytes);
+  const json j = json::parse(text, nullptr, false);
+  ATTN_CHECK(!j.is_discarded() && j.is_array(), "Expected modules.json '", modules.string(),
+             "' to hold a JSON array of modules, but got text that is not one instead");
+  for (const json& m : j) {
+    const std::string where = cat("a module of '", modules.string(), "'");
+    const std::string type = hf::field<std::string>(m, "type", where);
+    if (type.ends_with("Normalize")) {
+      p.normalize = true;
+    } else if (type.ends_with("Pooling")) {
+      const fs::path cfg = fs::path(dir) / hf::field<std::string>(m, "path", where) / "config.json";
+      const json c = hf::read_json(cfg.string(), "pooling config");
+      const std::string cw = cat("'", cfg.string(), "'");
+      const bool mean = hf::field_or<bool>(c, "pooling_mode_mean_tokens", cw, false);
+      const bool cls = hf::field_or<bool>(c, "pooling_mode_cls_token", cw, false);
+      const bool max = hf::field_or<bool>(c, "pooling_mode_max_tokens", cw, false);
+      const bool other = hf::field_or<bool>(c, "pooling_mode_mean_sqrt_len_tokens", cw, false) ||
+                         hf::field_or<bool>(c, "pooling_mode_weightedmean_tokens", cw, false) ||
+                         hf::field_or<bool>(c, "pooling_mode_lasttoken", cw, false);
+      ATTN_CHECK(int(mean) + int(cls) + int(max) == 1 && !other, "Expected one pooling mode of mean, cls or max in ",
+                 cw, ", but got ", hf::brief(c), " instead");
+      p.mode = mean ? Pooling::Mode::mean : cls ? Pooling::Mode::cls : Pooling::Mode::max;
+    }
+  }
+  return p;
+}
+
+Tensor pool(View<const float> hidden, const int64_t* mask, const Pooling& pooling) {
+  ATTN_CHECK(hidden.rank() == 3 && hidden.is_contiguous(), "Expected hidden states (B, L, E), contiguous, but got ",
+             to_string(hidden.shape), " instead");
+  const int64_t B = hidden.size(0), L = hidden.size(1), E = hidden.size(2);
+  Tensor out({B, E});
+  for (int64_t b = 0; b < B; ++b) {
+    float* o = out.data() + b * E;
+    const float* h = hidden.data + b * L * E;
+    const int64_t* m = mask ? mask + b * L : nullptr;
+    if (pooling.mode == Pooling::Mode::cls) {
+      std::copy(h, h + E, o);
+    } else {
+      // sentence-transformers: sum(h · m) / max(sum(m), 1e-9), in float32, tokens in order
+      std::vector<float> acc(size_t(E), pooling.mode == Pooling::Mode::max ? -INFINITY : 0.0f);
+      float count = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        if (m && m[l] == 0) continue;
+        count += 1;
+        for (int64_t e = 0; e < E; ++e)
+          acc[size_t(e)] = pooling.mode == Pooling::Mode::max ? std::max(acc[size_t(e)], h[l * E + e])
+                                                              : acc[size_t(e)] + h[l * E + e];
+      }
+      for (int64_t e = 0; e < E; ++e)
+        o[e] = pooling.mode == Pooling::Mode::max ? (count > 0 ? acc[size_t(e)] : 0.0f)
+                                                  : acc[size_t(e)] / std::max(count, 1e-9f);
+    }
+    if (pooling.normalize) {  // torch.nn.functional.normalize: x / max(||x||, 1e-12)
+      double ss = 0;
+      for (int64_t e = 0; e < E; ++e) ss += double(o[e]) * o[e];
+      const float inv = 1.0f / std::max(float(std::sqrt(ss)), 1e-12f);
+      for (int64_t e = 0; e < E; ++e) o[e] *= inv;
+    }
+  }
+  return out;
+}
+
+// ---- Pretrained ----
+
+Pretrained Pretrained::load(const std::string& dir) {
+  return Pretrained{load_pretrained(dir), HfTokenizer::from_file((fs::path(dir) / "tokenizer.json").string()),
+                    read_pooling(dir)};
+}
+
+int64_t Pretrained::max_tokens() const {
+  int64_t n = pooling.max_seq_length > 0 ? pooling.max_seq_length : tokenizer.max_length();
+  const int64_t cap = model->max_positions();
+  return n <= 0 ? cap : cap > 0 ? std::min(n, cap) : n;
+}
+
+Tensor Pretrained::embed(const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {
+  ATTN_CHECK(batch > 0, "Expected batch > 0, but got ", batch, " instead");
+  ATTN_CHECK(max_length >= 0, "Expected max_length >= 0, but got ", max_length, " instead");
+  const int64_t N = int64_t(texts.size()), E = model->hidden_size(), most = max_length ? max_length : max_tokens();
+  std::vector<std::vector<int64_t>> ids(texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) ids[i] = tokenizer.encode(texts[i], true, most).ids;
+  std::vector<size_t> order(texts.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
+  Tensor out({N, E});
+  for (int64_t b0 = 0; b0 < N; b0 += batch) {
+    const int64_t B = std::min(batch, N - b0);
+    int64_t L = 1;
+    for (int64_t i = 0; i < B; ++i) L = std::max(L, int64_t(ids[order[size_t(b0 + i)]].size()));
+    std::vector<int64_t> x(size_t(B * L), tokenizer.pad_id()), m(size_t(B * L), 0);  // (B, L) each
+    for (int64_t i = 0; i < B; ++i) {
+      const std::vector<int64_t>& t = ids[order[size_t(b0 + i)]];
+      std::copy(t.begin(), t.end(), x.begin() + i * L);
+      std::fill_n(m.begin() + i * L, t.size(), 1);
+    }
+    Tensor h = model->forward(x.data(), B, L, m.data());  // (B, L, E)
+    Tensor p = pool(h.view(), m.data(), pooling);          // (B, E)
+    for (int64_t i = 0; i < B; ++i) std::copy_n(p.data() + i * E, E, out.data() + int64_t(order[size_t(b0 + i)]) * E);
+  }
+  return out;
+}
+
+}  // namespace attn

@@ -1,0 +1,172 @@
+// Hugging Face model directories (attn/hf.h, attn/hf_tokenizer.h) on tiny files written here: the mapped
+// safetensors reader, the loader's errors, BERT's packing of padded batches, and the WordPiece pipeline.
+// The comparisons with transformers and tokenizers on the real MiniLM are tests/python/test_models.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "attn/hf.h"
+#include "attn/rng.h"
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+using test::error_of;
+using test::TempDir;
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+Tensor random(Shape shape, Rng& rng, double scale = 0.1) {
+  Tensor t(std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(rng.normal() * scale);
+  return t;
+}
+
+// A BertModel directory of E 16, 2 layers, 4 heads, FFN 24, vocab 30, 12 positions, random weights.
+void write_bert(const TempDir& d, const std::string& prefix = "", const std::string& skip = "") {
+  write_text(d / "config.json", R"({"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30,
+    "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 24,
+    "max_position_embeddings": 12, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"})");
+  Rng rng(7);
+  StateDict sd;
+  auto add = [&](const std::string& name, Shape shape) {
+    if (name != skip) sd.emplace(prefix + name, random(std::move(shape), rng));
+  };
+  add("embeddings.word_embeddings.weight", {30, 16});
+  add("embeddings.position_embeddings.weight", {12, 16});
+  add("embeddings.token_type_embeddings.weight", {2, 16});
+  add("embeddings.LayerNorm.weight", {16});
+  add("embeddings.LayerNorm.bias", {16});
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = cat("encoder.layer.", i, ".");
+    for (const char* n : {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"})
+      add(p + n + ".weight", {16, 16}), add(p + n + ".bias", {16});
+    add(p + "intermediate.dense.weight", {24, 16}), add(p + "intermediate.dense.bias", {24});
+    add(p + "output.dense.weight", {16, 24}), add(p + "output.dense.bias", {16});
+    for (const char* n : {"attention.output.LayerNorm", "output.LayerNorm"})
+      add(p + n + ".weight", {16}), add(p + n + ".bias", {16});
+  }
+  save_safetensors(d / "model.safetensors", sd);
+}
+
+TEST(MappedSafetensors, F32TensorsAreViewsOfTheFileAndOutliveTheReader) {
+  TempDir d;
+  Rng rng(1);
+  StateDict sd;
+  sd.emplace("a", random({3, 5}, rng));
+  sd.emplace("b", random({7}, rng));
+  save_safetensors(d / "m.safetensors", sd);
+  Tensor a;
+  {
+    MappedSafetensors f(d / "m.safetensors");
+    EXPECT_EQ(f.names(), (std::vector<std::string>{"a", "b"}));
+    EXPECT_TRUE(f.in_place("a"));
+    a = f.get("a");
+    EXPECT_EQ(f.shape("b"), Shape{7});
+    EXPECT_NE(error_of([&] { f.shape("c"); }).find("'c'"), std::string::npos);
+  }
+  ASSERT_EQ(a.shape(), (Shape{3, 5}));  // the mapping lives as long as the tensor
+  for (int64_t i = 0; i < a.numel(); ++i) EXPECT_EQ(a.data()[i], sd.at("a").data()[i]);
+  a.data()[0] = 42;  // private pages: the file is unchanged
+  EXPECT_EQ(load_safetensors(d / "m.safetensors").at("a").data()[0], sd.at("a").data()[0]);
+}
+
+// transformers' files hold integer buffers (embeddings.position_ids, I64): the file is read, and only
+// asking for such a tensor as floats is an error.
+TEST(MappedSafetensors, IntegerTensorsAreIndexedButNotFloats) {
+  TempDir d;
+  std::string h = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"p":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})";
+  h.append((8 - h.size() % 8) % 8, ' ');
+  const uint64_t n = h.size();
+  std::string bytes(reinterpret_cast<const char*>(&n), 8);
+  bytes += h + std::string(12, '\0');
+  std::ofstream(d / "m.safetensors", std::ios::binary) << bytes;
+  MappedSafetensors f(d / "m.safetensors");
+  EXPECT_TRUE(f.contains("p"));
+  EXPECT_EQ(f.get("a").data()[0], 0.0f);
+  EXPECT_NE(error_of([&] { f.get("p"); }).find("tensor 'p' of dtype F32, F64, F16 or BF16, but got \"I64\""),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { load_safetensors(d / "m.safetensors"); }).find("\"I64\""), std::string::npos);
+}
+
+TEST(HfLoader, ErrorsNameTheTensorAndBothShapes) {
+  {
+    TempDir d;
+    write_bert(d, "", "encoder.layer.1.output.dense.weight");
+    const std::string e = error_of([&] { BertModel m(d.dir.string()); });
+    EXPECT_NE(e.find("'encoder.layer.1.output.dense.weight' of shape (16, 24)"), std::string::npos) << e;
+  }
+  {
+    TempDir d;
+    write_bert(d);
+    std::string cfg = R"({"architectures": ["BertModel"], "vocab_size": 30, "hidden_size": 16, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 32, "max_position_embeddings": 12})";
+    write_text(d / "config.json", cfg);
+    const std::string e = error_of([&] { load_pretrained(d.dir.string()); });
+    EXPECT_NE(e.find("'encoder.layer.0.intermediate.dense.weight' of shape (32, 16)"), std::string::npos) << e;
+    EXPECT_NE(e.find("got (24, 16)"), std::string::npos) << e;
+    write_text(d / "config.json", R"({"architectures": ["ResNetModel"]})");
+    const std::string u = error_of([&] { load_pretrained(d.dir.string()); });
+    EXPECT_NE(u.find("ResNetModel"), std::string::npos) << u;
+  }
+}
+
+TEST(HfBert, PaddedBatchIsEachSequenceAloneAndPaddingIsZero) {
+  TempDir d;
+  write_bert(d, "bert.");  // BertFor*'s prefix is accepted
+  auto m = load_pretrained(d.dir.string());
+  const int64_t L = 6, E = 16;
+  const std::vector<int64_t> ids = {2, 5, 9, 4, 0, 0, 3, 7, 1, 8, 6, 11};
+  const std::vector<int64_t> mask = {1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1};
+  Tensor both = m->forward(ids.data(), 2, L, mask.data());
+  Tensor first = m->forward(ids.data(), 1, 4, nullptr);
+  Tensor second = m->forward(ids.data() + L, 1, L, nullptr);
+  // Packed rows run through the same kernels as the sequence alone; only a GEMM's blocking over the
+  // larger row count can round differently: a few float ulps of values of size ~1.
+  for (int64_t l = 0; l < 4; ++l)
+    for (int64_t e = 0; e < E; ++e) EXPECT_NEAR(both.data()[l * E + e], first.data()[l * E + e], 1e-5);
+  for (int64_t l = 4; l < L; ++l)
+    for (int64_t e = 0; e < E; ++e) EXPECT_EQ(both.data()[l * E + e], 0.0f);
+  for (int64_t i = 0; i < L * E; ++i) EXPECT_NEAR(both.data()[L * E + i], second.data()[i], 1e-5);
+  std::vector<Tensor> w = m->attention_weights(ids.data(), 2, L, mask.data());
+  ASSERT_EQ(w.size(), 2u);
+  ASSERT_EQ(w[0].shape(), (Shape{2, 4, L, L}));
+  for (int64_t l = 0; l < 4; ++l) {  // each query row of sequence 0 sums to 1 over its 4 keys, 0 beyond
+    double s = 0;
+    for (int64_t k = 0; k < L; ++k) s += w[1].data()[l * L + k];
+    EXPECT_NEAR(s, 1.0, 1e-5);
+    EXPECT_EQ(w[1].data()[l * L + 4], 0.0f);
+  }
+  EXPECT_NE(error_of([&] { m->forward(ids.data(), 1, 13, nullptr); }).find("max_position_embeddings 12"),
+            std::string::npos);
+}
+
+TEST(HfTokenizer, BertNormalizerPreTokenizerAndWordPiece) {
+  TempDir d;
+  write_text(d / "tokenizer.json", R"({
+    "added_tokens": [{"id": 0, "content": "[PAD]", "special": true}, {"id": 1, "content": "[UNK]", "special": true},
+                     {"id": 2, "content": "[CLS]", "special": true}, {"id": 3, "content": "[SEP]", "special": true}],
+    "normalizer": {"type": "BertNormalizer", "clean_text": true, "handle_chinese_chars": true, "strip_accents": null,
+                   "lowercase": true},
+    "pre_tokenizer": {"type": "BertPreTokenizer"},
+    "post_processor": {"type": "BertProcessing", "sep": ["[SEP]", 3], "cls": ["[CLS]", 2]},
+    "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+    "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+              "max_input_chars_per_word": 100,
+              "vocab": {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "wor": 5, "##ld": 6, ",": 7,
+                        "!": 8, "你": 9, "好": 10, "cafe": 11}}})");
+  HfTokenizer t = HfTokenizer::from_file(d / "tokenizer.json");
+  // accents stripped (É), lower-cased, punctuation split, CJK split, a control character dropped, [SEP]
+  // in the text kept as the special token, an unknown word [UNK]
+  const Encoding e = t.encode("HÉLLO,\x01 World! 你好 Café xyz[SEP]");
+  EXPECT_EQ(e.ids, (std::vector<int64_t>{2, 4, 7, 5, 6, 8, 9, 10, 11, 1, 3, 3}));
+  EXPECT_EQ(e.tokens[4], "##ld");
+  EXPECT_EQ(t.decode(e.ids), "hello, world! 你 好 cafe");  // [UNK] is special here: skipped
+  EXPECT_NE(error_of([&] { t.encode("bad \xff byte"); }).find("offset"), std::string::npos);
+  EXPECT_EQ(t.encode("hello", true, 2).ids, (std::vector<int64_t>{2, 3}));  // truncation keeps the specials
+}
+
+}  // namespace
+}  // namespace attn
