@@ -25,6 +25,14 @@ def _draw_seed():
     return int(torch.randint(0, 2**62, (1,)).item())  # torch.manual_seed makes attn's dropout repeat
 
 
+def _first_derivatives_only():
+    """attn's backward is a kernel, not torch operations: its gradient has no graph of its own. Grad mode
+    inside a backward means create_graph=True (a second derivative to come): refused by name."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("attn.torch computes first derivatives only: double backward (create_graph=True) is "
+                           "not supported")
+
+
 class _Sdpa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
@@ -39,6 +47,7 @@ class _Sdpa(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        _first_derivatives_only()
         query, key, value, out, lse, attn_mask = ctx.saved_tensors
         mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
         dq, dk, dv = _F.scaled_dot_product_attention_backward(
@@ -51,7 +60,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
 
-    float32 or float64 CPU tensors; attn_mask bool (True = may attend) or float (added), no gradient. One
+    float32 or float64 CPU tensors; attn_mask bool (True = may attend) or float (added), no gradient. First
+    derivatives only: double backward (create_graph=True, then backward again) is not supported. One
     difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded
     from torch's generator.
     """
@@ -80,6 +90,7 @@ class _Mha(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_weights):
+        _first_derivatives_only()
         dq, dk, dv = ctx.native.backward(as_array(grad_out.contiguous(), "grad_output", ("float32",)))
         grads = ctx.native.grads()
         ctx.native = None
