@@ -402,6 +402,8 @@ std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, co
   ATTN_CHECK(!prompt.empty(), "Expected a prompt of at least one token, but got none instead");
   ATTN_CHECK(o.max_new_tokens >= 0, "Expected max_new_tokens >= 0, but got ", o.max_new_tokens, " instead");
   ATTN_CHECK(o.top_k >= 0, "Expected top_k >= 0, but got ", o.top_k, " instead");
+  ATTN_CHECK(std::isfinite(o.temperature), "Expected a finite temperature, but got ", o.temperature,
+             " instead");  // NaN compared false everywhere and sampled token 0 every time
   model.eval();
   const int64_t block = model.config().block_size, V = model.config().vocab_size;
   std::vector<int64_t> all = prompt, out;
