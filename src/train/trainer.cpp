@@ -215,7 +215,7 @@ Trainer::Trainer(const TrainOptions& options, Dataset data) : o_(options), data_
   check_options(o_);
   if (o_.lr_decay_steps == 0) o_.lr_decay_steps = o_.steps;
   set_num_threads(o_.threads);
-  const GptConfig c = model_config(o_, data_);
+  const GptConfig c = check_gpt_config(model_config(o_, data_));  // its own errors before the step's estimate
   T_ = data_.synthetic() ? data_.seq_len() : c.block_size;
   ATTN_CHECK(T_ <= c.block_size, "Expected block_size >= ", T_, " (the task's sequence length), but got ",
              c.block_size, " instead");
@@ -226,8 +226,8 @@ Trainer::Trainer(const TrainOptions& options, Dataset data) : o_(options), data_
   // Before allocating (batch 2^60 wrapped batch·T and wrote past x_): the step must fit in memory.
   check_fits_in_memory(gpt_training_bytes_estimate(c, double(o_.batch), double(T_)) + double(data_.token_bytes()),
                        cat("training batch ", o_.batch, " x ", T_, " tokens of a model of block_size ", c.block_size,
-                           ", n_layer ", c.n_layer, ", n_embd ", c.n_embd, ", vocab_size ", c.vocab_size, " on ",
-                           data_.token_bytes(), " bytes of token ids"));
+                           ", n_layer ", c.n_layer, ", n_embd ", c.n_embd, ", vocab_size ", c.vocab_size,
+                           data_.token_bytes() ? cat(" on ", data_.token_bytes(), " bytes of token ids") : ""));
   model_ = std::make_unique<Gpt>(c, o_.seed);
   const bool decay_emb = o_.decay_embeddings;
   opt_ = std::make_unique<AdamW>(model_->parameter_list(),
