@@ -4,7 +4,7 @@ BUILD ?= build
 PY := .venv/bin/python
 JOBS ?= 2
 
-.PHONY: demo test deps build test-cpp test-python bench clean fuzz fuzz-build asan
+.PHONY: demo test deps build test-cpp test-python bench clean fuzz fuzz-build asan asan-python
 
 demo: build
 	$(BUILD)/attn demo
@@ -51,22 +51,27 @@ fuzz: fuzz-build
 	  if [ $$rc -ne 0 ]; then tail -n 60 $(FUZZ_BUILD)/fuzz_$$f.log; echo "fuzz_$$f: a finding (exit $$rc)"; exit 1; fi; \
 	done
 
-# The C++ tests once under ASan + UBSan (any report aborts the test), in build-asan; then the Python
-# tests of objects shared across threads, failing allocations, the --out lock and the saving signals
-# against the sanitized module and CLI (the ASan runtime preloaded into Python; leaks not checked there:
-# the interpreter's own would drown them). allocator_may_return_null: a failed malloc is the NULL the
-# code must check, not ASan's abort.
+# The C++ tests once under ASan + UBSan (any report aborts the test), in build-asan. allocator_may_return_null:
+# a failed malloc is the NULL the code must check (tests/test_hardening.cpp asks for 96 TiB), not ASan's abort.
 ASAN_BUILD ?= build-asan
-ASAN_PYTEST ?= shared_by_8_threads or huge_zero_stride or second_trainer or sigterm
 asan: deps
-	@[ -f $(ASAN_BUILD)/CMakeCache.txt ] || cmake -S . -B $(ASAN_BUILD) -DATTN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python
+	@[ -f $(ASAN_BUILD)/CMakeCache.txt ] || cmake -S . -B $(ASAN_BUILD) -DATTN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j$(JOBS) $(ASAN_CTEST_ARGS)
+
+# The Python tests of objects shared across threads, failing allocations, the --out lock and the saving
+# signals against a sanitized module and CLI (build-asan-py; the ASan runtime preloaded into Python, leaks
+# unchecked there: the interpreter's own would drown them).
+ASAN_PY_BUILD ?= build-asan-py
+ASAN_PYTEST ?= shared_by_8_threads or huge_zero_stride or second_trainer or sigterm
+asan-python: deps
+	@[ -f $(ASAN_PY_BUILD)/CMakeCache.txt ] || cmake -S . -B $(ASAN_PY_BUILD) -DATTN_SANITIZE=ON -DATTN_SANITIZE_PYTHON=ON \
+	  -DATTN_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE=$(CURDIR)/.venv/bin/python
+	cmake --build $(ASAN_PY_BUILD) -j$(JOBS) --target _attn attn
 	LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  PYTHONPATH=$(CURDIR)/$(ASAN_BUILD)/python:$(CURDIR)/python ATTN_BIN=$(CURDIR)/$(ASAN_BUILD)/attn \
+	  PYTHONPATH=$(CURDIR)/$(ASAN_PY_BUILD)/python:$(CURDIR)/python ATTN_BIN=$(CURDIR)/$(ASAN_PY_BUILD)/attn \
 	  $(PY) -m pytest -q -p no:cacheprovider tests/python/test_hardening.py -k "$(ASAN_PYTEST)"
 
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(ASAN_PY_BUILD)
