@@ -14,6 +14,8 @@
 namespace py = pybind11;
 using namespace attn;
 using py_util::layer;
+using py_util::locked;
+using py_util::ObjectGuard;
 using py_util::state_dict_of;
 using py_util::to_numpy;
 
@@ -23,6 +25,11 @@ namespace {
 
 // Token ids (B, T) as a contiguous int64 array (copied only if needed).
 py::array_t<int64_t, py::array::c_style | py::array::forcecast> ids_of(const py::object& x, const char* arg) {
+  // Float ids (1.5) were truncated silently: an array or list must hold integers.
+  const py::array given = py::array::ensure(x);
+  ATTN_CHECK(!given || given.size() == 0 || given.dtype().kind() == 'i' || given.dtype().kind() == 'u', "Expected ", arg,
+             " of an integer dtype (token ids), but got ", given ? std::string(py::str(given.dtype())) : "?",
+             " instead");
   auto a = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(x);
   ATTN_CHECK(a && a.ndim() == 2, "Expected ", arg, " of shape (B, T) holding token ids, but got ",
              a ? std::to_string(a.ndim()) + " dims" : std::string("an object that is not an integer array"),
@@ -64,6 +71,7 @@ struct PyAdamW {
   std::vector<std::string> names;
   std::vector<Tensor> values, grads;  // owned when built from a dict
   std::unique_ptr<AdamW> opt;
+  const void* lock_key = this;  // the GPT whose parameters it updates, else itself (py_util::object_lock)
 };
 
 py::dict stats(const StepStats& s) {
@@ -95,18 +103,13 @@ void bind_gpt(py::module_& m) {
             return py::make_tuple(py::cast(std::move(lm.model)), py::cast(std::move(lm.tokenizer)));
           },
           py::arg("dir"), "(GPT, CharTokenizer) from a checkpoint directory (attn train --out, or save()).")
-      .def("save", [](Gpt& g, const std::string& dir, const CharTokenizer& t) { save_model(dir, g, t); },
+      .def("save", [](Gpt& g, const std::string& dir, const CharTokenizer& t) { locked(&g, [&] { save_model(dir, g, t); }); },
            py::arg("dir"), py::arg("tokenizer"), "A model-only checkpoint: DIR/model.safetensors + DIR/config.json.")
       .def(
           "forward",
           [](Gpt& g, const py::object& idx) {
             auto a = ids_of(idx, "idx");
-            Tensor logits;
-            {
-              py::gil_scoped_release nogil;
-              logits = g.forward(a.data(), a.shape(0), a.shape(1));
-            }
-            return to_numpy(std::move(logits));
+            return py_util::run(&g, [&] { return g.forward(a.data(), a.shape(0), a.shape(1)); });
           },
           py::arg("idx"), "logits (B, T, V) for token ids (B, T); saves activations in training mode")
       .def(
@@ -115,8 +118,7 @@ void bind_gpt(py::module_& m) {
             auto a = ids_of(idx, "idx"), t = ids_of(targets, "targets");
             ATTN_CHECK(a.shape(0) == t.shape(0) && a.shape(1) == t.shape(1), "Expected targets of idx's shape (",
                        a.shape(0), ", ", a.shape(1), "), but got (", t.shape(0), ", ", t.shape(1), ") instead");
-            py::gil_scoped_release nogil;
-            return g.forward_backward(a.data(), t.data(), a.shape(0), a.shape(1));
+            return locked(&g, [&] { return g.forward_backward(a.data(), t.data(), a.shape(0), a.shape(1)); });
           },
           py::arg("idx"), py::arg("targets"),
           "Mean cross-entropy (targets -1 ignored); adds the gradients (call zero_grad first). Training mode.")
@@ -125,8 +127,7 @@ void bind_gpt(py::module_& m) {
           [](Gpt& g, const py::object& idx, const py::object& targets) {
             auto a = ids_of(idx, "idx"), t = ids_of(targets, "targets");
             ATTN_CHECK(a.shape(0) == t.shape(0) && a.shape(1) == t.shape(1), "Expected targets of idx's shape");
-            py::gil_scoped_release nogil;
-            return g.evaluate(a.data(), t.data(), a.shape(0), a.shape(1));
+            return locked(&g, [&] { return g.evaluate(a.data(), t.data(), a.shape(0), a.shape(1)); });
           },
           py::arg("idx"), py::arg("targets"), "Mean cross-entropy in eval mode, nothing saved.")
       .def_property_readonly("config", [](const Gpt& g) { return fields_dict(g.config(), kGptConfigFields); })
@@ -135,8 +136,7 @@ void bind_gpt(py::module_& m) {
           "generate",
           [](Gpt& g, const std::vector<int64_t>& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
              uint64_t seed) {
-            py::gil_scoped_release nogil;
-            return generate(g, prompt, {max_new_tokens, temperature, top_k, seed, {}});
+            return locked(&g, [&] { return generate(g, prompt, {max_new_tokens, temperature, top_k, seed, {}}); });
           },
           py::arg("prompt"), py::arg("max_new_tokens") = 100, py::arg("temperature") = 1.0, py::arg("top_k") = 0,
           py::arg("seed") = 0, "New token ids after `prompt`, one at a time through the KV cache (eval mode).")
@@ -144,14 +144,14 @@ void bind_gpt(py::module_& m) {
           "attention_weights",
           [](Gpt& g, const py::object& idx) {
             auto a = ids_of(idx, "idx");
-            std::vector<Tensor> w = g.attention_weights(a.data(), a.shape(0), a.shape(1));
+            std::vector<Tensor> w = locked(&g, [&] { return g.attention_weights(a.data(), a.shape(0), a.shape(1)); });
             py::list out;
             for (Tensor& t : w) out.append(to_numpy(std::move(t)));
             return out;
           },
           py::arg("idx"), "Per layer, the attention weights (B, H, T, T); eval mode.");
 
-  py::class_<PyAdamW>(m, "AdamW", "torch.optim.AdamW's update on float32 arrays or on a GPT's parameters.")
+  py::class_<PyAdamW>(m, "AdamW", (std::string("torch.optim.AdamW's update on float32 arrays or on a GPT's parameters.") + py_util::kThreadsDoc).c_str())
       .def(py::init([](const py::dict& params, double lr, std::pair<double, double> betas, double eps,
                        double weight_decay, const std::vector<std::string>& no_decay) {
              auto o = std::make_unique<PyAdamW>();
@@ -178,6 +178,7 @@ void bind_gpt(py::module_& m) {
              auto o = std::make_unique<PyAdamW>();
              o->opt = std::make_unique<AdamW>(g.parameter_list(),
                                               AdamWOptions{lr, betas.first, betas.second, eps, weight_decay});
+             o->lock_key = &g;
              return o;
            }),
            py::arg("model"), py::arg("lr") = 1e-3, py::arg("betas") = std::pair{0.9, 0.999}, py::arg("eps") = 1e-8,
@@ -186,22 +187,27 @@ void bind_gpt(py::module_& m) {
       .def(
           "step",
           [](PyAdamW& o, const std::optional<py::dict>& grads, std::optional<double> lr) {
-            if (grads) {
-              StateDict g = state_dict_of(*grads);
-              for (const Param& p : o.opt->params()) {
-                const Tensor& t = expect_tensor(g, p.name, p.value->shape());
-                std::memcpy(p.grad->data(), t.data(), size_t(t.numel()) * sizeof(float));
+            StateDict g = grads ? state_dict_of(*grads) : StateDict{};
+            locked(o.lock_key, [&] {
+              if (grads) {
+                for (const Param& p : o.opt->params()) {
+                  const Tensor& t = expect_tensor(g, p.name, p.value->shape());
+                  std::memcpy(p.grad->data(), t.data(), size_t(t.numel()) * sizeof(float));
+                }
               }
-            }
-            o.opt->step(lr.value_or(o.opt->options().lr));
+              o.opt->step(lr.value_or(o.opt->options().lr));
+            });
           },
           py::arg("grads") = py::none(), py::arg("lr") = py::none(),
           "One update; grads by name (every parameter) unless the optimizer is over a GPT.")
-      .def("zero_grad", [](PyAdamW& o) { o.opt->zero_grad(); })
-      .def_property_readonly("params", [](PyAdamW& o) { return to_numpy(o.opt->params(), &Param::value); })
+      .def("zero_grad", [](PyAdamW& o) { locked(o.lock_key, [&] { o.opt->zero_grad(); }); })
+      .def_property_readonly("params", [](PyAdamW& o) {
+        ObjectGuard hold(o.lock_key);
+        return to_numpy(o.opt->params(), &Param::value);
+      })
       .def("state", [](PyAdamW& o) {
         StateDict s;
-        o.opt->save_state(s, "");
+        locked(o.lock_key, [&] { o.opt->save_state(s, ""); });
         return to_numpy(std::move(s));
       }, "exp_avg.<name> and exp_avg_sq.<name>")
       .def_property_readonly("steps", [](PyAdamW& o) { return o.opt->steps(); });
@@ -210,7 +216,7 @@ void bind_gpt(py::module_& m) {
   opts.def(py::init<>()).def_static("synthetic", &synthetic_defaults);
   std::apply([&](const auto&... f) { (opts.def_readwrite(f.name, f.member), ...); }, kTrainOptionsFields);
 
-  py::class_<Trainer>(m, "Trainer", "The training loop's parts: step(), evaluate(), save(), resume().")
+  py::class_<Trainer>(m, "Trainer", (std::string("The training loop's parts: step(), evaluate(), save(), resume().") + py_util::kThreadsDoc).c_str())
       .def(py::init([](const std::optional<std::string>& data, const std::optional<std::string>& text,
                        const py::kwargs& kw) {
              ATTN_CHECK(!(data && text), "Expected data (a path) or text, not both, but got both instead");
@@ -240,23 +246,13 @@ void bind_gpt(py::module_& m) {
           },
           py::arg("dir"), py::arg("steps") = 0, py::arg("data") = py::none(), py::arg("text") = py::none(),
           "Continues a saved run; data/text only if it was not trained on the file its checkpoint names.")
-      .def("step", [](Trainer& t) {
-        StepStats s;
-        {
-          py::gil_scoped_release nogil;
-          s = t.step();
-        }
-        return stats(s);
-      })
+      // Its calls hold the lock of its model (trainer.model's calls take the same one).
+      .def("step", [](Trainer& t) { return stats(locked(&t.model(), [&] { return t.step(); })); })
       .def("evaluate", [](Trainer& t) {
-        EvalStats e;
-        {
-          py::gil_scoped_release nogil;
-          e = t.evaluate();
-        }
+        const EvalStats e = locked(&t.model(), [&] { return t.evaluate(); });
         return py::make_tuple(e.train_loss, e.val_loss);
       }, "(train loss, val loss)")
-      .def("save", [](Trainer& t, const std::string& dir) { t.save(dir); }, py::arg("dir"))
+      .def("save", [](Trainer& t, const std::string& dir) { locked(&t.model(), [&] { t.save(dir); }); }, py::arg("dir"))
       .def_property_readonly("model", &Trainer::model, py::return_value_policy::reference_internal)
       .def_property_readonly("tokenizer", [](const Trainer& t) { return t.data().tokenizer(); })
       .def_property_readonly("options", &Trainer::options)

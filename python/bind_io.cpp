@@ -35,7 +35,7 @@ void bind_io(py::module_& m) {
             ATTN_CHECK(py::isinstance<py::str>(k) && py::isinstance<py::str>(v),
                        "Expected metadata of str keys and str values, but got ", std::string(py::repr(k)), ": ",
                        std::string(py::repr(v)), " instead");
-            meta[k.cast<std::string>()] = v.cast<std::string>();
+            meta[py_util::utf8_of(k, "metadata keys")] = py_util::utf8_of(v, "metadata values");
           }
         py::gil_scoped_release nogil;
         save_safetensors(path, sd, meta);

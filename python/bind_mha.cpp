@@ -34,11 +34,7 @@ void bind_mha(py::module_& m) {
                          average_attn_weights, is_causal, trace ? &text : nullptr};
             View<const float> q = view_of<const float>(query, "query"), k = view_of<const float>(key, "key"),
                               v = view_of<const float>(value, "value");
-            MhaOutput r;
-            {
-              py::gil_scoped_release nogil;
-              r = self.forward(q, k, v, args);
-            }
+            MhaOutput r = py_util::locked(&self, [&] { return self.forward(q, k, v, args); });
             py::object w = need_weights ? py::object(to_numpy(std::move(r.weights))) : py::none();
             return py::make_tuple(to_numpy(std::move(r.output)), w, trace ? py::object(py::str(text.str())) : py::none());
           },
@@ -49,17 +45,15 @@ void bind_mha(py::module_& m) {
           "backward",
           [](MultiheadAttention& self, py::array& grad_output) {
             View<const float> d = view_of<const float>(grad_output, "grad_output");
-            MhaGrads g;
-            {
-              py::gil_scoped_release nogil;
-              g = self.backward(d);
-            }
+            MhaGrads g = py_util::locked(&self, [&] { return self.backward(d); });
             return py::make_tuple(to_numpy(std::move(g.dquery)), to_numpy(std::move(g.dkey)),
                                   to_numpy(std::move(g.dvalue)));
           },
           py::arg("grad_output"), "(dquery, dkey, dvalue); adds into the parameter gradients")
-      .def("save", &MultiheadAttention::save, py::arg("path"))
-      .def("load", &MultiheadAttention::load, py::arg("path"))
+      .def("save", [](MultiheadAttention& self, const std::string& path) { py_util::locked(&self, [&] { self.save(path); }); },
+           py::arg("path"))
+      .def("load", [](MultiheadAttention& self, const std::string& path) { py_util::locked(&self, [&] { self.load(path); }); },
+           py::arg("path"))
       .def_property_readonly("embed_dim", [](const MultiheadAttention& s) { return s.options().embed_dim; })
       .def_property_readonly("num_heads", [](const MultiheadAttention& s) { return s.options().num_heads; })
       .def_property_readonly("num_kv_heads", [](const MultiheadAttention& s) { return s.options().num_kv_heads; })

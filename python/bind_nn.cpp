@@ -22,11 +22,11 @@ template <class L>
 void unary(py::class_<L>& c) {
   c.def("forward", [](L& self, py::array& x) {
      View<const float> v = in(x, "input");
-     return run([&] { return self.forward(v); });
+     return run(&self, [&] { return self.forward(v); });
    }, py::arg("input"))
       .def("backward", [](L& self, py::array& d) {
         View<const float> v = in(d, "grad_output");
-        return run([&] { return self.backward(v); });
+        return run(&self, [&] { return self.backward(v); });
       }, py::arg("grad_output"));
 }
 
@@ -73,10 +73,12 @@ void bind_nn(py::module_& m) {
           py::arg("seed") = 0)
       .def("forward",
            [](Embedding& self, const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& ids) {
-             return to_numpy(self.forward(ids.data(), Shape(ids.shape(), ids.shape() + ids.ndim())));
+             return run(&self, [&] { return self.forward(ids.data(), Shape(ids.shape(), ids.shape() + ids.ndim())); });
            }, py::arg("input"))
-      .def("backward", [](Embedding& self, py::array& d) { self.backward(in(d, "grad_output")); },
-           py::arg("grad_output"));
+      .def("backward", [](Embedding& self, py::array& d) {
+             View<const float> v = in(d, "grad_output");
+             py_util::locked(&self, [&] { self.backward(v); });
+           }, py::arg("grad_output"));
 
   auto ff = layer<FeedForward>(m, "FeedForward");
   ff.def(py::init([](int64_t d_model, int64_t dim_feedforward, const std::string& activation, double dropout,
@@ -96,13 +98,13 @@ void bind_nn(py::module_& m) {
             EncoderArgs a{nn_mask(src_mask, "src_mask"), nn_mask(src_key_padding_mask, "src_key_padding_mask"),
                           is_causal};
             View<const float> x = in(src, "src");
-            return run([&] { return self.forward(x, a); });
+            return run(&self, [&] { return self.forward(x, a); });
           },
           py::arg("src"), py::arg("src_mask") = py::none(), py::arg("src_key_padding_mask") = py::none(),
           py::arg("is_causal") = false)
       .def("backward", [](TransformerEncoderLayer& self, py::array& d) {
         View<const float> v = in(d, "grad_output");
-        return run([&] { return self.backward(v); });
+        return run(&self, [&] { return self.backward(v); });
       }, py::arg("grad_output"));
 
   layer<TransformerDecoderLayer>(m, "TransformerDecoderLayer")
@@ -116,18 +118,14 @@ void bind_nn(py::module_& m) {
                           nn_mask(tgt_key_padding_mask, "tgt_key_padding_mask"),
                           nn_mask(memory_key_padding_mask, "memory_key_padding_mask"), tgt_is_causal, memory_is_causal};
             View<const float> t = in(tgt, "tgt"), mem = in(memory, "memory");
-            return run([&] { return self.forward(t, mem, a); });
+            return run(&self, [&] { return self.forward(t, mem, a); });
           },
           py::arg("tgt"), py::arg("memory"), py::arg("tgt_mask") = py::none(), py::arg("memory_mask") = py::none(),
           py::arg("tgt_key_padding_mask") = py::none(), py::arg("memory_key_padding_mask") = py::none(),
           py::arg("tgt_is_causal") = false, py::arg("memory_is_causal") = false)
       .def("backward", [](TransformerDecoderLayer& self, py::array& d) {
         View<const float> v = in(d, "grad_output");
-        DecoderGrads g;
-        {
-          py::gil_scoped_release nogil;
-          g = self.backward(v);
-        }
+        DecoderGrads g = py_util::locked(&self, [&] { return self.backward(v); });
         return py::make_tuple(to_numpy(std::move(g.dtgt)), to_numpy(std::move(g.dmemory)));
       }, py::arg("grad_output"), "(grad tgt, grad memory)");
 }

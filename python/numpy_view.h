@@ -85,12 +85,25 @@ inline py::dict to_numpy(const std::vector<Param>& params, Tensor* Param::*which
 // The one dtype rule for tensors handed in by name: a float array of any precision (float16, 32, 64) is
 // stored as float32 (a C-order copy, so any strides or alignment do); anything else (integers, bools,
 // objects) is an Error naming the tensor and what it got. Names must be str.
+// The UTF-8 of a str (a lone surrogate, which UTF-8 can't hold, is an Error naming `what`, not pybind's
+// "Unable to cast ... to C++ type '?'").
+inline std::string utf8_of(py::handle s, const char* what) {
+  ATTN_CHECK(py::isinstance<py::str>(s), "Expected ", what, " that are str, but got ", std::string(py::repr(s)),
+             " instead");
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(s.ptr(), &n);
+  if (!p) {
+    PyErr_Clear();
+    throw Error(cat("Expected ", what, " that UTF-8 can encode, but got ", std::string(py::repr(s)),
+                    " (a lone surrogate) instead"));
+  }
+  return std::string(p, size_t(n));
+}
+
 inline StateDict state_dict_of(const py::dict& d) {
   StateDict sd;
   for (auto [k, v] : d) {
-    ATTN_CHECK(py::isinstance<py::str>(k), "Expected tensor names that are str, but got ", std::string(py::repr(k)),
-               " instead");
-    const std::string name = k.cast<std::string>();
+    const std::string name = utf8_of(k, "tensor names");
     py::array a = py::array::ensure(v);
     ATTN_CHECK(a && a.dtype().kind() == 'f', "Expected tensor '", name, "' to be a float array, but got ",
                a ? dtype_name(a) : std::string(py::str(py::type::of(v))), " instead");

@@ -4,6 +4,8 @@
 // the checkpoint swap's non-atomic fallback and the removal of a killed save's temporaries. Runs under
 // ASan + UBSan too (make asan), which is where a read past an empty buffer would show.
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +17,7 @@
 
 #include "../src/train/checkpoint.h"
 #include "attn/file.h"
+#include "attn/memstat.h"
 #include "attn/mha.h"
 #include "attn/nn.h"
 #include "attn/sdpa.h"
@@ -264,13 +267,125 @@ TEST(Checkpoint, StaleTemporariesOfAKilledSaveAreRemoved) {
   ::waitpid(child, &status, 0);  // a pid that is gone
   fs::create_directories(tmp / cat(".ck.tmp-", child, "-0123456789abcdef/model.safetensors"));
   fs::create_directories(tmp / cat(".ck.old-", child, "-0123456789abcdef"));
-  fs::create_directories(tmp / cat(".ck.tmp-", ::getpid(), "-live"));  // ours, alive: might be saving
+  const pid_t live = ::fork();  // a live process's: it might be saving
+  if (live == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ASSERT_GT(live, 0);
+  fs::create_directories(tmp / cat(".ck.tmp-", live, "-live"));
   check_checkpoint_dir(tmp / "ck");
-  EXPECT_EQ(tmp.files(), std::vector<std::string>({cat(".ck.tmp-", ::getpid(), "-live")}));
+  EXPECT_EQ(tmp.files(), std::vector<std::string>({cat(".ck.tmp-", live, "-live")}));
   fs::create_directories(tmp / cat(".ck.tmp-", child, "-feedface"));
   Trainer t(quick_options(), Dataset::reverse_task(4));
   t.save(tmp / "ck");
-  EXPECT_EQ(tmp.files(), std::vector<std::string>({cat(".ck.tmp-", ::getpid(), "-live"), "ck"}));
+  EXPECT_EQ(tmp.files(), std::vector<std::string>({cat(".ck.tmp-", live, "-live"), "ck"}));
+  ::kill(live, SIGKILL);
+  ::waitpid(live, &status, 0);
+}
+
+// Issue 23: as PID 1 (a container), kill(1, 0) always finds the PID alive, so a temporary of an earlier
+// PID 1 was never removed. A sibling with this process's own PID that is not one of its saves in
+// progress is stale: removed (this process stands in for PID 1).
+TEST(Checkpoint, StaleTemporariesOfAnEarlierProcessWithOurPidAreRemoved) {
+  TempDir tmp;
+  fs::create_directories(tmp / cat(".ck.tmp-", ::getpid(), "-0123456789abcdef/model.safetensors"));
+  fs::create_directories(tmp / cat(".ck.old-", ::getpid(), "-0123456789abcdef"));
+  check_checkpoint_dir(tmp / "ck");
+  EXPECT_EQ(tmp.files(), std::vector<std::string>());
+}
+
+// Issue 23: resuming through a symbolic link replaced the link with a directory and left its target at
+// the old step; a save writes through the link now.
+TEST(Checkpoint, SaveThroughASymlinkedDirectoryUpdatesItsTarget) {
+  TempDir tmp;
+  Trainer t(quick_options(), Dataset::reverse_task(4));
+  t.step();
+  t.save(tmp / "real");
+  fs::create_directory_symlink("real", tmp / "link");
+  auto r = Trainer::resume(tmp / "link");
+  r->step();
+  r->save(tmp / "link");
+  EXPECT_TRUE(fs::is_symlink(tmp / "link"));
+  EXPECT_EQ(load_model(tmp / "real").step, 2);
+  EXPECT_EQ(tmp.files(), std::vector<std::string>({"link", "real"}));  // no lock or temporary left
+}
+
+// Issue 23: --resume rebuilt the tokenizer from the data and ignored the checkpoint's, which generate
+// uses: a vocabulary that contradicts the data (same size, other characters) is refused.
+TEST(Checkpoint, ResumeRefusesATokenizerThatContradictsTheData) {
+  TempDir tmp;
+  TrainOptions o = quick_options();
+  o.block_size = 8;
+  Trainer t(o, Dataset::text(std::string(200, 'a') + std::string(200, 'b')));
+  t.save(tmp / "ck");
+  edit_config(tmp / "ck", [](json& j) { j["tokenizer"]["vocab"] = "ax"; });
+  auto text = std::make_unique<Dataset>(Dataset::text(std::string(200, 'a') + std::string(200, 'b')));
+  const std::string msg = error_of([&] { Trainer::resume(tmp / "ck", std::move(text)); });
+  EXPECT_TRUE(has(msg, "Expected the tokenizer in") && has(msg, "\"ax\"")) << msg;
+}
+
+// Issue 23: the lock on a checkpoint directory is a flock on .NAME.lock naming its holder (a second
+// process is refused by name: tests/python/test_hardening.py runs two attn train); this process shares
+// its own lock; the lock file is gone with its last holder.
+TEST(Checkpoint, LockIsAFlockNamingItsHolderSharedWithinTheProcess) {
+  TempDir tmp;
+  auto lock = lock_checkpoint_dir(tmp / "ck");
+  auto again = lock_checkpoint_dir(tmp / "ck");  // this process: shared, no self-deadlock
+  EXPECT_EQ(lock.get(), again.get());
+  Trainer t(quick_options(), Dataset::reverse_task(4));
+  t.save(tmp / "ck");  // a save of the holder itself
+  // Another open file description (as another process has) can't take it, and the file names the holder.
+  const int fd = ::open((tmp / ".ck.lock").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  EXPECT_NE(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  EXPECT_EQ(errno, EWOULDBLOCK);
+  char pid[32] = {};
+  EXPECT_GT(::pread(fd, pid, sizeof pid - 1, 0), 0);
+  EXPECT_EQ(std::atol(pid), long(::getpid()));
+  ::close(fd);
+  lock.reset(), again.reset();
+  EXPECT_EQ(tmp.files(), std::vector<std::string>({"ck"}));  // the lock file went with the last holder
+}
+
+// Issue 23: counts past what int64 products can hold (4 · eval_iters, warmup + 1) crashed in malloc or
+// gave a negative learning rate; each is refused by name from the options and from an edited config.json.
+TEST(Options, CountsAreBoundedByName) {
+  struct Case {
+    int64_t TrainOptions::*field;
+    int64_t value;
+    const char* want;
+  };
+  const Case cases[] = {{&TrainOptions::eval_iters, int64_t(4611686018427387905), "eval_iters <= 1000000"},
+                        {&TrainOptions::warmup, INT64_MAX, "warmup <= 1099511627776"},
+                        {&TrainOptions::steps, INT64_MAX, "steps <= "},
+                        {&TrainOptions::lr_decay_steps, INT64_MAX, "lr_decay_steps <= "},
+                        {&TrainOptions::eval_every, INT64_MAX, "eval_every <= "}};
+  for (const Case& c : cases) {
+    TrainOptions o = quick_options();
+    o.*c.field = c.value;
+    const std::string msg = error_of([&] { Trainer(o, Dataset::reverse_task(4)); });
+    EXPECT_TRUE(has(msg, c.want)) << msg;
+  }
+  TempDir tmp;
+  Trainer t(quick_options(), Dataset::reverse_task(4));
+  t.save(tmp / "ck");
+  edit_config(tmp / "ck", [](json& j) { j["training"]["eval_iters"] = int64_t(4611686018427387905); });
+  EXPECT_TRUE(has(error_of([&] { Trainer::resume(tmp / "ck"); }), "eval_iters <= 1000000"));
+}
+
+// Issue 23: a K/V of 2^40 rows (zero strides: no memory behind it) made the decode and forward kernels
+// store through the null pointer their unchecked scratch allocation returned; now a std::bad_alloc.
+TEST(Memory, HugeScratchIsABadAllocNotANullStore) {
+  for (int64_t L : {1, 64}) {
+    SCOPED_TRACE(L);
+    Tensor q({1, 1, L, 8}), kv({1, 1, 1, 8}), out({1, 1, L, 8});
+    View<const float> k = kv;
+    k.shape = {1, 1, int64_t(1) << 40, 8};
+    k.strides = {0, 0, 0, 1};
+    SdpaArgs<float> args{q, k, k};
+    EXPECT_THROW(sdpa(args, {out}, {.backend = Backend::flash}), std::bad_alloc);
+  }
 }
 
 TEST(Checkpoint, OutIsCheckedBeforeAnyWork) {
@@ -286,6 +401,59 @@ TEST(Checkpoint, OutIsCheckedBeforeAnyWork) {
   EXPECT_TRUE(has(error_of([&] { check_checkpoint_dir(tmp / "other"); }), "notes.txt"));
   check_checkpoint_dir(tmp / "new/ck");  // its folder is created
   EXPECT_TRUE(fs::is_directory(tmp / "new"));
+}
+
+// Issue 23: a text file took about 12.7x its size (ids as int32 twice, the code points sorted) while the
+// memory line said "2 MB". Ids are 1 byte each up to 256 characters, 2 up to 65,536, written straight
+// from the text: loading peaks near text + ids, and the Trainer's estimate counts them.
+TEST(Memory, TokensAreHeldAtOneOrTwoBytesAndCounted) {
+  std::string ascii(1000, 'a'), wide;
+  for (char32_t c = 0x400; c < 0x400 + 300; ++c) wide += utf8_encode(std::u32string(1, c));
+  EXPECT_EQ(Dataset::text(ascii + "b").token_bytes(), 1001u);
+  Dataset w = Dataset::text(wide);
+  EXPECT_EQ(w.token_bytes(), 600u);  // 300 characters, 2 bytes each
+  std::vector<int64_t> x(8), y(8);
+  Rng rng(1);
+  w.batch(0, 1, 8, rng, x.data(), y.data());
+  for (int t = 0; t + 1 < 8; ++t) EXPECT_EQ(x[t + 1], y[t]);  // the ids read back as they were written
+  EXPECT_EQ(w.tokenizer().decode(std::vector<int32_t>(x.begin(), x.end())).size(), 16u);
+
+  TempDir tmp;
+  const size_t n = size_t(48) << 20;
+  {
+    std::string text(n, 'x');
+    for (size_t i = 0; i < n; i += 61) text[i] = char('a' + i % 26);
+    std::ofstream(tmp / "big.txt", std::ios::binary) << text;
+  }
+  reset_peak_rss();
+  const int64_t before = rss_bytes();
+  Dataset d = Dataset::text_file(tmp / "big.txt");
+  const double grown = double(peak_rss_bytes() - before) / double(n);
+  EXPECT_EQ(d.token_bytes(), n);
+  EXPECT_LT(grown, 2.6) << "peak RSS grew by " << grown << "x the text's size";
+}
+
+// Issue 23: in a 3 GiB memory cgroup the run was SIGKILLed without a word: the limit is read (v2
+// memory.max and v1 memory.limit_in_bytes, the smallest on the way up) and the estimates check against it.
+TEST(Memory, CgroupLimitIsTheSmallestOnTheWayUp) {
+  TempDir tmp;
+  auto put = [&](const std::string& rel, const std::string& text) {
+    fs::create_directories(fs::path(tmp / rel).parent_path());
+    std::ofstream(tmp / rel) << text;
+  };
+  put("proc2", "0::/a/b\n");
+  put("cg/a/b/memory.max", "max\n");
+  put("cg/a/memory.max", "3221225472\n");
+  put("cg/memory.max", "8589934592\n");
+  EXPECT_EQ(cgroup_memory_limit(tmp / "proc2", tmp / "cg"), uint64_t(3) << 30);
+  put("proc1", "4:cpu,memory:/x/y\n1:cpu:/\n");
+  put("cg1/memory/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "no limit"
+  put("cg1/memory/x/memory.limit_in_bytes", "1000000\n");
+  EXPECT_EQ(cgroup_memory_limit(tmp / "proc1", tmp / "cg1"), 1000000u);
+  put("proc3", "0::/elsewhere\n");  // a container's own cgroup mounted at the root
+  put("cg3/memory.max", "max\n");
+  EXPECT_EQ(cgroup_memory_limit(tmp / "proc3", tmp / "cg3"), 0u);
+  EXPECT_LE(available_memory_bytes(), physical_memory_bytes());
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // `attn train`: the training loop of the command line. Options, a one-line progress bar on a terminal
-// (plain lines otherwise), periodic evaluation and checkpoints, --resume, and a checkpoint on Ctrl-C.
+// (plain lines otherwise), periodic evaluation and checkpoints, --resume, a lock on --out for the run,
+// and a checkpoint on Ctrl-C, SIGTERM or SIGHUP.
 // The training itself (step, evaluation, checkpoint format) is include/attn/train.h's.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -29,8 +31,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// SIGINT (Ctrl-C), SIGTERM (docker stop, systemd, Slurm) and SIGHUP (a closed terminal) alike: the
+// signal's number, then a checkpoint at the end of the step. SA_RESETHAND: a second one ends the process.
 volatile std::sig_atomic_t g_interrupted = 0;
-void on_sigint(int) { g_interrupted = 1; }  // SA_RESETHAND: a second Ctrl-C ends the process at once
+void on_stop_signal(int sig) { g_interrupted = sig; }
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 // Adds --flag bound to field `f` of cli.values; after parsing, cli.apply copies it into a TrainOptions
 // if it was given.
@@ -95,8 +100,9 @@ void silence(int fd) {
 #endif
 
 // The run's Trainer, new or resumed, from the command line. `writer`: this process checks --out (and
-// creates its folder), the one that will write it. `threads`: --threads given with --resume, else -1.
-std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads) {
+// creates its folder) and locks it for the run (`lock`), the one that will write it. `threads`: --threads
+// given with --resume, else -1.
+std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads, std::shared_ptr<void>& lock) {
   threads = -1;
   TrainOptions o = cli.data.empty() ? synthetic_defaults() : TrainOptions{};
   std::vector<std::string> given;
@@ -105,8 +111,9 @@ std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads) 
   if (cli.untied) o.tie_weights = false, given.push_back("--untied");
   if (cli.no_decay_embeddings) o.decay_embeddings = false, given.push_back("--no-decay-embeddings");
 
-  // --out is checked (and its folder created) now, not at the first save after the training work.
-  if (writer) check_checkpoint_dir(cli.out);
+  // --out is checked (and its folder created) now, not at the first save after the training work, and
+  // locked before it is read: a second run on it would overwrite this one's checkpoints.
+  if (writer) lock = lock_checkpoint_dir(cli.out);
   std::unique_ptr<Trainer> t;
   if (cli.resume) {
     for (const std::string& g : given)
@@ -174,8 +181,9 @@ int run_train(TrainCli& cli) {
     std::unique_ptr<Trainer> t;
     std::string error;
     int threads = -1;
+    std::shared_ptr<void> lock;
     try {
-      t = make_trainer(cli, rank == 0, threads);
+      t = make_trainer(cli, rank == 0, threads, lock);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -201,7 +209,8 @@ int run_train(TrainCli& cli) {
   check_trains_alone();
 #endif
   int threads = -1;
-  auto t = make_trainer(cli, true, threads);
+  std::shared_ptr<void> lock;
+  auto t = make_trainer(cli, true, threads, lock);
   return train_loop(cli, *t);
 }
 
@@ -213,9 +222,11 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
   const GptConfig& c = t->model().config();
   const Dataset& d = t->data();
   // The Trainer refused (before allocating) a run larger than the machine's memory; say what this one needs.
-  std::printf("memory: about %s (parameters, gradients, AdamW state and the activations of batch %lld x %lld)\n",
-              bytes_text(gpt_training_bytes_estimate(c, double(opt.batch), double(t->seq_len()))).c_str(),
-              (long long)opt.batch, (long long)t->seq_len());
+  std::printf("memory: about %s (parameters, gradients, AdamW state, the activations of batch %lld x %lld and %s "
+              "of token ids)\n",
+              bytes_text(gpt_training_bytes_estimate(c, double(opt.batch), double(t->seq_len())) +
+                         double(d.token_bytes())).c_str(),
+              (long long)opt.batch, (long long)t->seq_len(), bytes_text(double(d.token_bytes())).c_str());
   std::printf("model %s: %lld layers, %lld heads (%lld kv), embedding %lld, block %lld, vocab %lld, %lld parameters\n",
               opt.config.c_str(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_kv_head,
               (long long)c.n_embd, (long long)c.block_size, (long long)c.vocab_size,
@@ -261,18 +272,19 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
   }
   std::fflush(stdout);
 
-  // Ctrl-C: a checkpoint, then exit 130. Under mpirun the terminal's Ctrl-C reaches mpirun alone, which
-  // sends SIGTERM to every process and SIGKILL a second later (odls_base_sigkill_timeout): SIGTERM is then
-  // the same request, and after each step the processes add up their flags, so all stop at the same step
-  // and rank 0 saves it within that second.
+  // Ctrl-C, SIGTERM, SIGHUP: a checkpoint, then exit 128 + the signal. Under mpirun the terminal's Ctrl-C
+  // reaches mpirun alone, which sends SIGTERM to every process and SIGKILL a second later
+  // (odls_base_sigkill_timeout): after each step the processes add up their flags, so all stop at the same
+  // step and rank 0 saves it within that second.
   struct sigaction sa = {};
-  sa.sa_handler = on_sigint;
+  sa.sa_handler = on_stop_signal;
   sa.sa_flags = SA_RESETHAND;
   sigemptyset(&sa.sa_mask);
-  struct sigaction previous;
-  sigaction(SIGINT, &sa, &previous);
-  struct sigaction previous_term;
-  if (sync) sigaction(SIGTERM, &sa, &previous_term);
+  struct sigaction previous[std::size(kStopSignals)];
+  auto restore_signals = [&] {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous[i], nullptr);
+  };
+  for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &sa, &previous[i]);
   g_interrupted = 0;
   auto interrupted = [&] {
     double any = g_interrupted ? 1 : 0;
@@ -328,12 +340,12 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
     if (interrupted()) {
       clear_bar();
       save(have_eval ? &ev : nullptr);
-      std::printf("interrupted at step %lld: checkpoint saved in %s (continue with --resume)\n", (long long)step,
-                  cli.out.c_str());
+      const int sig = g_interrupted ? int(g_interrupted) : SIGTERM;  // a rank told by another: mpirun's SIGTERM
+      std::printf("interrupted at step %lld: checkpoint saved in %s (%s; continue with --resume)\n", (long long)step,
+                  cli.out.c_str(), sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
       std::fflush(stdout);
-      sigaction(SIGINT, &previous, nullptr);
-      if (sync) sigaction(SIGTERM, &previous_term, nullptr);
-      return 130;
+      restore_signals();
+      return 128 + sig;
     }
     if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < opt.steps) {
       ev = t->evaluate();
@@ -350,8 +362,7 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
   ev = t->evaluate();
   save(&ev);
   clear_bar();
-  sigaction(SIGINT, &previous, nullptr);
-  if (sync) sigaction(SIGTERM, &previous_term, nullptr);
+  restore_signals();
   const int64_t done = t->step_count() - first;
   std::printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)t->step_count(), ev.train_loss, ev.val_loss);
   std::printf("done: %lld steps in %.1f s (%.1f s training, %s tok/s); checkpoint in %s\n", (long long)done,

@@ -74,7 +74,7 @@ CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
   cmd->add_option("--top-k", cli.top_k, "weights kept per query row in the HTML (0: all; default: all up to 64 keys)")
       ->check(number_of<int>())->check(non_negative())->option_text("INT:NONNEGATIVE=all up to 64 keys");
   cmd->add_option("--png-max-px", cli.png_max_px, "longest side of one head's matrix in the PNGs, pixels")
-      ->check(number_of<int>())->check(positive());
+      ->check(number_of<int>())->check(at_least(16, false));  // write_heatmap_png's smallest
   cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")->check(number_of<double>())->check(positive());
   cmd->add_option("--threads", cli.threads, "threads for the forward pass (one sequence: 1 is enough)")
       ->check(number_of<int>())->check(positive());

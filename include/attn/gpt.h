@@ -42,6 +42,10 @@ inline constexpr auto kGptConfigFields = std::tuple{
 // biases), "gpt2-small" (12 layers, 12 heads, E 768, block 1024: for benchmarks). Error for other names.
 GptConfig gpt_config(const std::string& name);
 std::vector<std::string> gpt_config_names();
+// The configuration as Gpt builds it (n_kv_head 0 made n_head), checked before anything is allocated:
+// sizes > 0, n_embd divisible by n_head, n_kv_head dividing n_head, dropout in [0, 1), and the parameters
+// with their gradients fit in memory. An Error naming the field otherwise.
+GptConfig check_gpt_config(GptConfig c);
 
 // What a configuration needs before anything is allocated, in floating point so no size can wrap:
 // its parameter count (as Gpt builds it, n_kv_head 0 meaning n_head), and the bytes one training step

@@ -13,8 +13,16 @@ void reset_peak_rss();     // restart the high-water mark at the current RSS (cl
 
 // Physical memory of the machine (sysconf, else /proc/meminfo MemTotal); 0 if neither reports it.
 uint64_t physical_memory_bytes();
-// An Error before any allocation when `bytes` exceed the physical memory: "Expected <what> to fit in the
-// machine's 125.8 GiB of memory, but it needs 4096.0 GiB instead". The one home of that estimate's check.
+// The smallest memory limit of this process's cgroups, from its own up to the hierarchy's root: cgroup
+// v2 memory.max, v1 memory.limit_in_bytes ("max" and v1's page-rounded 2^63 are no limit); 0 if none.
+// The paths are parameters for tests; a container that mounts its own cgroup at the root is read too.
+uint64_t cgroup_memory_limit(const std::string& proc_cgroup = "/proc/self/cgroup",
+                             const std::string& root = "/sys/fs/cgroup");
+// What this process may use: the physical memory or its cgroup's limit, whichever is smaller (0: unknown).
+uint64_t available_memory_bytes();
+// An Error before any allocation when `bytes` exceed available_memory_bytes(): "Expected <what> to fit in
+// the machine's 125.8 GiB of memory (or: in the 3.0 GiB its cgroup allows), but it needs 4096.0 GiB
+// instead". The one home of that estimate's check.
 // A double, so an estimate never wraps; NaN (from sizes checked elsewhere) passes.
 void check_fits_in_memory(double bytes, const std::string& what);
 // "1.5 GiB": a byte count for messages.

@@ -51,7 +51,9 @@ class Dataset {
   int64_t task_length() const { return task_length_; }
   // The task's sequence length (2·length); for text 0 (any T up to the split's size - 1).
   int64_t seq_len() const { return 2 * task_length_; }
-  int64_t split_tokens(int split) const { return int64_t(split == 0 ? train_.size() : val_.size()); }
+  int64_t split_tokens(int split) const { return split == 0 ? n_train_ : n_ - n_train_; }
+  // Bytes holding the token ids: id_width() (1 for up to 256 characters, 2 up to 65,536) per token.
+  uint64_t token_bytes() const { return ids_.size(); }
   const std::string& name() const { return name_; }  // the file's path, "<text>" or "reverse"
   uint64_t bytes() const { return bytes_; }
   uint64_t hash() const { return hash_; }              // FNV-1a 64 of the text's bytes (0 for the task)
@@ -60,7 +62,10 @@ class Dataset {
 
  private:
   CharTokenizer tok_;
-  std::vector<int32_t> train_, val_;  // token ids
+  int64_t token(int64_t i) const;  // id i of the text (train split first, then val)
+  std::vector<unsigned char> ids_;  // (n_,) token ids, width_ bytes each, little-endian
+  int width_ = 1;
+  int64_t n_ = 0, n_train_ = 0;
   std::string name_;
   uint64_t bytes_ = 0, hash_ = 0;
   int64_t task_length_ = 0;
@@ -222,6 +227,13 @@ LoadedModel load_model(const std::string& dir);
 // "", "." or "/", its folder (created if missing), `dir` missing, empty or a checkpoint, and writable.
 // Also removes hidden .DIR.tmp-* / .DIR.old-* siblings that a killed save left. An Error otherwise.
 void check_checkpoint_dir(const std::string& dir);
+// An exclusive lock on checkpoint directory `dir` for as long as the handle lives: flock on the hidden
+// sibling .DIR.lock (which records the holder's PID), so the kernel releases it when the process dies,
+// kill -9 included. A second process asking gets an Error naming the holder's PID; this process asking
+// again shares the lock it holds. A symbolic link is followed (the lock is on its target). Every save
+// takes it for its own duration; `attn train` holds it for the whole run, so two runs can't overwrite
+// each other's checkpoints.
+std::shared_ptr<void> lock_checkpoint_dir(const std::string& dir);
 // A checkpoint of the model alone (no optimizer state, not resumable).
 void save_model(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer);
 

@@ -25,7 +25,10 @@ __all__ = ["MultiheadAttention", "Linear", "LayerNorm", "Dropout", "ReLU", "GELU
 
 
 def _array(x, name="input"):
-    return np.asarray(as_array(x, name), dtype=np.float32)  # no copy for float32 input; strides are kept
+    a = np.asarray(as_array(x, name))
+    if a.dtype.kind != "f":  # as scaled_dot_product_attention: integer or bool data is a mistake
+        raise _attn.AttnError(f"Expected {name} of a floating dtype, but got {a.dtype} instead")
+    return np.asarray(a, dtype=np.float32)  # no copy for float32 input; strides are kept
 
 
 def _mask(m, name):
@@ -49,8 +52,18 @@ def _seed(seed):
     return secrets.randbits(64) if seed is None else int(seed)
 
 
+_THREADS_DOC = """Threads: a layer may be shared across threads. Its calls run without the GIL, one at a time per
+    layer (a per-object lock), so no thread sees another's half-made state. A forward and the backward
+    that follows are two calls, though: another thread's forward in between replaces the saved
+    activations, so train with one layer per thread."""
+
+
 class _Layer:
     """Parameters, gradients and the training flag, shared by every layer."""
+
+    def __init_subclass__(cls, **kwargs):  # every layer's docstring ends with the threads paragraph
+        super().__init_subclass__(**kwargs)
+        cls.__doc__ = (cls.__doc__ or cls.__name__).rstrip() + "\n\n    " + _THREADS_DOC
 
     _native = None
 

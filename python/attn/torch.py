@@ -27,6 +27,14 @@ def _draw_seed():
     return int(torch.randint(0, 2**62, (1,)).item())  # torch.manual_seed makes attn's dropout repeat
 
 
+def _first_derivatives_only():
+    """attn's backward is a kernel, not torch operations: its gradient has no graph of its own. Grad mode
+    inside a backward means create_graph=True (a second derivative to come): refused by name."""
+    if torch.is_grad_enabled():
+        raise RuntimeError("attn.torch computes first derivatives only: double backward (create_graph=True) is "
+                           "not supported")
+
+
 # SDPA as two torch.library custom ops with fake (meta) implementations: Dynamo and AOTAutograd trace
 # them as single nodes (torch.compile(fullgraph=True) works, no graph break per call), and eager autograd
 # runs the same ops. The forward returns the LSE as a second output, for the backward.
@@ -79,6 +87,7 @@ def _sdpa_setup_context(ctx, inputs, output):
 
 
 def _sdpa_backward(ctx, grad_out, _grad_lse):
+    _first_derivatives_only()
     query, key, value, out, lse, attn_mask = ctx.saved_tensors
     dq, dk, dv, dmask = _sdpa_backward_op(grad_out, query, key, value, out, lse, attn_mask, *ctx.args,
                                           ctx.mask_grad)
@@ -93,7 +102,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
 
     float32 or float64 CPU tensors; attn_mask bool (True = may attend) or float (added; a float mask that
-    requires grad gets its gradient, reduced over the dims it broadcasts, as torch gives it). One
+    requires grad gets its gradient, reduced over the dims it broadcasts, as torch gives it). First
+    derivatives only: double backward (create_graph=True, then backward again) is not supported. One
     difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded
     from torch's generator. Traceable by torch.compile (custom ops attn::sdpa and attn::sdpa_backward).
     """
@@ -123,6 +133,7 @@ class _Mha(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, _grad_weights):
+        _first_derivatives_only()
         dq, dk, dv = ctx.native.backward(as_array(grad_out.contiguous(), "grad_output", ("float32",)))
         grads = ctx.native.grads()
         ctx.native = None

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "attn/memstat.h"
+#include "aligned.h"
 
 namespace attn {
 
@@ -152,8 +153,7 @@ TensorT<T>::TensorT(Shape shape, bool zero_fill) : shape_(std::move(shape)) {
              "Expected a tensor whose byte count fits in 64 bits, but got shape ", to_string(shape_), " instead");
   bytes = (bytes + 63) / 64 * 64;
   check_fits_in_memory(double(bytes), cat("a tensor of shape ", to_string(shape_)));
-  buf_.reset(static_cast<T*>(std::aligned_alloc(64, bytes ? bytes : 64)));
-  if (!buf_) throw std::bad_alloc();
+  buf_.reset(static_cast<T*>(aligned_bytes(bytes)));
   if (zero_fill) std::memset(buf_.get(), 0, bytes);
 }
 

@@ -65,7 +65,18 @@ int default_threads() {
 
 class Pool {
  public:
-  Pool() { resize(default_threads()); }
+  // A default count (ATTN_NUM_THREADS, or the CPUs) that can't start leaves one thread, and every parallel
+  // call says why until set_num_threads() picks a count that starts (it used to fail too, even with 1).
+  Pool() {
+    try {
+      resize(default_threads());
+    } catch (const Error& e) {
+      startup_error_ = cat(e.what(), " for the default thread count (ATTN_NUM_THREADS or the CPUs): call "
+                           "set_num_threads (attn: --threads) with fewer");
+      failed_start_.store(true);
+    }
+  }
+  void clear_startup_error() { failed_start_.store(false); }
   ~Pool() { stop_workers(); }
 
   int threads() const { return threads_; }
@@ -88,6 +99,7 @@ class Pool {
   }
 
   void run(int64_t n, int64_t grain, detail::ChunkFn fn, void* ctx) {
+    if (failed_start_.load(std::memory_order_relaxed)) throw Error(startup_error_);
     grain = std::max<int64_t>({grain, 1, (n + kMaxChunks - 1) / kMaxChunks});
     const int64_t chunks = (n + grain - 1) / grain;
     std::unique_lock<std::mutex> lock(call_mu_, std::defer_lock);
@@ -181,6 +193,8 @@ class Pool {
   std::atomic<int> sleeping_{0};     // workers in (or about to enter) futex_wait: a job must wake them
   std::atomic<bool> stop_{false};
   int threads_ = 1;
+  std::string startup_error_;             // written once, in the constructor
+  std::atomic<bool> failed_start_{false};
 };
 
 Pool& pool() {
@@ -195,6 +209,7 @@ void set_num_threads(int n) {
              "] (0: the CPUs this process may use), but got ", n, " instead");
   if (n == 0) n = default_threads();
   if (n != pool().threads()) pool().resize(n);
+  pool().clear_startup_error();
 }
 
 int num_threads() { return pool().threads(); }

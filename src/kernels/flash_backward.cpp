@@ -44,6 +44,7 @@
 #include "attn/threads.h"
 #include "dropout.h"
 #include "flash_common.h"
+#include "../core/aligned.h"  // allocate_aligned: every buffer checked
 #include "mask.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -97,8 +98,8 @@ struct Plan {
     nseg = std::max<int64_t>(1, (p.L + Ls - 1) / Ls);  // L = 0: one empty unit still writes dK = dV = 0
     units = p.G * nseg;
     per_phase = std::clamp<int64_t>(budget / (Ls * row_floats), 1, std::max<int64_t>(1, units));
-    packed = hwy::AllocateAligned<float>(static_cast<size_t>(groups * per_phase * Ls * per_row));
-    dq = hwy::AllocateAligned<float>(static_cast<size_t>(C * groups * per_phase * Ls * Dp));
+    packed = attn::allocate_aligned<float>(groups * per_phase * Ls * per_row);
+    dq = attn::allocate_aligned<float>(C * groups * per_phase * Ls * Dp);
   }
   // Unit u (the ju-th of its phase) of group (b, kvh), chunk c's dQ partial.
   QHead head(int64_t b, int64_t kvh, int64_t u, int64_t ju, int64_t c) const {
@@ -427,7 +428,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
   if (p.B == 0 || p.H == 0) return;
   const Plan pl(p, dout, g);
   const int64_t groups = p.B * p.Hkv, size = Block::size(pl);
-  auto bufs = hwy::AllocateAligned<float>(static_cast<size_t>(num_threads() * size));  // one scratch per worker
+  auto bufs = attn::allocate_aligned<float>(num_threads() * size);  // one scratch per worker
   std::vector<int64_t> hids(static_cast<size_t>(num_threads() * pl.Bc));                  // Block::hid
   std::vector<float> ots(static_cast<size_t>(num_threads() * p.Dv * pl.N));               // PackUnit's O panel
   const int64_t nphase = (pl.units + pl.per_phase - 1) / pl.per_phase;

@@ -31,6 +31,7 @@
 #include "attn/threads.h"
 #include "dropout.h"
 #include "flash_common.h"
+#include "../core/aligned.h"  // allocate_aligned: every buffer checked
 #include "mask.h"
 #include "softmax.h"
 
@@ -274,14 +275,14 @@ struct Scratch {
   hwy::AlignedFreeUniquePtr<float[]> buf;
   float *q, *s, *zero;  // (rows, Dp) Q·scale·log2e; (rows, kChunk) S then P; (Dp) zeros
   hwy::AlignedFreeUniquePtr<float[]> kp, vp;  // (kChunk, Dp), (kChunk, Dvp): packed K/V, when not Direct
-  Scratch(int64_t rows, int64_t Dp) : buf(hwy::AllocateAligned<float>(static_cast<size_t>(rows * (Dp + kChunk) + Dp))) {
+  Scratch(int64_t rows, int64_t Dp) : buf(attn::allocate_aligned<float>(rows * (Dp + kChunk) + Dp)) {
     q = buf.get(), s = q + rows * Dp, zero = s + rows * kChunk;
     std::fill(zero, zero + Dp, 0.f);
   }
   // A zeroed (kChunk, cols) buffer on first use: the columns past what PromoteRow writes stay 0.
   static float* Packed(hwy::AlignedFreeUniquePtr<float[]>& x, int64_t cols) {
     if (!x) {
-      x = hwy::AllocateAligned<float>(static_cast<size_t>(kChunk * cols));
+      x = attn::allocate_aligned<float>(kChunk * cols);
       std::fill(x.get(), x.get() + kChunk * cols, 0.f);
     }
     return x.get();
@@ -328,9 +329,9 @@ void DecodeT(const SdpaProblem<float>& p, const Stored<E>& kv) {
   const int64_t pairs = p.B * p.Hkv, nc = (p.S + kChunk - 1) / kChunk;
   const float qscale = float(p.scale) * kLog2e;
   const bool k_direct = Direct(kv.ks, p.D, N), v_direct = Direct(kv.vs, p.Dv, N);
-  auto part_m = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, pairs * nc * rows)));
-  auto part_l = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, pairs * nc * rows)));
-  auto part_o = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, pairs * nc * rows * Dvp)));
+  auto part_m = attn::allocate_aligned<float>(std::max<int64_t>(1, pairs * nc * rows));
+  auto part_l = attn::allocate_aligned<float>(std::max<int64_t>(1, pairs * nc * rows));
+  auto part_o = attn::allocate_aligned<float>(std::max<int64_t>(1, pairs * nc * rows * Dvp));
   PerWorker<Scratch> scratch;
   parallel_items(pairs * nc, rows * std::min(p.S, kChunk) * (p.D + p.Dv), [&](int64_t item, int worker) {
     Scratch& sc = scratch.get(worker, rows, Dp);

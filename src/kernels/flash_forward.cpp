@@ -34,6 +34,7 @@
 
 #include "dropout.h"
 #include "flash_common.h"
+#include "../core/aligned.h"  // allocate_aligned: every buffer checked
 #include "mask.h"
 #include "softmax.h"
 
@@ -98,7 +99,7 @@ struct Tile {
     const int64_t Brp = pl.few ? round_up(Br, pl.N) : 0;
     const int64_t nq = round_up(Br * pl.p.D, a), ns = round_up(Br * pl.bc, a), no = round_up(Br * pl.Dvp, a),
                   nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = pl.bc * Brp;
-    buf = hwy::AllocateAligned<float>(static_cast<size_t>(nq + ns + no + 3 * nr + nqt + nst));
+    buf = attn::allocate_aligned<float>(nq + ns + no + 3 * nr + nqt + nst);
     q = buf.get(), s = q + nq, o = s + ns, m = o + no, l = m + nr, alpha = l + nr, qt = alpha + nr, st = qt + nqt;
   }
   int64_t row_l(const SdpaProblem<float>& p, int64_t r) const { return l0 + r / p.G; }
@@ -251,7 +252,7 @@ void ForwardTiles(const Plan& pl) {
   const int64_t kt_size = pl.pack_k ? round_up(p.S, pl.N) * p.D : 0, v_size = pl.pack_v ? p.S * pl.Dvp : 0;
   const int64_t per_pair = round_up(kt_size + v_size, 16);
   const int64_t batch = std::clamp<int64_t>(kPackBudget / std::max<int64_t>(1, per_pair * 4), 1, pairs);
-  auto pack = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(1, batch * per_pair)));
+  auto pack = attn::allocate_aligned<float>(std::max<int64_t>(1, batch * per_pair));
   const int64_t blocks = (p.S + kPackRows - 1) / kPackRows;
   PerWorker<Tile> tiles;
   for (int64_t first = 0; first < pairs; first += batch) {

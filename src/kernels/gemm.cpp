@@ -32,6 +32,7 @@
 #include "attn/cpu.h"
 #include "attn/threads.h"
 #include "attn/tune.h"
+#include "../core/aligned.h"  // aligned_bytes: every buffer checked
 
 #ifndef ATTN_GEMM_ONCE
 #define ATTN_GEMM_ONCE
@@ -107,8 +108,7 @@ inline void* scratch(int which, size_t bytes) {
   if (b.n < bytes) {
     std::free(b.p);
     b.n = 0;
-    b.p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!b.p) throw std::bad_alloc();
+    b.p = aligned_bytes(bytes);  // checked
     b.n = bytes;
   }
   return b.p;

@@ -49,10 +49,11 @@ SdpaProblem<T> make_problem(const SdpaArgs<T>& a, const SdpaOut<T>& o) {
   ATTN_CHECK(a.v.size(0) == p.B && a.v.size(1) == p.Hkv && a.v.size(2) == p.S, "Expected value of shape ",
              dims_str("(B, Hkv, S, Dv)", {p.B, p.Hkv, p.S, a.v.size(3)}), " to match key ",
              to_string(a.k.shape), ", but got ", to_string(a.v.shape), " instead");
-  ATTN_CHECK(p.Hkv > 0 && p.H % p.Hkv == 0, "Expected the query heads H = ", p.H,
+  ATTN_CHECK(p.Hkv > 0, "Expected key and value of at least one head (Hkv >= 1), but got key of shape ",
+             to_string(a.k.shape), " instead");
+  ATTN_CHECK(p.H % p.Hkv == 0, "Expected the query heads H = ", p.H,
              " to be a multiple of the key/value heads Hkv = ", p.Hkv, " (query ", to_string(a.q.shape),
-             ", key ", to_string(a.k.shape), "), but got a remainder of ", p.Hkv ? p.H % p.Hkv : p.H,
-             " instead");
+             ", key ", to_string(a.k.shape), "), but got a remainder of ", p.H % p.Hkv, " instead");
   p.G = p.H / p.Hkv;
   check_rank4("out", "(B, H, L, Dv)", o.out);
   check_shape("out", "(B, H, L, Dv)", o.out, {p.B, p.H, p.L, p.Dv});

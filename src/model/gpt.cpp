@@ -45,7 +45,9 @@ constexpr uint64_t kBlock0 = 100;  // block i's TransformerOptions::seed: kBlock
 constexpr uint64_t kReseedEmbedDropout = 1, kPerBlock = 16;
 }  // namespace streams
 
-GptConfig checked(GptConfig c) {
+}  // namespace
+
+GptConfig check_gpt_config(GptConfig c) {
   ATTN_CHECK(c.vocab_size > 0, "Expected vocab_size > 0, but got ", c.vocab_size, " instead");
   ATTN_CHECK(c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
              "Expected block_size, n_layer, n_head, n_embd > 0, but got ", c.block_size, ", ", c.n_layer, ", ",
@@ -64,6 +66,8 @@ GptConfig checked(GptConfig c) {
                            " parameters and their gradients)"));
   return c;
 }
+
+namespace {
 
 // The profile's name of block i ("block 0"), interned once.
 const char* block_name(size_t i) { return profile::part_name(cat("block ", i)); }
@@ -174,13 +178,13 @@ double gpt_training_bytes_estimate(const GptConfig& c, double B, double T) {
 // ---- Gpt ----
 
 Gpt::Gpt(const GptConfig& config, uint64_t seed)
-    : wte(checked(config).vocab_size, config.n_embd, mix64(seed ^ streams::kWte)),
+    : wte(check_gpt_config(config).vocab_size, config.n_embd, mix64(seed ^ streams::kWte)),
       wpe(config.block_size, config.n_embd, mix64(seed ^ streams::kWpe)),
       drop(config.dropout, mix64(seed ^ streams::kEmbedDropout)),
       ln_f(config.n_embd, 1e-5, true, config.bias),
       lm_head(config.tie_weights ? 1 : config.n_embd, config.tie_weights ? 1 : config.vocab_size, false,
               mix64(seed ^ streams::kLmHead)),
-      c_(checked(config)) {
+      c_(check_gpt_config(config)) {
   h.reserve(size_t(c_.n_layer));
   for (int64_t i = 0; i < c_.n_layer; ++i) h.emplace_back(block_options(c_, mix64(seed ^ (streams::kBlock0 + uint64_t(i)))));
   // nanoGPT's _init_weights and its scaled init of c_proj (our out_proj and linear2).
@@ -414,6 +418,8 @@ std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, co
   ATTN_CHECK(!prompt.empty(), "Expected a prompt of at least one token, but got none instead");
   ATTN_CHECK(o.max_new_tokens >= 0, "Expected max_new_tokens >= 0, but got ", o.max_new_tokens, " instead");
   ATTN_CHECK(o.top_k >= 0, "Expected top_k >= 0, but got ", o.top_k, " instead");
+  ATTN_CHECK(std::isfinite(o.temperature), "Expected a finite temperature, but got ", o.temperature,
+             " instead");  // NaN compared false everywhere and sampled token 0 every time
   model.eval();
   const int64_t block = model.config().block_size, V = model.config().vocab_size;
   std::vector<int64_t> all = prompt, out;

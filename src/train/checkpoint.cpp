@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,7 +18,10 @@
 #include <limits>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "attn/check.h"
 #include "attn/file.h"
@@ -106,7 +110,10 @@ void check_replaceable(const fs::path& dir) {
   if (!fs::exists(dir, ec)) return;
   ATTN_CHECK(fs::is_directory(dir, ec), "Expected the checkpoint path '", dir.string(),
              "' to be a directory, but got a file instead");
-  for (const auto& entry : fs::directory_iterator(dir)) {
+  fs::directory_iterator it(dir, ec);
+  ATTN_CHECK(!ec, "Expected to list the checkpoint directory '", dir.string(), "', but got '", ec.message(),
+             "' instead");
+  for (const auto& entry : it) {
     const std::string name = entry.path().filename().string();
     ATTN_CHECK(name == kModelFile || name == kConfigFile, "Expected the checkpoint directory '", dir.string(),
                "' to hold only ", kModelFile, " and ", kConfigFile, " (it is replaced as a whole), but got '", name,
@@ -139,17 +146,41 @@ T get(const json& j, const char* key, const std::string& where) {
   return v.get<T>();
 }
 
+// The hidden siblings this process is writing right now (their file names): a sibling named with this
+// process's PID and not in this set was left by an earlier process that had the same PID (PID 1 in every
+// container start), so it is stale although kill(PID, 0) finds this process alive.
+std::mutex g_own_mu;
+std::set<std::string> g_own_siblings;
+struct OwnSibling {
+  std::string name;
+  explicit OwnSibling(std::string n) : name(std::move(n)) {
+    std::lock_guard<std::mutex> l(g_own_mu);
+    g_own_siblings.insert(name);
+  }
+  ~OwnSibling() {
+    std::lock_guard<std::mutex> l(g_own_mu);
+    g_own_siblings.erase(name);
+  }
+};
+
 // Hidden siblings ".NAME.tmp-PID-..." and ".NAME.old-PID-..." of a save that was killed: removed at the
-// next save when process PID is gone (a live one may be saving right now).
+// next save when process PID is gone (a live one may be saving right now), or when PID is this process
+// and the sibling is not one of its saves in progress.
 void remove_stale_siblings(const fs::path& parent, const std::string& name) {
   std::error_code ec;
+  const long self = long(::getpid());
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     const std::string f = e.path().filename().string();
     for (const char* kind : {".tmp-", ".old-"}) {
       const std::string prefix = "." + name + kind;
       if (f.rfind(prefix, 0) != 0) continue;
       const long pid = std::strtol(f.c_str() + prefix.size(), nullptr, 10);
-      if (pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno != ESRCH)) continue;  // alive (or not ours to ask)
+      if (pid == self) {
+        std::lock_guard<std::mutex> l(g_own_mu);
+        if (g_own_siblings.count(f) || f.size() >= 6 && f.compare(f.size() - 6, 6, "-probe") == 0) continue;
+      } else if (pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno != ESRCH)) {
+        continue;  // alive (or not ours to ask)
+      }
       fs::remove_all(e.path(), ec);
     }
   }
@@ -161,6 +192,8 @@ void write_checked(const fs::path& target, const StateDict& tensors, json config
   const uint64_t nonce = mix64(uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
                                (uint64_t(::getpid()) << 32) ^ counter.fetch_add(1));
   const fs::path tmp = parent / cat(".", target.filename().string(), ".tmp-", ::getpid(), "-", hex64(nonce));
+  const fs::path old = parent / cat(".", target.filename().string(), ".old-", ::getpid(), "-", hex64(nonce));
+  const OwnSibling own_tmp(tmp.filename().string()), own_old(old.filename().string());
   ATTN_CHECK(::mkdir(tmp.c_str(), 0777) == 0, "Expected to create the directory '", tmp.string(), "', but got '",
              os_error(errno), "' instead");
   try {
@@ -183,7 +216,6 @@ void write_checked(const fs::path& target, const StateDict& tensors, json config
       if (g_swap(tmp.c_str(), target.c_str()) != 0) {
         // No atomic exchange on this file system: move the old one aside, then the new one in. A crash
         // in between leaves DIR missing (the old pair is in the hidden sibling), never a mixed pair.
-        const fs::path old = parent / cat(".", target.filename().string(), ".old-", ::getpid(), "-", hex64(nonce));
         fs::rename(target, old);
         fs::rename(tmp, target);
         fs::remove_all(old);
@@ -247,6 +279,14 @@ fs::path prepare(const std::string& dir) {
   check_path(dir, "the checkpoint directory");
   fs::path target = fs::path(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "out/" -> "out"
+  // A symbolic link is written through: the swap below replaces its target, never the link itself.
+  std::error_code lec;
+  for (int hops = 0; fs::is_symlink(target, lec); ++hops) {
+    ATTN_CHECK(hops < 40, "Expected the checkpoint directory '", dir, "' to resolve, but got a loop of symbolic links instead");
+    const fs::path to = fs::read_symlink(target, lec);
+    target = (to.is_absolute() ? to : target.parent_path() / to).lexically_normal();
+    if (target.filename().empty()) target = target.parent_path();
+  }
   ATTN_CHECK(!target.empty() && target.filename() != "." && target.filename() != ".." && target != target.root_path(),
              "Expected a checkpoint directory name, but got '", dir, "' instead");
   fs::path parent = target.parent_path();
@@ -265,9 +305,81 @@ fs::path prepare(const std::string& dir) {
   return target;
 }
 
+namespace {
+
+// The flock'ed .NAME.lock beside a checkpoint directory, shared by this process's holders (by path). The
+// last holder removes the file before it unlocks; a locker checks that the file it locked is still the
+// one at the path (else a holder removed it in between, and it tries again). A kill -9 leaves the file,
+// unlocked: the next run takes it over.
+std::mutex g_locks_mu;
+std::map<std::string, std::weak_ptr<void>> g_locks;
+
+struct DirLock {
+  std::string path;
+  int fd = -1;
+};
+
+void release(DirLock* lock) {
+  std::lock_guard<std::mutex> l(g_locks_mu);
+  ::unlink(lock->path.c_str());
+  ::close(lock->fd);  // releases the flock
+  auto it = g_locks.find(lock->path);
+  if (it != g_locks.end() && it->second.expired()) g_locks.erase(it);
+  delete lock;
+}
+
+std::shared_ptr<void> lock_target(const fs::path& target, const std::string& dir) {
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  std::error_code ec;
+  const std::string path =
+      fs::absolute(parent / cat(".", target.filename().string(), ".lock"), ec).lexically_normal().string();
+  std::unique_lock<std::mutex> l(g_locks_mu);
+  if (auto held = g_locks[path].lock()) return held;
+  for (int attempt = 0;; ++attempt) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    ATTN_CHECK(fd >= 0, "Expected to create the lock file '", path, "' of checkpoint '", dir, "', but got '",
+               os_error(errno), "' instead");
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      char text[32] = {};
+      const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
+      const long pid = n > 0 ? std::strtol(text, nullptr, 10) : 0;
+      ::close(fd);
+      if (e == EWOULDBLOCK && pid == long(::getpid()) && attempt < 1000) {  // our last holder is releasing it
+        l.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        l.lock();
+        if (auto held = g_locks[path].lock()) return held;
+        continue;
+      }
+      ATTN_CHECK(e != EWOULDBLOCK, "Expected no other process writing the checkpoint '", dir, "', but got ",
+                 pid > 0 ? cat("process ", pid) : std::string("another process"), " holding its lock '", path,
+                 "' instead: wait for it to end, or give another directory");
+      throw Error(cat("Expected to lock '", path, "' of checkpoint '", dir, "', but got '", os_error(e), "' instead"));
+    }
+    struct stat a, b;
+    if (::fstat(fd, &a) != 0 || ::stat(path.c_str(), &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
+      ::close(fd);  // removed by its last holder after we opened it: lock the new one
+      ATTN_CHECK(attempt < 1000, "Expected to lock '", path, "' of checkpoint '", dir,
+                 "', but got it replaced on every try instead");
+      continue;
+    }
+    // The PID is for the message of a process refused; the lock holds without it.
+    const std::string pid = cat(::getpid(), "\n");
+    if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+    std::shared_ptr<DirLock> lock(new DirLock{path, fd}, release);
+    g_locks[path] = lock;
+    return lock;
+  }
+}
+
+}  // namespace
+
 void write(const std::string& dir, const StateDict& tensors, json config) {
   try {
-    write_checked(prepare(dir), tensors, std::move(config));
+    const fs::path target = prepare(dir);
+    const std::shared_ptr<void> lock = lock_target(target, dir);
+    write_checked(target, tensors, std::move(config));
   } catch (const fs::filesystem_error& e) {  // a rename or removal the checks above could not foresee
     throw Error(cat("Expected to write the checkpoint '", dir, "', but got '", e.what(), "' instead"));
   }
@@ -396,4 +508,5 @@ StateDict take_prefixed(StateDict& all, const std::string& prefix) {
 
 namespace attn {
 void check_checkpoint_dir(const std::string& dir) { ckpt::prepare(dir); }
+std::shared_ptr<void> lock_checkpoint_dir(const std::string& dir) { return ckpt::lock_target(ckpt::prepare(dir), dir); }
 }  // namespace attn

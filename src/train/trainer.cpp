@@ -30,10 +30,11 @@ uint64_t stream_seed(uint64_t seed, Stream stream, int64_t step) {
   return mix64(mix64(seed ^ (uint64_t(stream) * 0x9E3779B97F4A7C15ull)) ^ uint64_t(step));
 }
 
-// A text of n bytes becomes about 5n bytes of token ids and splits: refuse what can't fit before reading.
+// A text of n bytes is held with its ids (at least n more): refuse what can't fit before reading. The
+// exact count is Dataset::text's, once the vocabulary says the ids' width.
 std::string read_file(const std::string& path) {
-  const uint64_t ram = physical_memory_bytes();
-  return read_regular_file(path, "data file", ram ? ram / 8 : UINT64_MAX);
+  const uint64_t have = available_memory_bytes();
+  return read_regular_file(path, "data file", have ? have / 2 : UINT64_MAX);
 }
 
 uint64_t below(Rng& rng, uint64_t n) { return rng.next() % n; }  // bias < n / 2^64: negligible
@@ -45,6 +46,17 @@ void check_options(const TrainOptions& o) {
   auto non_negative = [](double v, const char* name) {
     ATTN_CHECK(v >= 0, "Expected ", name, " >= 0, but got ", v, " instead");
   };
+  // Counts of steps and batches are bounded where no sum or product of them can overflow int64 (warmup + 1,
+  // 4 · eval_iters partial sums): 2^40 steps is years of training; a million batches per evaluation is
+  // more than any held-out split needs. (Batch and block sizes are bounded by the memory estimate below.)
+  auto at_most = [](int64_t v, int64_t max, const char* name) {
+    ATTN_CHECK(v <= max, "Expected ", name, " <= ", max, ", but got ", v, " instead");
+  };
+  constexpr int64_t kMaxCount = int64_t(1) << 40, kMaxEvalIters = 1000000;
+  for (auto [v, name] : {std::pair{o.steps, "steps"}, {o.warmup, "warmup"}, {o.lr_decay_steps, "lr_decay_steps"},
+                         {o.eval_every, "eval_every"}})
+    at_most(v, kMaxCount, name);
+  at_most(o.eval_iters, kMaxEvalIters, "eval_iters");
   ATTN_CHECK(o.steps >= 0, "Expected steps >= 0, but got ", o.steps, " instead");
   positive(o.batch, "batch");
   positive(o.eval_iters, "eval_iters");
@@ -91,13 +103,19 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
 
 // ---- Dataset ----
 
+// The text's ids at 1 or 2 bytes each (a character vocabulary of more than 65,536 is 4), written
+// straight from the UTF-8: the text and its ids are the whole of the data in memory, counted before.
 Dataset Dataset::text(const std::string& text, const std::string& name) {
   Dataset d;
   d.tok_ = CharTokenizer::from_text(text);
-  std::vector<int32_t> ids = d.tok_.encode(text);
-  const size_t n_train = size_t(double(ids.size()) * 0.9);
-  d.train_.assign(ids.begin(), ids.begin() + std::ptrdiff_t(n_train));
-  d.val_.assign(ids.begin() + std::ptrdiff_t(n_train), ids.end());
+  d.width_ = d.tok_.id_width();
+  d.n_ = code_points(text);
+  check_fits_in_memory(double(text.size()) + double(d.n_) * d.width_,
+                       cat("the text of ", text.size(), " bytes and its ", d.n_, " tokens at ", d.width_, " byte",
+                           d.width_ > 1 ? "s" : "", " each"));
+  d.ids_.resize(size_t(d.n_) * size_t(d.width_));
+  d.tok_.encode_into(text, d.width_, d.ids_.data());
+  d.n_train_ = int64_t(double(d.n_) * 0.9);
   d.name_ = name;
   d.bytes_ = text.size();
   d.hash_ = fnv1a64(text.data(), text.size());
@@ -139,16 +157,23 @@ void Dataset::batch(int split, int64_t B, int64_t T, Rng& rng, int64_t* x, int64
     }
     return;
   }
-  const std::vector<int32_t>& data = split == 0 ? train_ : val_;
-  ATTN_CHECK(int64_t(data.size()) > T, "Expected more than T + 1 = ", T + 1, " tokens in the ",
-             split == 0 ? "train" : "val", " split, but got ", data.size(), " instead");
+  const int64_t first = split == 0 ? 0 : n_train_, size = split_tokens(split);
+  ATTN_CHECK(size > T, "Expected at least T + 1 = ", T + 1, " tokens in the ", split == 0 ? "train" : "val",
+             " split, but got ", size, " instead");
   for (int64_t b = 0; b < B; ++b) {
-    const size_t i = size_t(below(rng, uint64_t(int64_t(data.size()) - T)));  // torch.randint(len - T)
+    const int64_t i = first + int64_t(below(rng, uint64_t(size - T)));  // torch.randint(len - T)
     for (int64_t t = 0; t < T; ++t) {
-      x[b * T + t] = data[i + size_t(t)];
-      y[b * T + t] = data[i + size_t(t) + 1];
+      x[b * T + t] = token(i + t);
+      y[b * T + t] = token(i + t + 1);
     }
   }
+}
+
+int64_t Dataset::token(int64_t i) const {
+  const unsigned char* p = ids_.data() + size_t(i) * size_t(width_);
+  int64_t id = 0;
+  for (int k = width_ - 1; k >= 0; --k) id = id << 8 | p[k];
+  return id;
 }
 
 // ---- Trainer ----
@@ -172,18 +197,19 @@ Trainer::Trainer(const TrainOptions& options, Dataset data) : o_(options), data_
   check_options(o_);
   if (o_.lr_decay_steps == 0) o_.lr_decay_steps = o_.steps;
   set_num_threads(o_.threads);
-  const GptConfig c = model_config(o_, data_);
+  const GptConfig c = check_gpt_config(model_config(o_, data_));  // its own errors before the step's estimate
   T_ = data_.synthetic() ? data_.seq_len() : c.block_size;
   ATTN_CHECK(T_ <= c.block_size, "Expected block_size >= ", T_, " (the task's sequence length), but got ",
              c.block_size, " instead");
   for (int split = 0; split < 2 && !data_.synthetic(); ++split)  // fail now, not at the first evaluation
-    ATTN_CHECK(data_.split_tokens(split) > T_, "Expected more than block_size + 1 = ", T_ + 1, " characters in the ",
+    ATTN_CHECK(data_.split_tokens(split) > T_, "Expected at least block_size + 1 = ", T_ + 1, " characters in the ",
                split ? "val" : "train", " split (90/10) of ", data_.name(), ", but got ", data_.split_tokens(split),
                " instead: use more text or a smaller --block");
   // Before allocating (batch 2^60 wrapped batch·T and wrote past x_): the step must fit in memory.
-  check_fits_in_memory(gpt_training_bytes_estimate(c, double(o_.batch), double(T_)),
-                       cat("training batch ", o_.batch, " x block ", T_, " tokens of a model of n_layer ", c.n_layer,
-                           ", n_embd ", c.n_embd, ", vocab_size ", c.vocab_size));
+  check_fits_in_memory(gpt_training_bytes_estimate(c, double(o_.batch), double(T_)) + double(data_.token_bytes()),
+                       cat("training batch ", o_.batch, " x ", T_, " tokens of a model of block_size ", c.block_size,
+                           ", n_layer ", c.n_layer, ", n_embd ", c.n_embd, ", vocab_size ", c.vocab_size,
+                           data_.token_bytes() ? cat(" on ", data_.token_bytes(), " bytes of token ids") : ""));
   model_ = std::make_unique<Gpt>(c, o_.seed);
   const bool decay_emb = o_.decay_embeddings;
   opt_ = std::make_unique<AdamW>(model_->parameter_list(),
@@ -272,7 +298,9 @@ void Trainer::distribute(std::shared_ptr<GradientSync> sync) {
   // Every process must hold the same run: parameters, optimizer step, options and data (checked first,
   // so that every check after it fails on every process alike).
   uint64_t h = fnv1a64(&step_, sizeof step_);
-  const std::string opts = ckpt::to_json(o_).dump() + data_json(data_).dump();
+  TrainOptions same = o_;
+  same.threads = 0;  // may differ per process: no result depends on the thread count
+  const std::string opts = ckpt::to_json(same).dump() + data_json(data_).dump();
   h = fnv1a64(opts.data(), opts.size(), h);
   for (const Param& p : model_->parameter_list()) h = fnv1a64(p.value->data(), size_t(p.value->numel()) * 4, h);
   ATTN_CHECK(sync->same_everywhere(h), "Expected the same model, options, data and step on all ", n,
@@ -349,6 +377,10 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr
                  now.value("task_length", int64_t(0)) == dj.value("task_length", int64_t(0)),
              "Expected the data the checkpoint was trained on (", dj.dump(), "), but got ", now.dump(), " instead");
   auto t = std::make_unique<Trainer>(o, std::move(*data));
+  // The data's vocabulary is the one the ids were trained with (as generate reads it from the checkpoint).
+  const json vocab = ckpt::tokenizer_json(t->data().tokenizer());
+  ATTN_CHECK(vocab == c.config["tokenizer"], "Expected the tokenizer in '", where, "' to be the data's ",
+             vocab.dump().substr(0, 200), ", but got ", c.config["tokenizer"].dump().substr(0, 200), " instead");
   ATTN_CHECK(ckpt::to_json(t->model().config()) == c.config["model"], "Expected the model config ",
              ckpt::to_json(t->model().config()).dump(), " implied by the training options, but got ",
              c.config["model"].dump(), " in '", where, "' instead");

@@ -88,7 +88,8 @@ def test_train_prints_its_memory_and_refuses_a_run_larger_than_memory(tmp_path):
     text.write_text("abcdefgh ijklmnop\n" * 500)
     r = run("train", "--data", str(text), "--out", str(tmp_path / "ck"), "--batch", "100000000")
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "Expected training batch 100000000 x block" in r.stderr and "to fit in the machine's" in r.stderr
+    assert "Expected training batch 100000000 x 64 tokens of a model of block_size 64" in r.stderr, r.stderr
+    assert "to fit in the machine's" in r.stderr
     assert not (tmp_path / "ck").exists()
     r = run("train", "--out", str(tmp_path / "ok"), "--steps", "1", "--eval-iters", "1")
     assert r.returncode == 0 and re.search(r"memory: about [0-9.]+ [KM]B \(parameters", r.stdout), r.stdout

@@ -227,3 +227,14 @@ def test_ctrl_c_under_mpirun_saves_the_step_every_rank_reached(tmp_path):
     assert step == int(m.group(1)) >= 5
     attn.GPT.load(str(ck))
     assert attn.Trainer.resume(str(ck)).step_count == step
+
+
+def test_ranks_may_run_different_thread_counts(tmp_path):
+    # Issue 23: per-rank --threads were refused as "different options", though no result depends on them.
+    same = train(2, "--out", str(tmp_path / "same"), "--eval-every", "0", "--threads", "1", *TASK)
+    cmd = ["train", "--out", str(tmp_path / "mixed"), "--eval-every", "0", *TASK]
+    r = subprocess.run([str(MPIRUN), "-np", "1", exe(), *cmd, "--threads", "1", ":", "-np", "1", exe(), *cmd,
+                        "--threads", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert losses(r.stdout) == losses(same.stdout)
+    assert tensor_bytes(tmp_path / "mixed") == tensor_bytes(tmp_path / "same")
