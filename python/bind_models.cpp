@@ -58,7 +58,8 @@ void bind_models(py::module_& m) {
       .def_property_readonly("pad_id", &HfTokenizer::pad_id)
       .def_property_readonly("max_length", &HfTokenizer::max_length);
 
-  py::class_<Pretrained>(m, "Pretrained", "A Hugging Face model directory: model, tokenizer, pooling.")
+  py::class_<Pretrained>(m, "Pretrained",
+                         (std::string("A Hugging Face model directory: model, tokenizer, pooling.") + py_util::kThreadsDoc).c_str())
       .def(py::init([](const std::string& dir) { return Pretrained::load(dir); }), py::arg("dir"))
       .def_property_readonly("architecture", [](const Pretrained& p) { return p.model->architecture(); })
       .def_property_readonly("hidden_size", [](const Pretrained& p) { return p.model->hidden_size(); })
@@ -70,22 +71,20 @@ void bind_models(py::module_& m) {
                              py::return_value_policy::reference_internal)
       .def("forward", [](Pretrained& p, const py::object& ids, const py::object& mask) {
              auto [x, mk] = ids_and_mask(ids, mask);
-             return py_util::run([&] {
+             return py_util::run(&p, [&] {
                return p.model->forward(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
              });
            }, py::arg("ids"), py::arg("attention_mask") = py::none())
       .def("attention_weights", [](Pretrained& p, const py::object& ids, const py::object& mask) {
              auto [x, mk] = ids_and_mask(ids, mask);
-             std::vector<Tensor> w;
-             {
-               py::gil_scoped_release nogil;
-               w = p.model->attention_weights(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
-             }
+             std::vector<Tensor> w = py_util::locked(&p, [&] {
+               return p.model->attention_weights(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
+             });
              py::list out;
              for (Tensor& t : w) out.append(to_numpy(std::move(t)));
              return out;
            }, py::arg("ids"), py::arg("attention_mask") = py::none())
       .def("embed", [](Pretrained& p, const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {
-             return py_util::run([&] { return p.embed(texts, batch, max_length); });
+             return py_util::run(&p, [&] { return p.embed(texts, batch, max_length); });
            }, py::arg("texts"), py::arg("batch_size") = 32, py::arg("max_length") = 0);
 }
