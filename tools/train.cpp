@@ -333,7 +333,9 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
         std::fflush(stdout);
         last_bar = now;
       }
-    } else if (step % cli.log_every == 0 || step == opt.steps) {
+    } else if ((step % cli.log_every == 0 || step == opt.steps) && !g_interrupted) {
+      // not once a stop was asked: under mpirun, mpirun stops reading our stdout while it waits to kill
+      // us, and a step line into a full pipe would block rank 0 before the agreed stop and its save
       std::printf("%s\n", line);
       std::fflush(stdout);
     }

@@ -221,10 +221,15 @@ def test_ctrl_c_under_mpirun_saves_the_step_every_rank_reached(tmp_path):
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    m = re.search(r"interrupted at step (\d+): checkpoint saved", out)
-    assert m, out[-2000:] + err[-2000:]
+    # The checkpoint is the step every rank reached: the one after the last step line (the ranks print none
+    # once a stop is asked). mpirun stops forwarding output while it waits to kill the ranks, so the
+    # "interrupted at step N" line may not get through; when it does, it names that step.
+    assert (ck / "config.json").is_file(), out[-2000:] + err[-2000:]
     step = json.loads((ck / "config.json").read_text())["step"]
-    assert step == int(m.group(1)) >= 5
+    last = max([5] + [int(x) for x in re.findall(r"^step (\d+)/", out, re.M)])  # step 5 was read above
+    assert step == last + 1 and step >= 5, (step, last)
+    m = re.search(r"interrupted at step (\d+): checkpoint saved", out)
+    assert m is None or int(m.group(1)) == step, out[-2000:]
     attn.GPT.load(str(ck))
     assert attn.Trainer.resume(str(ck)).step_count == step
 
