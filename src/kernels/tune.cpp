@@ -152,6 +152,9 @@ struct Work {
 void measure(const std::vector<Tuning>& cands, const std::vector<Work>& work, const char* kernel, double budget,
              TuneReport& r) {
   std::vector<std::vector<std::vector<double>>> t(cands.size(), std::vector<std::vector<double>>(work.size()));
+  struct Unforce {  // the file's tuning again however measure() ends, an exception included
+    ~Unforce() { clear_forced_tuning(); }
+  } unforce;
   const auto start = Clock::now();
   for (int round = 0;; ++round) {
     for (size_t c = 0; c < cands.size(); ++c) {
@@ -164,7 +167,6 @@ void measure(const std::vector<Tuning>& cands, const std::vector<Work>& work, co
     const double spent = std::chrono::duration<double>(Clock::now() - start).count();
     if (round >= 2 && (spent >= budget || round >= 40)) break;
   }
-  clear_forced_tuning();
   for (size_t c = 0; c < cands.size(); ++c) {
     TuneRow row{kernel, cands[c], {}, 0, false};
     double log_sum = 0;
