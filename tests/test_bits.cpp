@@ -22,8 +22,10 @@
 #include "attn/kernels/half_kv.h"
 #include "attn/nn.h"
 #include "attn/sdpa.h"
+#include "attn/simd.h"
 #include "attn/threads.h"
 #include "attn/train.h"
+#include "test_util.h"
 
 namespace attn {
 namespace {
@@ -46,7 +48,7 @@ std::vector<Config> configs() {
   std::vector<Config> out;
   int n = 0;
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    if ((t & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL)) == 0) continue;  // no FMA: other bits, by design
+    if (!fma_target(t)) continue;  // no FMA: other bits, by design
     for (const auto& cs : caches) out.push_back({t, cs[0], cs[1], 1 + (n++ % std::min(2, max_threads()))});
   }
   return out;
@@ -55,24 +57,16 @@ std::vector<Config> configs() {
 // f() under each configuration; compare(first, now) expects the first one's result again.
 template <typename R>
 void expect_same_everywhere(const std::function<R()>& f, const std::function<void(const R&, const R&)>& same) {
-  const CpuInfo& c = cpu_info();
-  const int64_t l1d = c.l1d, l2 = c.l2;
-  const int threads = num_threads();
   const std::vector<Config> all = configs();
   ASSERT_FALSE(all.empty()) << "no SIMD target with FMA on this CPU: nothing to compare";
   R first{};
   for (size_t i = 0; i < all.size(); ++i) {
     SCOPED_TRACE(all[i].name());
-    hwy::SetSupportedTargetsForTest(all[i].target);
-    set_cpu_caches(all[i].l1d, all[i].l2);
-    set_num_threads(all[i].threads);
+    const test::PretendMachine as(all[i].target, all[i].l1d, all[i].l2, all[i].threads);
     R r = f();
     if (i == 0) first = std::move(r);
     else same(first, r);
   }
-  hwy::SetSupportedTargetsForTest(0);
-  set_cpu_caches(l1d, l2);
-  set_num_threads(threads);
 }
 
 template <typename T>

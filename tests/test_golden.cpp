@@ -13,12 +13,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "attn/cpu.h"
 #include "attn/threads.h"
 #include "attn/train.h"
+#include "test_util.h"
 
 namespace attn {
 namespace {
@@ -100,17 +102,10 @@ class GoldenRun : public ::testing::TestWithParam<Machine> {
     if (m.threads > max_threads()) GTEST_SKIP() << "needs " << m.threads << " threads";
     if (m.target && (hwy::SupportedTargets() & m.target) == 0)  // e.g. AVX2 on a CPU without it: no FMA
       GTEST_SKIP() << hwy::TargetName(m.target) << " is not supported by this CPU";
-    l1d_ = cpu_info().l1d, l2_ = cpu_info().l2;
-    set_num_threads(m.threads);
-    if (m.target) hwy::SetSupportedTargetsForTest(m.target);
-    set_cpu_caches(m.l1d, m.l2);
+    as_.emplace(m.target, m.l1d, m.l2, m.threads);
   }
-  void TearDown() override {
-    hwy::SetSupportedTargetsForTest(0);
-    set_cpu_caches(l1d_, l2_);
-    set_num_threads(max_threads());
-  }
-  int64_t l1d_ = 0, l2_ = 0;
+  void TearDown() override { as_.reset(); }
+  std::optional<test::PretendMachine> as_;
 };
 
 TEST_P(GoldenRun, TinyReverseTaskWithDropout) {

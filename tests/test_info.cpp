@@ -82,7 +82,7 @@ TEST(Info, ForcedLowerTargetsAreReportedRefusedByStrictAndStillRight) {
     const bool fallback = !avx512_target && !(targets[t] == HWY_AVX2 && !cpu_info().avx512);
     EXPECT_EQ(simd_fallback().empty(), !fallback) << simd_fallback();
     // the bits: those of every AVX2/AVX-512 CPU exactly where the target has FMA (test_bits.cpp checks them)
-    const bool fma = targets[t] & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL);
+    const bool fma = fma_target(targets[t]);
     EXPECT_EQ(simd_portable_bits(), fma);
     EXPECT_NE(to_string(runtime_info()).find("bits      " + simd_bits()), std::string::npos);
     EXPECT_NE(simd_bits().find(fma ? "the same on every AVX2 and AVX-512 CPU" : "has no FMA"), std::string::npos)

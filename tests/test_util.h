@@ -7,7 +7,11 @@
 #include <string>
 #include <vector>
 
+#include <hwy/targets.h>
+
 #include "attn/check.h"
+#include "attn/cpu.h"
+#include "attn/threads.h"
 
 namespace attn::test {
 
@@ -37,6 +41,25 @@ struct TempDir {
     std::sort(out.begin(), out.end());
     return out;
   }
+};
+
+// For its scope, the machine made to look like another: Highway target (0: the best), L1d and L2 sizes
+// (0: as they are) and threads; everything as it was afterwards. Blocking follows; the bits must not.
+struct PretendMachine {
+  int64_t l1d = cpu_info().l1d, l2 = cpu_info().l2;
+  int threads = num_threads();
+  PretendMachine(int64_t target, int64_t l1d_, int64_t l2_, int threads_) {
+    hwy::SetSupportedTargetsForTest(target);
+    set_cpu_caches(l1d_, l2_);
+    set_num_threads(threads_);
+  }
+  ~PretendMachine() {
+    hwy::SetSupportedTargetsForTest(0);
+    set_cpu_caches(l1d, l2);
+    set_num_threads(threads);
+  }
+  PretendMachine(const PretendMachine&) = delete;
+  PretendMachine& operator=(const PretendMachine&) = delete;
 };
 
 }  // namespace attn::test

@@ -37,7 +37,7 @@ std::string simd_compiled() {
 
 std::string simd_fallback() {
   const int64_t t = chosen();
-  const bool avx2_or_better = (t & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL)) != 0;
+  const bool avx2_or_better = fma_target(t);
   const bool avx512 = (t & (HWY_AVX3 | HWY_AVX3_DL)) != 0;
   const CpuInfo& c = cpu_info();
   if (!avx2_or_better && c.avx2 && c.fma)
@@ -47,7 +47,8 @@ std::string simd_fallback() {
   return "";
 }
 
-bool simd_portable_bits() { return (chosen() & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL)) != 0; }
+bool fma_target(int64_t target) { return (target & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL)) != 0; }
+bool simd_portable_bits() { return fma_target(chosen()); }
 
 std::string simd_bits() {
   return simd_portable_bits() ? "the same on every AVX2 and AVX-512 CPU (FMA; blocking and caches change no bits)"
