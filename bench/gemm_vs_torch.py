@@ -1,11 +1,12 @@
 """attn's GEMM against torch.mm (MKL on x86) in one process: interleaved, same thread count, medians.
 
-    .venv/bin/python bench/gemm_vs_torch.py [--threads 1,2] [--rounds 9] [--quick]
+    .venv/bin/python bench/gemm_vs_torch.py [--threads 1,2] [--rounds 9] [--quick] [--dtype bf16]
 
 Shapes as bench/gemm_candidates.cpp: 2048³, the training shapes (M = B·T in {768, 4096} against N, K in
 {128, 512}; forward x·Wᵀ, dx = dy·W, dW = dyᵀ·x), the MHA projections at E = 512, L = 4096. Prints the CPU
-header, GFLOP/s of each and the ratio attn / MKL (> 1: attn faster). A benchmark, not a test: record the
-command and the numbers in BENCHMARKS.md.
+header, GFLOP/s of each and the ratio attn / MKL (> 1: attn faster). --dtype bf16: attn's gemm_bf16 on bf16
+operands (fp32 C) against attn's fp32 gemm and torch.mm on bfloat16 tensors (oneDNN; its C is bf16), all
+three interleaved. A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
 """
 import argparse
 import statistics
@@ -27,6 +28,7 @@ def cpu_header():
     out.append("torch " + torch.__version__ + ", " + torch.backends.cpu.get_cpu_capability() + ", MKL "
                + str(torch.backends.mkl.is_available()))
     out.append(attn.gemm_kernel())
+    out.append("bf16: " + attn.info()["gemm_bf16"])
     return "\n".join(out)
 
 
@@ -46,6 +48,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     args = ap.parse_args()
     print(cpu_header())
     rng = np.random.default_rng(0)
@@ -53,7 +56,11 @@ def main():
         torch.set_num_threads(t)
         attn.set_num_threads(t)
         print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds")
-        print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
+        if args.dtype == "bf16":
+            print(f"{'shape':<13} {'M x N x K op':>18} {'attn bf16':>10} {'attn f32':>9} {'torch bf16':>11} "
+                  f"{'bf16/f32':>9} {'attn/torch':>11}")
+        else:
+            print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
         for what, M, N, K, ta, tb in list(shapes())[: 1 if args.quick else None]:
             a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
             b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
@@ -73,16 +80,39 @@ def main():
                 for _ in range(reps):
                     torch.mm(opa, opb, out=tc)
 
-            times = {"attn": [], "torch": []}
+            runs = {"attn": run_attn, "torch": run_torch}
+            if args.dtype == "bf16":
+                a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
+                opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
+                na16, nb16 = a16.view(torch.int16).numpy(), b16.view(torch.int16).numpy()
+                c16, tc16 = np.empty((M, N), np.float32), torch.empty(M, N, dtype=torch.bfloat16)
+
+                def run_attn16():
+                    for _ in range(reps):
+                        attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb)
+
+                def run_torch16():
+                    for _ in range(reps):
+                        torch.mm(opa16, opb16, out=tc16)
+
+                runs = {"attn16": run_attn16, "attn": run_attn, "torch": run_torch16}
+                run_attn16(), run_torch16()
+                assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
+            times = {k: [] for k in runs}
             run_attn(), run_torch()
             assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
             for _ in range(args.rounds):
-                for name, fn in (("attn", run_attn), ("torch", run_torch)):
+                for name, fn in runs.items():
                     t0 = time.perf_counter()
                     fn()
                     times[name].append((time.perf_counter() - t0) / reps)
             gf = {k: flops / statistics.median(v) * 1e-9 for k, v in times.items()}
             op = ("T" if ta else "N") + ("T" if tb else "N")
+            if args.dtype == "bf16":
+                print(f"{what:<13} {f'{M}x{N}x{K} {op}':>18} {gf['attn16']:10.1f} {gf['attn']:9.1f} "
+                      f"{gf['torch']:11.1f} {gf['attn16'] / gf['attn']:9.2f} {gf['attn16'] / gf['torch']:11.2f}",
+                      flush=True)
+                continue
             print(f"{what:<13} {f'{M}x{N}x{K} {op}':>18} {gf['attn']:8.1f} {gf['torch']:9.1f} "
                   f"{gf['attn'] / gf['torch']:9.2f}", flush=True)
 

@@ -16,6 +16,26 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
+// bf16 products. A bf16 number is stored as the upper 16 bits of an fp32 (attn/kernels/half_kv.h's
+// to_half converts). C (M, N) = op(A) (M, K) · op(B) (K, N) + beta · C, fp32 C, in the arithmetic of
+// AVX512_BF16's VDPBF16PS: A and B in bf16 (fp32 operands are rounded to nearest even as they are
+// packed), each C element ONE fp32 chain over k in pairs (2p, 2p+1): the odd k's product is added
+// first, then the even k's, each sum rounded to nearest even; subnormal inputs and sums are flushed to
+// zero; K odd: a zero pairs the last k. CPUs without the instruction compute the same with FMAs (a
+// product of two bf16 is exact in fp32): the same bits on every CPU and thread count, NaN payloads
+// aside (targets without FMA, SSE4 and older: products below 2^-126 are flushed as well).
+// beta == 0: C is not read.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+               const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// Which bf16 GEMM runs, for `attn info`: "VDPBF16PS, AVX3 6x64" or "emulated with FMA (no AVX512_BF16),
+// AVX2 4x16".
+std::string gemm_bf16_kernel();
+
 // Which GEMM runs, for `attn info`: "attn packed GEMM, AVX3 6x64 (float), 6x32 (double), max KC ...".
 // Changes with the SIMD target Highway chooses.
 std::string gemm_kernel();

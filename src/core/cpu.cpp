@@ -100,11 +100,14 @@ CpuInfo read_cpu() {
              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
   unsigned a, b, cx, d;
   c.f16c = __get_cpuid(1, &a, &b, &cx, &d) && (cx & bit_F16C);
+  c.bf16 = c.avx512 && __builtin_cpu_supports("avx512bf16");
+  const bool amx_bf16 = __get_cpuid_count(7, 0, &a, &b, &cx, &d) && (d & (1u << 22));  // named, not used
   const std::pair<const char*, bool> named[] = {
       {"sse4.2", __builtin_cpu_supports("sse4.2")}, {"avx2", c.avx2}, {"fma", c.fma}, {"f16c", c.f16c},
       {"avx512f", __builtin_cpu_supports("avx512f")}, {"avx512bw", __builtin_cpu_supports("avx512bw")},
       {"avx512dq", __builtin_cpu_supports("avx512dq")}, {"avx512vl", __builtin_cpu_supports("avx512vl")},
       {"avx512vnni", __builtin_cpu_supports("avx512vnni")}, {"avx512bf16", __builtin_cpu_supports("avx512bf16")},
+      {"amx_bf16", amx_bf16},
   };
   for (const auto& [n, has] : named)
     if (has) c.features += std::string(c.features.empty() ? "" : " ") + n;  // not "" + string: GCC 12's -Wrestrict
@@ -134,5 +137,7 @@ void set_cpu_caches(int64_t l1d, int64_t l2) {
   if (l2 > 0) c.l2 = l2;
   c.caches_forced = r.caches_forced || c.l1d != r.l1d || c.l2 != r.l2;  // the sizes read again: not forced
 }
+
+void set_cpu_bf16(bool on) { mutable_info().bf16 = on && as_read().bf16; }
 
 }  // namespace attn

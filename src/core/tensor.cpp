@@ -202,6 +202,8 @@ template struct View<double>;
 template struct View<const double>;
 template struct View<uint8_t>;
 template struct View<const uint8_t>;
+template struct View<uint16_t>;
+template struct View<const uint16_t>;
 template class TensorT<float>;
 template class TensorT<double>;
 template class TensorT<uint8_t>;

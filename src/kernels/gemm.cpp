@@ -32,7 +32,7 @@
 #include "attn/cpu.h"
 #include "attn/threads.h"
 #include "attn/tune.h"
-#include "../core/aligned.h"  // aligned_bytes: every buffer checked
+#include "gemm_blocking.h"
 
 #ifndef ATTN_GEMM_ONCE
 #define ATTN_GEMM_ONCE
@@ -53,67 +53,6 @@ struct Args {
   int64_t ldc;
 };
 
-// Blocking of one product, derived from the caches, the target's register block and the shape.
-struct Blocking {
-  int64_t kc;      // K block: the summed dimension is cut here, the same for any thread count
-  int64_t mc, nt;  // output tile: mc rows (multiple of MR) x nt columns (multiple of NR)
-  bool pack_a;     // copy op(A) into panels (each meets ceil(N / NR) B panels), or read it in place
-};
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Largest K block for an (MR, elem)-sized A panel: kc·MR·elem <= L1d/4 (the A panel stays in L1 while
-// the B panels stream past it), between 64 and 1024.
-inline int64_t max_kc(int64_t mr, int64_t elem) {
-  return std::clamp<int64_t>(cpu_info().l1d / 4 / (mr * elem) / 8 * 8, 64, 1024);
-}
-
-// K cut into equal blocks no larger than the most (tuned, or max_kc); tiles as tuned, or kc x nt of packed
-// B in at most half of L2 and up to ~128 rows (A panels re-read per tile). t: the tuning of the calling
-// target (float only), or nullptr. None of it changes a bit of the result.
-inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr, int64_t elem, const Tuning* t) {
-  if (elem != 4) t = nullptr;
-  Blocking b;
-  b.kc = ceil_div(K, ceil_div(K, t && t->gemm_kc ? t->gemm_kc : max_kc(mr, elem)));
-  int64_t nt = t && t->gemm_nt ? ceil_div(t->gemm_nt, nr) * nr
-                               : std::max<int64_t>(1, cpu_info().l2 / 2 / (b.kc * elem) / nr) * nr;
-  int64_t mc = t && t->gemm_mc ? ceil_div(t->gemm_mc, mr) * mr : std::max<int64_t>(1, 128 / mr) * mr;
-  nt = std::min(nt, ceil_div(N, nr) * nr);
-  mc = std::min(mc, ceil_div(M, mr) * mr);
-  // Enough tiles to keep every thread busy (>= 4 per thread), cutting the longer side. The tiles only
-  // decide which thread computes an element, not its value.
-  const int64_t want = num_threads() > 1 ? 4 * num_threads() : 1;
-  while (ceil_div(M, mc) * ceil_div(N, nt) < want && (mc > mr || nt > nr)) {
-    if (mc / mr >= nt / nr) mc = std::max(mr, (mc / mr / 2) * mr);
-    else nt = std::max(nr, (nt / nr / 2) * nr);
-  }
-  b.mc = mc, b.nt = nt;
-  // A panel is read once per B panel; packing it costs about one read and one write of A. Derived: pack
-  // when it meets more than kPackAPanels B panels.
-  constexpr int64_t kPackAPanels = 4;
-  b.pack_a = ceil_div(N, nr) > (t && t->gemm_pack_a ? t->gemm_pack_a : kPackAPanels);
-  return b;
-}
-
-// Grow-only, 64-byte aligned scratch per calling thread (a gemm inside a parallel_for body runs
-// serially on that worker, so it never shares a buffer). which: 0 = packed A, 1 = packed B.
-inline void* scratch(int which, size_t bytes) {
-  struct Buf {
-    void* p = nullptr;
-    size_t n = 0;
-    ~Buf() { std::free(p); }
-  };
-  thread_local Buf bufs[2];
-  Buf& b = bufs[which];
-  if (b.n < bytes) {
-    std::free(b.p);
-    b.n = 0;
-    b.p = aligned_bytes(bytes);  // checked
-    b.n = bytes;
-  }
-  return b.p;
-}
-
 }  // namespace attn::gemm_detail
 #endif  // ATTN_GEMM_ONCE
 
@@ -121,6 +60,8 @@ inline void* scratch(int which, size_t bytes) {
 #define HWY_TARGET_INCLUDE "../src/kernels/gemm.cpp"  // found through include/; src/ is not on the path
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+
+#include "gemm_tile.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::gemm_detail::HWY_NAMESPACE {
@@ -139,26 +80,6 @@ template <typename T>
 int64_t NR() {
   return kNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>()));
 }
-
-// C[0, cols) (cols <= lanes) as one vector and back: a partial vector goes through a lane buffer (lanes
-// past cols are 0 and never stored), so edge tiles run the instructions of full ones.
-template <class D, typename T = hn::TFromD<D>>
-HWY_INLINE hn::Vec<D> LoadC(D d, const T* HWY_RESTRICT c, int64_t cols) {
-  if (cols >= int64_t(hn::Lanes(d))) return hn::LoadU(d, c);
-  HWY_ALIGN T lane[hn::MaxLanes(d)] = {};
-  for (int64_t j = 0; j < cols; ++j) lane[j] = c[j];
-  return hn::Load(d, lane);
-}
-template <class D, class V = hn::Vec<D>, typename T = hn::TFromD<D>>
-HWY_INLINE void StoreC(D d, V v, T* HWY_RESTRICT c, int64_t cols) {
-  if (cols >= int64_t(hn::Lanes(d))) return hn::StoreU(v, d, c);
-  HWY_ALIGN T lane[hn::MaxLanes(d)];
-  hn::Store(v, d, lane);
-  for (int64_t j = 0; j < cols; ++j) c[j] = lane[j];
-}
-
-// Where a microkernel's chain starts: 0 (C not read), beta·C, or C itself (a later K block, or beta = 1).
-enum class Start { zero, scaled, c };
 
 // Where a microkernel reads its kMR rows of alpha·op(A): element (r, k) at a[r·rs + k·ks]. A packed panel
 // (rs 1, ks kMR, alpha folded in), or A itself when packing would not pay (rows in place: rs lda, ks 1;

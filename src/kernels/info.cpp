@@ -12,9 +12,10 @@ namespace attn {
 
 RuntimeInfo runtime_info() {
   const CpuInfo& c = cpu_info();
-  return {c.name,          c.features,    c.l1d,           c.l2,           c.l3,          c.caches_read,
-          c.caches_forced, simd_target(), simd_compiled(), simd_fallback(), simd_bits(), gemm_kernel(),
-          tuning_summary(), num_threads(), max_threads(), wait_policy()};
+  return {c.name,           c.features,       c.l1d,          c.l2,          c.l3,
+          c.caches_read,    c.caches_forced,  simd_target(),  simd_compiled(), simd_fallback(),
+          simd_bits(),      gemm_kernel(),    gemm_bf16_kernel(), tuning_summary(), num_threads(),
+          max_threads(),    wait_policy()};
 }
 
 std::string to_string(const RuntimeInfo& i) {
@@ -28,6 +29,7 @@ std::string to_string(const RuntimeInfo& i) {
              i.simd_fallback.empty() ? "" : "\nFALLBACK  " + i.simd_fallback, "\n",  //
              "bits      ", i.bits, "\n",                                             //
              "gemm      ", i.gemm, "\n",                                             //
+             "gemm bf16 ", i.gemm_bf16, "\n",                                        //
              "tuning    ", i.tuning, "\n",                                             //
              "threads   ", i.threads, " (at most ", i.max_threads, "); ", i.wait_policy, "\n");
 }

@@ -177,7 +177,7 @@ void remove_stale_siblings(const fs::path& parent, const std::string& name) {
       const long pid = std::strtol(f.c_str() + prefix.size(), nullptr, 10);
       if (pid == self) {
         std::lock_guard<std::mutex> l(g_own_mu);
-        if (g_own_siblings.count(f) || f.size() >= 6 && f.compare(f.size() - 6, 6, "-probe") == 0) continue;
+        if (g_own_siblings.count(f) || (f.size() >= 6 && f.compare(f.size() - 6, 6, "-probe") == 0)) continue;
       } else if (pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno != ESRCH)) {
         continue;  // alive (or not ours to ask)
       }

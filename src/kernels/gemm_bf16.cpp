@@ -1,0 +1,338 @@
+// attn's bf16 matrix product (gemm.h's gemm_bf16): the packed GEMM of gemm.cpp over bf16 PAIRS. Each
+// 32-bit lane of a packed panel holds two bf16 of consecutive k (2p low, 2p+1 high), the operand layout
+// of AVX512_BF16's VDPBF16PS, which adds both products of a pair to an fp32 lane: the odd k's first,
+// then the even k's, each sum rounded to nearest even, subnormal inputs and sums flushed to zero (the
+// instruction's DAZ/FTZ). Measured on a Zen 5: exactly that, 2·10^6 random pairs and the edge cases of
+// tests/test_gemm_bf16.cpp. Not AMX (named by attn info where present, not used), no bf16 output.
+//
+//   for each K block of kc PAIRS: pack op(B) as (kc, NR) pair panels, op(A) as (kc, MR) pair panels
+//   (fp32 operands rounded to bf16 on the way), then per tile the microkernel, as in gemm.cpp
+//   microkernel: acc (MR, NR) = C0; per pair: acc = dp(a pair, b pairs, acc)
+//
+// Two microkernels share the panels: VDPBF16PS (AVX-512 targets on a CPU with AVX512_BF16), and its
+// emulation everywhere else: the pair widened to two fp32 vectors (a bf16 is the high half of an fp32)
+// and two FMAs, odd then even, under MXCSR's DAZ and FTZ. A product of two bf16 has at most 16
+// significant bits, so it is exact in fp32 and an FMA adds it with the instruction's one rounding: the
+// bits are the same on every CPU. Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides
+// who computes an element, never its value.
+#include "attn/gemm.h"
+
+#include <cstring>
+#include <string>
+
+#include "attn/cpu.h"
+#include "attn/threads.h"
+#include "gemm_blocking.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr: DAZ and FTZ for the emulation
+#endif
+
+#ifndef ATTN_GEMM_BF16_ONCE
+#define ATTN_GEMM_BF16_ONCE
+namespace attn::gemm_detail {
+
+// One bf16 product: each operand fp32 (rounded when packed) or bf16 bits.
+struct Bf16Args {
+  bool ta, tb;
+  int64_t M, N, K;
+  const void* A;
+  bool a16;  // A holds bf16 bits (uint16_t), else float
+  int64_t lda;
+  const void* B;
+  bool b16;
+  int64_t ldb;
+  float beta;
+  float* C;
+  int64_t ldc;
+};
+
+// MXCSR with DAZ (bit 6) and FTZ (bit 15) set while alive, where asked: the emulation's fp32 FMAs then
+// flush as VDPBF16PS does. Per thread: set inside each parallel_for body.
+class FlushSubnormals {
+ public:
+  explicit FlushSubnormals(bool on) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (on) saved_ = _mm_getcsr(), _mm_setcsr(saved_ | 0x8040u), on_ = true;
+#else
+    (void)on;
+#endif
+  }
+  ~FlushSubnormals() {
+#if defined(__x86_64__) || defined(__i386__)
+    if (on_) _mm_setcsr(saved_);
+#endif
+  }
+  FlushSubnormals(const FlushSubnormals&) = delete;
+  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+
+ private:
+  unsigned saved_ = 0;
+  bool on_ = false;
+};
+
+}  // namespace attn::gemm_detail
+#endif  // ATTN_GEMM_BF16_ONCE
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "../src/kernels/gemm_bf16.cpp"  // found through include/; src/ is not on the path
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "gemm_tile.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::gemm_detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DU = hn::RebindToUnsigned<DF>;
+using VF = hn::Vec<DF>;
+using VU = hn::Vec<DU>;
+
+// Register blocks: kMR rows x NV vectors of fp32 accumulators. AVX-512 (32 registers): 6 x 4 with
+// VDPBF16PS (24 accumulators, 4 B vectors), 6 x 3 emulated (each B vector widens to two). The
+// 16-register targets, emulated: 4 x 2 (8 accumulators, 4 widened B vectors, 2 A values).
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+constexpr bool kDpTarget = true;
+constexpr int kMR = 6, kNVDp = 4, kNVEmu = 3;
+// acc += a · b pairwise: VDPBF16PS, through the assembler (the compiler is not asked for the feature:
+// this runs only where cpu_info().bf16 says the CPU has it).
+HWY_INLINE VF Dp(VF acc, VU a, VU b) {
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
+  return acc;
+}
+#else
+constexpr bool kDpTarget = false;
+constexpr int kMR = 4, kNVDp = 1, kNVEmu = 2;
+#endif
+
+// Pair words from one packed A panel to the next: kc·kMR plus one cache line (gemm.cpp's PanelStride).
+inline int64_t PanelStride(int64_t kc) { return kc * kMR + 16; }
+
+// The bf16 bits of x, rounded to nearest even (a NaN stays a NaN), and bf16 bits as they are.
+HWY_INLINE uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+HWY_INLINE uint32_t Bits(uint16_t x) { return x; }
+
+// op(B) pairs [q0, q0 + kc) x columns [j0, j0 + nr) -> (kc, nr) words (2p low, 2p+1 high); columns past
+// N and a k past K are 0.
+template <typename S>
+void PackB(const Bf16Args& g, int64_t j0, int64_t q0, int64_t kc, int64_t nr, uint32_t* HWY_RESTRICT dst) {
+  const S* B = static_cast<const S*>(g.B);
+  const int64_t cols = std::min(nr, g.N - j0);
+  const int64_t whole = std::min(kc, g.K / 2 - q0);  // pairs with both k inside K; at most one more
+  if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: a pair is two neighbours in a row of B; 16 pairs of a
+               // row at a time, so the writes stay in 16 rows of the panel, in L1
+    for (int64_t p0 = 0; p0 < kc; p0 += 16) {
+      const int64_t p1 = std::min(kc, p0 + 16), w1 = std::min(p1, std::max(p0, whole));
+      for (int64_t j = 0; j < cols; ++j) {
+        const S* src = B + (j0 + j) * g.ldb + 2 * q0;
+        for (int64_t p = p0; p < w1; ++p) dst[p * nr + j] = Bits(src[2 * p]) | Bits(src[2 * p + 1]) << 16;
+        for (int64_t p = w1; p < p1; ++p) dst[p * nr + j] = Bits(src[2 * p]);  // K odd: the last k alone
+      }
+    }
+  } else {  // op(B)(k, j) = B[k·ldb + j]: a pair interleaves two rows of B
+    for (int64_t p = 0; p < kc; ++p) {
+      const S* r0 = B + (2 * (q0 + p)) * g.ldb + j0;
+      uint32_t* d = dst + p * nr;
+      if (p < whole)
+        for (int64_t j = 0; j < cols; ++j) d[j] = Bits(r0[j]) | Bits(r0[g.ldb + j]) << 16;
+      else
+        for (int64_t j = 0; j < cols; ++j) d[j] = Bits(r0[j]);
+    }
+  }
+  for (int64_t p = 0; p < kc; ++p)
+    for (int64_t j = cols; j < nr; ++j) dst[p * nr + j] = 0;
+}
+
+// Panels [pb, pe) of op(A) pairs [q0, q0 + kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR) words at
+// dst + p·PanelStride(kc); rows past M and a k past K are 0.
+template <typename S>
+void PackA(const Bf16Args& g, int64_t pb, int64_t pe, int64_t q0, int64_t kc, uint32_t* HWY_RESTRICT dst) {
+  const S* A = static_cast<const S*>(g.A);
+  const int64_t whole = std::min(kc, g.K / 2 - q0);
+  for (int64_t p = pb; p < pe; ++p) {
+    uint32_t* d = dst + p * PanelStride(kc);
+    const int64_t rows = std::min<int64_t>(kMR, g.M - p * kMR);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = p * kMR + r;
+      if (!g.ta) {  // op(A)(i, k) = A[i·lda + k]: a pair is two neighbours in a row
+        const S* src = A + i * g.lda + 2 * q0;
+        for (int64_t q = 0; q < whole; ++q) d[q * kMR + r] = Bits(src[2 * q]) | Bits(src[2 * q + 1]) << 16;
+        for (int64_t q = whole; q < kc; ++q) d[q * kMR + r] = Bits(src[2 * q]);
+      } else {  // op(A)(i, k) = A[k·lda + i]
+        const S* src = A + 2 * q0 * g.lda + i;
+        for (int64_t q = 0; q < whole; ++q)
+          d[q * kMR + r] = Bits(src[2 * q * g.lda]) | Bits(src[(2 * q + 1) * g.lda]) << 16;
+        for (int64_t q = whole; q < kc; ++q) d[q * kMR + r] = Bits(src[2 * q * g.lda]);
+      }
+    }
+    for (int64_t r = rows; r < kMR; ++r)
+      for (int64_t q = 0; q < kc; ++q) d[q * kMR + r] = 0;
+  }
+}
+
+// C (mr, nr) = C0 + A (kMR, kc pairs) · Bp (kc pairs, NV·N), for mr <= kMR, nr <= NV·N, C0 per `start`;
+// ap: the packed A panel (word (q, r) at q·kMR + r), bp: word (q, j) at q·ldbp + j. Each accumulator is
+// one chain over the pairs in order, odd k then even k, whichever microkernel runs.
+template <int NV, bool kDp>
+HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
+                        float* HWY_RESTRICT c, int64_t ldc, int64_t mr, int64_t nr, Start start, float beta) {
+  const DF df;
+  const DU du;
+  const int64_t N = hn::Lanes(df);
+  VF acc[kMR][NV];
+#pragma GCC unroll 16
+  for (int r = 0; r < kMR; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) {
+      acc[r][j] = hn::Zero(df);
+      if (start == Start::zero || r >= mr || nr <= j * N) continue;
+      acc[r][j] = LoadC(df, c + r * ldc + j * N, nr - j * N);
+      if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(df, beta), acc[r][j]);
+    }
+  const VU high = hn::Set(du, 0xFFFF0000u);
+  for (int64_t q = 0; q < kc; ++q) {
+    VU b[NV];
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) b[j] = hn::Load(du, bp + q * ldbp + j * N);
+    if constexpr (kDp) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#pragma GCC unroll 16
+      for (int r = 0; r < kMR; ++r) {
+        const VU a = hn::Set(du, ap[q * kMR + r]);
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) acc[r][j] = Dp(acc[r][j], a, b[j]);
+      }
+#endif
+    } else {
+      VF odd[NV], even[NV];
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) {
+        odd[j] = hn::BitCast(df, hn::And(b[j], high));
+        even[j] = hn::BitCast(df, hn::ShiftLeft<16>(b[j]));
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < kMR; ++r) {
+        const VU a = hn::Set(du, ap[q * kMR + r]);
+        const VF ao = hn::BitCast(df, hn::And(a, high)), ae = hn::BitCast(df, hn::ShiftLeft<16>(a));
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(ae, even[j], hn::MulAdd(ao, odd[j], acc[r][j]));
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kMR; ++r) {
+    if (r >= mr) break;
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j)
+      if (nr > j * N) StoreC(df, acc[r][j], c + r * ldc + j * N, nr - j * N);
+  }
+}
+
+// The narrowest instance that covers nr columns.
+template <bool kDp, int NV>
+HWY_INLINE void MicroCols(int64_t nr, const uint32_t* ap, const uint32_t* bp, int64_t ldbp, int64_t kc, float* c,
+                          int64_t ldc, int64_t mr, Start start, float beta) {
+  if constexpr (NV > 1)
+    if (nr <= (NV - 1) * static_cast<int64_t>(hn::Lanes(DF())))
+      return MicroCols<kDp, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, start, beta);
+  Micro<NV, kDp>(ap, bp, ldbp, kc, c, ldc, mr, nr, start, beta);
+}
+
+bool UseDp() { return kDpTarget && cpu_info().bf16; }
+
+void GemmBf16(const Bf16Args& g) {
+  const bool dp = UseDp();
+  const int64_t M = g.M, N = g.N, K2 = ceil_div(g.K, 2);  // K2: pairs
+  const int64_t nr = (dp ? kNVDp : kNVEmu) * static_cast<int64_t>(hn::Lanes(DF()));
+  const Blocking bl = blocking(M, N, K2, kMR, nr, sizeof(uint32_t), nullptr);
+  const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
+  auto* ap = static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc)) * 4));  // (mp, kc, kMR)
+  auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * 4));          // (np, kc, nr)
+  const auto pack_a = g.a16 ? PackA<uint16_t> : PackA<float>;
+  const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
+  const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
+  for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
+    const int64_t kc = std::min(bl.kc, K2 - q0);
+    const Start start = q0 > 0 || g.beta == 1.f ? Start::c : g.beta == 0.f ? Start::zero : Start::scaled;
+    parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
+      for (int64_t p = b; p < e; ++p) pack_b(g, p * nr, q0, kc, nr, bp + p * nr * kc);
+    });
+    parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { pack_a(g, b, e, q0, kc, ap); });
+    const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
+    parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
+      const FlushSubnormals flush(!dp);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
+        const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
+        for (int64_t i = i0; i < i1; i += kMR)
+          for (int64_t j = j0; j < j1; j += nr) {
+            const uint32_t* a = ap + i / kMR * PanelStride(kc);
+            const int64_t cols = std::min(nr, j1 - j), rows = std::min<int64_t>(kMR, i1 - i);
+            float* c = g.C + i * g.ldc + j;
+            if constexpr (kDpTarget)
+              if (dp) {
+                MicroCols<true, kNVDp>(cols, a, bp + j * kc, nr, kc, c, g.ldc, rows, start, g.beta);
+                continue;
+              }
+            MicroCols<false, kNVEmu>(cols, a, bp + j * kc, nr, kc, c, g.ldc, rows, start, g.beta);
+          }
+      }
+    });
+  }
+}
+
+// "VDPBF16PS, AVX3 6x64" or "emulated with FMA (no AVX512_BF16), AVX2 4x16".
+std::string DescribeBf16() {
+  const bool dp = UseDp();
+  const int64_t nr = (dp ? kNVDp : kNVEmu) * static_cast<int64_t>(hn::Lanes(DF()));
+  return std::string(dp ? "VDPBF16PS, " : "emulated with FMA (no AVX512_BF16), ") + hwy::TargetName(HWY_TARGET) +
+         " " + std::to_string(kMR) + "x" + std::to_string(nr);
+}
+
+}  // namespace attn::gemm_detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+namespace gemm_detail {
+HWY_EXPORT(GemmBf16);
+HWY_EXPORT(DescribeBf16);
+
+void run_bf16(const Bf16Args& g) {
+  if (g.M <= 0 || g.N <= 0) return;
+  if (g.K <= 0) {  // nothing to multiply: C = beta·C (beta == 0 writes zeros)
+    for (int64_t i = 0; i < g.M; ++i)
+      for (int64_t j = 0; j < g.N; ++j) {
+        float& c = g.C[i * g.ldc + j];
+        c = g.beta == 0.f ? 0.f : g.beta * c;
+      }
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(GemmBf16)(g);
+}
+}  // namespace gemm_detail
+
+std::string gemm_bf16_kernel() { return HWY_DYNAMIC_DISPATCH(gemm_detail::DescribeBf16)(); }
+
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B,
+               int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_detail::run_bf16({ta, tb, M, N, K, A, true, lda, B, true, ldb, beta, C, ldc});
+}
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_detail::run_bf16({ta, tb, M, N, K, A, false, lda, B, false, ldb, beta, C, ldc});
+}
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,
+               int64_t ldb, float beta, float* C, int64_t ldc) {
+  gemm_detail::run_bf16({ta, tb, M, N, K, A, false, lda, B, true, ldb, beta, C, ldc});
+}
+
+}  // namespace attn
+#endif  // HWY_ONCE

@@ -1,0 +1,223 @@
+// gemm_bf16 (attn/gemm.h): the bits of VDPBF16PS's arithmetic, written plainly here (one fp32 chain per
+// element over k in pairs, odd k first, each sum rounded once, subnormals flushed), on every SIMD target
+// this CPU runs, with the instruction and with its emulation, any cache size and thread count; the
+// instruction itself against the plain emulation on edge cases; and the accuracy bound against an fp64
+// oracle derived from bf16's 8-bit significand. Not speed (bench/gemm_bf16_vs_torch.py).
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn/cpu.h"
+#include "attn/gemm.h"
+#include "attn/kernels/half_kv.h"
+#include "attn/simd.h"
+#include "attn/threads.h"
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+float from_bits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+uint32_t to_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+float flush(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.f, x) : x; }
+// A bf16 as the instruction reads it: the high half of an fp32, a subnormal as zero.
+float value(uint16_t b) { return flush(from_bits(uint32_t(b) << 16)); }
+
+// The definition, plainly: element (i, j) of op(A)·op(B) + beta·C with bf16 A and B.
+std::vector<float> plain(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const std::vector<uint16_t>& A,
+                         int64_t lda, const std::vector<uint16_t>& B, int64_t ldb, float beta, std::vector<float> C,
+                         int64_t ldc) {
+  auto a = [&](int64_t i, int64_t k) { return k < K ? value(ta ? A[k * lda + i] : A[i * lda + k]) : 0.f; };
+  auto b = [&](int64_t k, int64_t j) { return k < K ? value(tb ? B[j * ldb + k] : B[k * ldb + j]) : 0.f; };
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      float acc = beta == 0.f ? 0.f : beta == 1.f ? C[i * ldc + j] : beta * C[i * ldc + j];
+      for (int64_t k = 0; k < K; k += 2) {
+        acc = flush(std::fma(a(i, k + 1), b(k + 1, j), flush(acc)));  // the odd k first
+        acc = flush(std::fma(a(i, k), b(k, j), acc));
+      }
+      C[i * ldc + j] = acc;
+    }
+  return C;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+  to_half(KvDtype::bf16, x.data(), int64_t(x.size()), out.data());
+  return out;
+}
+
+struct Shape3 {
+  int64_t M, N, K;
+  bool ta, tb;
+  float beta;
+};
+
+// Every target this CPU runs; on AVX-512 targets of a CPU with AVX512_BF16, with the instruction and with
+// the emulation.
+struct Path {
+  int64_t target;
+  bool bf16;
+  std::string name() const { return std::string(hwy::TargetName(target)) + (bf16 ? " VDPBF16PS" : " emulated"); }
+};
+std::vector<Path> paths() {
+  std::vector<Path> out;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    out.push_back({t, false});
+    if (cpu_info().bf16 && (t == HWY_AVX3 || t == HWY_AVX3_DL)) out.push_back({t, true});
+  }
+  return out;
+}
+
+struct Bf16Off {  // set_cpu_bf16 for a scope
+  explicit Bf16Off(bool on) { set_cpu_bf16(on); }
+  ~Bf16Off() { set_cpu_bf16(true); }
+};
+
+TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
+  const Shape3 shapes[] = {
+      {1, 1, 1, false, false, 0.f},   {7, 5, 3, false, true, 0.f},     {13, 70, 37, false, true, 1.f},
+      {64, 64, 64, false, false, 0.f}, {31, 97, 129, true, false, 0.5f}, {50, 33, 600, true, true, 0.f},
+      {130, 200, 2100, false, true, 0.f},  // K > any K block: later blocks continue the chain
+  };
+  const int64_t caches[][2] = {{cpu_info().l1d, cpu_info().l2}, {32 << 10, 512 << 10}, {48 << 10, 2 << 20}};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  int checked = 0;
+  for (const Shape3& s : shapes) {
+    const int64_t lda = (s.ta ? s.M : s.K) + 3, ldb = (s.tb ? s.K : s.N) + 1, ldc = s.N + 2;
+    std::vector<float> a32((s.ta ? s.K : s.M) * lda), b32((s.tb ? s.N : s.K) * ldb), c0(s.M * ldc);
+    for (float& x : a32) x = nd(rng);
+    for (float& x : b32) x = nd(rng) * 4.f;
+    for (float& x : c0) x = nd(rng);
+    const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32);
+    const std::vector<float> want = plain(s.ta, s.tb, s.M, s.N, s.K, a, lda, b, ldb, s.beta, c0, ldc);
+    int n = 0;
+    for (const Path& p : paths())
+      for (const auto& cs : caches) {
+        const int threads = 1 + (n++ % std::min(2, max_threads()));
+        const test::PretendMachine as(p.target, cs[0], cs[1], threads);
+        const Bf16Off off(p.bf16);
+        const std::string where = "M N K " + std::to_string(s.M) + " " + std::to_string(s.N) + " " +
+                                  std::to_string(s.K) + ", " + p.name() + ", L1d " + std::to_string(cs[0] >> 10) +
+                                  " KiB, " + std::to_string(threads) + " thread(s)";
+        std::vector<float> c16 = c0, c32 = c0, cmix = c0;
+        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta, c16.data(), ldc);
+        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a32.data(), lda, b32.data(), ldb, s.beta, c32.data(), ldc);
+        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a32.data(), lda, b.data(), ldb, s.beta, cmix.data(), ldc);
+        for (int64_t i = 0; i < s.M; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {  // the columns past N too: never written
+            const int64_t e = i * ldc + j;
+            ASSERT_EQ(to_bits(c16[e]), to_bits(want[e])) << where << ", bf16 operands, at " << i << "," << j;
+            ASSERT_EQ(to_bits(c32[e]), to_bits(want[e])) << where << ", fp32 operands, at " << i << "," << j;
+            ASSERT_EQ(to_bits(cmix[e]), to_bits(want[e])) << where << ", fp32 A, bf16 B, at " << i << "," << j;
+          }
+        ++checked;
+      }
+  }
+  EXPECT_GE(checked, 7 * 3);
+}
+
+// Pairs chosen so that each rule decides the result: the order (odd first), one rounding per sum, ties to
+// even, subnormal inputs, a subnormal accumulator, a subnormal sum, signed zeros, infinities, NaN.
+TEST(GemmBf16, EdgeCasesOnEveryPathMatchThePlainDefinition) {
+  const float tiny = std::ldexp(1.f, -63), min_normal = std::ldexp(1.f, -126);
+  struct Case {
+    float c, a0, a1, b0, b1;
+    bool subnormal_product = false;  // targets without FMA flush the product itself (gemm.h)
+  } cases[] = {
+      {1.f, std::ldexp(1.f, -30), -1.f, 1.f, 1.f},              // odd first: 0 + 2^-30; even first: 0
+      {1.f, std::ldexp(1.f, -24), std::ldexp(1.f, -24), 1.f, 1.f},  // two half-ulps, each rounded away
+      {1.f, 3.f * std::ldexp(1.f, -24), 0.f, 1.f, 0.f},         // a tie to even upwards
+      {0.f, std::ldexp(1.f, -130), 0.f, 1.f, 0.f},              // a subnormal bf16 input reads as 0
+      {std::ldexp(1.f, -127), tiny, 0.f, tiny, 0.f},            // a subnormal accumulator reads as 0
+      {0.f, std::ldexp(1.f, -70), 0.f, std::ldexp(1.f, -70), 0.f},  // a subnormal sum is flushed
+      {min_normal, -std::ldexp(1.f, -64), 0.f, std::ldexp(1.f, -63), 0.f, true},  // min_normal - 2^-127: flushed
+      {-0.f, 0.f, 0.f, 1.f, 0.f},                               // -0 + 0·1 + 0·0
+      {1.f, INFINITY, 0.f, 2.f, 0.f},                            // inf
+      {1.f, INFINITY, 0.f, 0.f, 0.f},                            // inf·0: NaN
+  };
+  for (const Case& cs : cases) {
+    const std::vector<uint16_t> a = to_bf16({cs.a0, cs.a1}), b = to_bf16({cs.b0, cs.b1});
+    const float want = plain(false, false, 1, 1, 2, a, 2, b, 1, 1.f, {cs.c}, 1)[0];
+    for (const Path& p : paths()) {
+      if (cs.subnormal_product && !fma_target(p.target)) continue;
+      const test::PretendMachine as(p.target, 0, 0, 1);
+      const Bf16Off off(p.bf16);
+      float got = cs.c;
+      gemm_bf16(false, false, 1, 1, 2, a.data(), 2, b.data(), 1, 1.f, &got, 1);
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << p.name();
+      else EXPECT_EQ(to_bits(got), to_bits(want)) << p.name() << ": c " << cs.c << " a " << cs.a0 << "," << cs.a1
+                                                  << " b " << cs.b0 << "," << cs.b1 << ": " << got << " vs " << want;
+    }
+  }
+}
+
+// Against fp64: with the operands as rounded to bf16, each of the K/2·2 sums rounds once (relative
+// u = 2^-24), so |C - C64| <= K·u·Σ|a·b| (+ a term for flushed subnormals, none here); against the fp32
+// operands, each bf16 rounding adds at most 2^-8 to each factor: 2·2^-8 + 2^-16 more of Σ|a·b|.
+TEST(GemmBf16, WithinTheBoundOfBf16RoundingAgainstFp64) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> ud(-1.f, 1.f);
+  for (int64_t K : {1, 2, 255, 1024, 3001}) {
+    const int64_t M = 9, N = 21;
+    std::vector<float> a32(M * K), b32(N * K);
+    for (float& x : a32) x = ud(rng);
+    for (float& x : b32) x = ud(rng) * 100.f;
+    const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32);
+    std::vector<float> c(M * N);
+    gemm_bf16(false, true, M, N, K, a32.data(), K, b32.data(), K, 0.f, c.data(), N);
+    const double u = std::ldexp(1.0, -24), ub = std::ldexp(1.0, -8);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double exact16 = 0, exact32 = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          exact16 += double(value(a[i * K + k])) * value(b[j * K + k]);
+          exact32 += double(a32[i * K + k]) * b32[j * K + k];
+          mag += std::fabs(double(a32[i * K + k]) * b32[j * K + k]);
+        }
+        const double got = c[i * N + j];
+        EXPECT_LE(std::fabs(got - exact16), double(K) * u * mag * 1.01) << "K " << K << " at " << i << "," << j;
+        EXPECT_LE(std::fabs(got - exact32), (double(K) * u + 2 * ub + ub * ub) * mag * 1.01)
+            << "K " << K << " at " << i << "," << j;
+      }
+  }
+}
+
+TEST(GemmBf16, NothingToMultiplyScalesCAndEmptyOutputsAreNoOps) {
+  std::vector<float> c = {1.f, -2.f, NAN, 4.f};
+  const uint16_t one = 0x3F80;
+  gemm_bf16(false, false, 2, 2, 0, &one, 1, &one, 2, 0.5f, c.data(), 2);
+  EXPECT_EQ(c[0], 0.5f);
+  EXPECT_EQ(c[1], -1.f);
+  EXPECT_TRUE(std::isnan(c[2]));
+  gemm_bf16(false, false, 2, 2, 0, &one, 1, &one, 2, 0.f, c.data(), 2);  // beta 0: C not read
+  EXPECT_EQ(c[2], 0.f);
+  gemm_bf16(false, false, 0, 2, 3, &one, 3, &one, 2, 0.f, nullptr, 2);
+}
+
+TEST(GemmBf16, InfoNamesThePath) {
+  const std::string k = gemm_bf16_kernel();
+  EXPECT_NE(k.find(cpu_info().bf16 && cpu_info().avx512 ? "VDPBF16PS" : "emulated"), std::string::npos) << k;
+  {
+    const Bf16Off off(false);
+    EXPECT_NE(gemm_bf16_kernel().find("emulated"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace attn
