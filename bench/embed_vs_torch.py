@@ -2,9 +2,10 @@
 (the model exported to ONNX with torch.onnx, its CPU provider with ORT_ENABLE_ALL graph optimizations),
 on tinyshakespeare paragraphs: sentences/s at batch 32 (max length 128, padded to each batch's longest as a
 tokenizer pads), single-sentence latency, and attn's load-to-first-embedding time in a fresh process.
-Same thread count everywhere, runs interleaved, medians.
+Same thread count everywhere, runs interleaved, medians. --bf16 adds attn with dtype="bfloat16" and
+transformers under torch.autocast("cpu", dtype=torch.bfloat16), in the same interleaved rounds.
 
-    .venv/bin/python bench/embed_vs_torch.py --threads 2 --repeats 5
+    .venv/bin/python bench/embed_vs_torch.py --threads 2 --repeats 5 [--bf16]
 """
 import argparse
 import os
@@ -39,6 +40,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--sentences", type=int, default=256)
+    ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"))
     a = ap.parse_args()
 
@@ -99,14 +101,26 @@ def main():
     def ours_embed(batch):
         return ours.embed(batch, len(batch), maxlen)  # one batch, padded to its longest
 
+    sides = {"attn": ours_embed, "transformers": torch_embed, "onnxruntime": ort_embed}
+    if a.bf16:
+        ours16 = attn.models.from_pretrained(model_dir, dtype="bfloat16")
+
+        def torch16_embed(batch):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch_embed(batch).float()
+
+        sides["attn bf16"] = lambda batch: ours16.embed(batch, len(batch), maxlen)
+        sides["transformers bf16"] = torch16_embed
+
     ours_tok = ours.tokenizer
     batches = [texts[i:i + a.batch] for i in range(0, len(texts), a.batch)]
     e0 = ours_embed(batches[0])
-    for name, f in [("transformers", lambda b: torch_embed(b).numpy()), ("onnxruntime", ort_embed)]:
+    for name, f in [("transformers", lambda b: torch_embed(b).numpy()), ("onnxruntime", ort_embed)] + (
+            [("attn bf16", sides["attn bf16"]), ("transformers bf16", lambda b: torch16_embed(b).numpy())]
+            if a.bf16 else []):
         cos = (e0 * f(batches[0])).sum(1).min()
         print(f"min cosine attn vs {name} on batch 0: {cos:.7f}")
 
-    sides = {"attn": ours_embed, "transformers": torch_embed, "onnxruntime": ort_embed}
     for f in sides.values():  # warm-up
         f(batches[0])
     rates = {k: [] for k in sides}
@@ -119,9 +133,13 @@ def main():
     lens = [len(ours_tok.encode(t, True, maxlen)) for t in texts]
     print(f"\n{len(texts)} tinyshakespeare paragraphs, batch {a.batch}, max length {maxlen} "
           f"(tokens per text: median {int(np.median(lens))}, max {max(lens)}), {a.repeats} interleaved repeats, medians")
-    print(f"{'':14} {'sentences/s':>12} {'single (ms)':>12}")
+    print(f"{'':18} {'sentences/s':>12} {'single (ms)':>12}")
     for k in sides:
-        print(f"{k:14} {statistics.median(rates[k]):12.1f} {statistics.median(single[k]):12.2f}")
+        print(f"{k:18} {statistics.median(rates[k]):12.1f} {statistics.median(single[k]):12.2f}")
+    if a.bf16:
+        for k in ("attn", "transformers bf16"):
+            print(f"attn bf16 / {k}: {statistics.median(rates['attn bf16']) / statistics.median(rates[k]):.2f}x "
+                  f"sentences/s")
     for k in ("transformers", "onnxruntime"):
         print(f"attn / {k}: {statistics.median(rates['attn']) / statistics.median(rates[k]):.2f}x sentences/s, "
               f"{statistics.median(single[k]) / statistics.median(single['attn']):.2f}x single-sentence latency")

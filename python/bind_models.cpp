@@ -60,7 +60,10 @@ void bind_models(py::module_& m) {
 
   py::class_<Pretrained>(m, "Pretrained",
                          (std::string("A Hugging Face model directory: model, tokenizer, pooling.") + py_util::kThreadsDoc).c_str())
-      .def(py::init([](const std::string& dir) { return Pretrained::load(dir); }), py::arg("dir"))
+      .def(py::init([](const std::string& dir, const std::string& dtype) {
+             return Pretrained::load(dir, parse_precision(dtype));
+           }), py::arg("dir"), py::arg("dtype") = "float32")
+      .def_property_readonly("dtype", [](const Pretrained& p) { return to_string(p.model->precision); })
       .def_property_readonly("architecture", [](const Pretrained& p) { return p.model->architecture(); })
       .def_property_readonly("hidden_size", [](const Pretrained& p) { return p.model->hidden_size(); })
       .def_property_readonly("num_layers", [](const Pretrained& p) { return p.model->num_layers(); })

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/check.h"
 #include "attn/cpu.h"
 #include "attn/gemm.h"
 #include "attn/kernels/half_kv.h"
@@ -208,6 +209,53 @@ TEST(GemmBf16, NothingToMultiplyScalesCAndEmptyOutputsAreNoOps) {
   gemm_bf16(false, false, 2, 2, 0, &one, 1, &one, 2, 0.f, c.data(), 2);  // beta 0: C not read
   EXPECT_EQ(c[2], 0.f);
   gemm_bf16(false, false, 0, 2, 3, &one, 3, &one, 2, 0.f, nullptr, 2);
+}
+
+// Autocast(bf16): linear and linear_backward run gemm_bf16 on this thread while it is alive, and f32
+// again after; the parse names what it refuses.
+TEST(GemmBf16, AutocastSendsLinearAndItsBackwardThroughGemmBf16) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  const int64_t N = 19, in = 23, out = 17;
+  auto fill = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = nd(rng);
+    return v;
+  };
+  const std::vector<float> x = fill(N * in), w = fill(out * in), bias = fill(out), dy = fill(N * out);
+  const View<const float> X(x.data(), {N, in}), W(w.data(), {out, in}), Bias(bias.data(), {out}), DY(dy.data(), {N, out});
+  auto run = [&](std::vector<float>& y, std::vector<float>& dx, std::vector<float>& dw) {
+    y.assign(N * out, 0.f), dx.assign(N * in, 0.f), dw.assign(out * in, 1.f);
+    linear<float>(X, W, Bias, View<float>(y.data(), {N, out}));
+    linear_backward(X, W, DY, View<float>(dx.data(), {N, in}), View<float>(dw.data(), {out, in}), {});
+  };
+  std::vector<float> y16, dx16, dw16, y32, dx32, dw32;
+  EXPECT_EQ(matmul_precision(), Precision::f32);
+  {
+    const Autocast bf16(Precision::bf16);
+    EXPECT_EQ(matmul_precision(), Precision::bf16);
+    run(y16, dx16, dw16);
+  }
+  EXPECT_EQ(matmul_precision(), Precision::f32);
+  run(y32, dx32, dw32);
+  std::vector<float> want_y(N * out), want_dx(N * in, 0.f), want_dw(out * in, 1.f);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < out; ++c) want_y[r * out + c] = bias[c];
+  gemm_bf16(false, true, N, out, in, x.data(), in, w.data(), in, 1.f, want_y.data(), out);
+  gemm_bf16(false, false, N, in, out, dy.data(), out, w.data(), in, 0.f, want_dx.data(), in);
+  gemm_bf16(true, false, out, in, N, dy.data(), out, x.data(), in, 1.f, want_dw.data(), in);
+  for (size_t i = 0; i < y16.size(); ++i) ASSERT_EQ(to_bits(y16[i]), to_bits(want_y[i])) << "y at " << i;
+  for (size_t i = 0; i < dx16.size(); ++i) ASSERT_EQ(to_bits(dx16[i]), to_bits(want_dx[i])) << "dx at " << i;
+  for (size_t i = 0; i < dw16.size(); ++i) ASSERT_EQ(to_bits(dw16[i]), to_bits(want_dw[i])) << "dw at " << i;
+  EXPECT_NE(y16, y32);  // the f32 run after the scope is another computation
+  EXPECT_EQ(parse_precision("bfloat16"), Precision::bf16);
+  EXPECT_EQ(parse_precision("float32"), Precision::f32);
+  try {
+    parse_precision("fp16");
+    FAIL() << "fp16 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fp16'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(GemmBf16, InfoNamesThePath) {

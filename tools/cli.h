@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/gemm.h"
 #include "attn/train.h"
 
 namespace attn {
@@ -28,6 +29,20 @@ inline CLI::Validator at_least(double lo, bool strict) {
 }
 inline CLI::Validator positive() { return at_least(0, true); }
 inline CLI::Validator non_negative() { return at_least(0, false); }
+
+// --dtype f32|bf16 (what the matmuls multiply in, gemm.h Precision) and --strict (refuse bf16 where it
+// would run emulated), for the commands that run a model.
+inline void add_dtype_options(CLI::App* cmd, std::string& dtype, bool& strict) {
+  cmd->add_option("--dtype", dtype, "matmul precision: f32, or bf16 (bf16 products, fp32 sums; emulated exactly on "
+                                    "CPUs without AVX512_BF16, see attn info)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_flag("--strict", strict, "with --dtype bf16: exit with an error where bf16 would run emulated");
+}
+inline Precision dtype_of(const std::string& dtype, bool strict) {
+  const Precision p = parse_precision(dtype);
+  if (p == Precision::bf16 && strict) check_bf16_native();
+  return p;
+}
 
 // tools/suggest.cpp: the known name nearest to `word` (a prefix of it, or a few edits away), or "".
 std::string nearest(const std::string& word, const std::vector<std::string>& known);
@@ -76,6 +91,8 @@ int run_generate(const GenerateCli& cli);
 // `attn embed` (tools/embed.cpp): sentence embeddings of a Hugging Face model directory.
 struct EmbedCli {
   std::string model, input, out;  // input "": stdin; out "": JSON lines on stdout
+  std::string dtype = "f32";      // the matmuls' precision (gemm.h)
+  bool strict = false;            // refuse bf16 where it would be emulated
   int64_t batch = 32;
   int threads = 0;
 };

@@ -26,6 +26,7 @@ CLI::App* add_embed_command(CLI::App& app, EmbedCli& cli) {
   cmd->add_option("--out", cli.out, "output: FILE.npy (float32 (N, E)) or FILE.jsonl (default: JSON lines on stdout)");
   cmd->add_option("--batch", cli.batch, "texts per forward (sorted by length, padded per batch)")
       ->check(number_of<int64_t>())->check(positive());
+  add_dtype_options(cmd, cli.dtype, cli.strict);
   cmd->add_option("--threads", cli.threads, "threads (0: the CPUs this process may use)")->check(number_of<int>())
       ->check(non_negative());
   return cmd;
@@ -69,7 +70,7 @@ int run_embed(const EmbedCli& cli) {
     text = read_regular_file(cli.input, "--input", uint64_t(1) << 32);
   }
   const std::vector<std::string> lines = read_lines(text);
-  Pretrained p = Pretrained::load(cli.model);
+  Pretrained p = Pretrained::load(cli.model, dtype_of(cli.dtype, cli.strict));
   const Tensor e = p.embed(lines, cli.batch);  // (N, E)
   const bool npy = cli.out.size() >= 4 && cli.out.compare(cli.out.size() - 4, 4, ".npy") == 0;
   if (!cli.out.empty()) check_path(cli.out, "--out");

@@ -56,6 +56,9 @@ struct BertConfig {
 class PretrainedModel {
  public:
   virtual ~PretrainedModel() = default;
+  // What its matmuls multiply in (gemm.h Precision: an Autocast around each forward); sums, weights,
+  // norms and attention stay fp32.
+  Precision precision = Precision::f32;
   virtual std::string architecture() const = 0;
   virtual int64_t hidden_size() const = 0;  // E
   virtual int64_t vocab_size() const = 0;
@@ -130,7 +133,7 @@ struct Pretrained {
   HfTokenizer tokenizer;
   Pooling pooling;
 
-  static Pretrained load(const std::string& dir);
+  static Pretrained load(const std::string& dir, Precision precision = Precision::f32);
   // The longest token sequence embed() feeds the model: max_seq_length, else the tokenizer's truncation,
   // each capped by the position table.
   int64_t max_tokens() const;

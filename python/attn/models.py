@@ -16,8 +16,9 @@ import _attn
 class PretrainedModel:
     """A loaded model directory. Float32 weights are read in place from the mapped safetensors file."""
 
-    def __init__(self, directory):
-        self._p = _attn.Pretrained(str(directory))
+    def __init__(self, directory, dtype="float32"):
+        self._p = _attn.Pretrained(str(directory), _dtype_name(dtype))
+        self.dtype = self._p.dtype
         self.tokenizer = self._p.tokenizer
         self.architecture = self._p.architecture
         self.hidden_size = self._p.hidden_size
@@ -44,6 +45,14 @@ class PretrainedModel:
         return self._p.embed(list(texts), batch_size, max_length or 0)
 
 
-def from_pretrained(directory):
-    """The model in a Hugging Face model directory (BertModel)."""
-    return PretrainedModel(directory)
+def _dtype_name(dtype):
+    """"float32"/"bfloat16" (or "f32"/"bf16", numpy's float32, torch.float32/torch.bfloat16) as attn names it."""
+    name = str(getattr(dtype, "__name__", dtype)).replace("torch.", "")
+    return {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16"}.get(name, name)
+
+
+def from_pretrained(directory, dtype="float32"):
+    """The model in a Hugging Face model directory (BertModel). dtype "bfloat16": its matmuls multiply bf16
+    products with fp32 sums (attn.info()["gemm_bf16"] says whether the CPU's instruction or its exact emulation
+    runs); weights stay the mapped float32."""
+    return PretrainedModel(directory, dtype)

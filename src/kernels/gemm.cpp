@@ -28,6 +28,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "attn/cpu.h"
 #include "attn/threads.h"
@@ -317,6 +318,25 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
 }
 
+namespace {
+thread_local Precision t_precision = Precision::f32;
+}  // namespace
+
+const char* to_string(Precision p) { return p == Precision::bf16 ? "bf16" : "f32"; }
+Precision parse_precision(const std::string& s) {
+  if (s == "f32" || s == "float32") return Precision::f32;
+  if (s == "bf16" || s == "bfloat16") return Precision::bf16;
+  ATTN_CHECK(false, "Expected a dtype f32 (float32) or bf16 (bfloat16), but got '", s, "' instead");
+  return Precision::f32;
+}
+Precision matmul_precision() { return t_precision; }
+void check_bf16_native() {
+  ATTN_CHECK(gemm_bf16_kernel().rfind("VDPBF16PS", 0) == 0, "Expected a CPU with AVX512_BF16 for bf16 under --strict, ",
+             "but got ", gemm_bf16_kernel(), " instead");
+}
+Autocast::Autocast(Precision p) : saved_(t_precision) { t_precision = p; }
+Autocast::~Autocast() { t_precision = saved_; }
+
 template <typename T>
 void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
@@ -337,6 +357,9 @@ void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
       for (int64_t c = 0; c < out; ++c) y.data[r * ys + c] = bias.data[c * bs];
     beta = 1;
   }
+  if constexpr (std::is_same_v<T, float>)
+    if (matmul_precision() == Precision::bf16)
+      return gemm_bf16(false, true, n, out, in, x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
   gemm(false, true, n, out, in, T(1), x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
 }
 
@@ -349,15 +372,22 @@ void linear_backward(View<const float> x, View<const float> w, View<const float>
   ATTN_CHECK(x.stride(1) == 1 && dy.stride(1) == 1 && w.is_contiguous() && (dx.empty() || dx.stride(1) == 1),
              "Expected unit column strides for linear_backward, but got x strides ", to_string(x.strides),
              " and dy strides ", to_string(dy.strides), " instead");
+  const bool bf16 = matmul_precision() == Precision::bf16;
   if (!dx.empty()) {  // dx (N, in) = dy (N, out) · W (out, in)
     ATTN_CHECK(dx.shape == Shape({N, in}), "Expected dx of shape ", to_string({N, in}), ", but got ",
                to_string(dx.shape), " instead");
-    if (N > 0) gemm(false, false, N, in, out, 1.0f, dy.data, dy.stride(0), w.data, in, 0.0f, dx.data, dx.stride(0));
+    if (N > 0 && bf16)
+      gemm_bf16(false, false, N, in, out, dy.data, dy.stride(0), w.data, in, 0.0f, dx.data, dx.stride(0));
+    else if (N > 0)
+      gemm(false, false, N, in, out, 1.0f, dy.data, dy.stride(0), w.data, in, 0.0f, dx.data, dx.stride(0));
   }
   if (N == 0) return;
   ATTN_CHECK(dw.shape == w.shape && dw.is_contiguous(), "Expected dw of the weight's shape ", to_string(w.shape),
              ", contiguous, but got ", to_string(dw.shape), " instead");
-  gemm(true, false, out, in, N, 1.0f, dy.data, dy.stride(0), x.data, x.stride(0), 1.0f, dw.data, in);  // dW += dyᵀ·x
+  if (bf16)  // dW += dyᵀ·x
+    gemm_bf16(true, false, out, in, N, dy.data, dy.stride(0), x.data, x.stride(0), 1.0f, dw.data, in);
+  else
+    gemm(true, false, out, in, N, 1.0f, dy.data, dy.stride(0), x.data, x.stride(0), 1.0f, dw.data, in);
   if (!db.empty())
     for (int64_t r = 0; r < N; ++r) {  // db += Σ_rows dy, rows in order
       const float* g = dy.data + r * dy.stride(0);

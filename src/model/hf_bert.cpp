@@ -104,6 +104,7 @@ std::vector<Tensor> BertModel::attention_weights(const int64_t* ids, int64_t B, 
 
 Tensor BertModel::run(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask, const int64_t* types,
                       std::vector<Tensor>* weights) {
+  const Autocast autocast(precision);
   const int64_t E = c_.hidden_size, H = c_.num_attention_heads, D = E / H;
   ATTN_CHECK(B > 0 && L > 0, "Expected ids (B, L) with B, L > 0, but got (", B, ", ", L, ") instead");
   ATTN_CHECK(L <= c_.max_position_embeddings, "Expected ids (B, L) with L <= max_position_embeddings ",

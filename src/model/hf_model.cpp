@@ -149,9 +149,11 @@ Tensor pool(View<const float> hidden, const int64_t* mask, const Pooling& poolin
 
 // ---- Pretrained ----
 
-Pretrained Pretrained::load(const std::string& dir) {
-  return Pretrained{load_pretrained(dir), HfTokenizer::from_file((fs::path(dir) / "tokenizer.json").string()),
-                    read_pooling(dir)};
+Pretrained Pretrained::load(const std::string& dir, Precision precision) {
+  Pretrained p{load_pretrained(dir), HfTokenizer::from_file((fs::path(dir) / "tokenizer.json").string()),
+               read_pooling(dir)};
+  p.model->precision = precision;
+  return p;
 }
 
 int64_t Pretrained::max_tokens() const {
