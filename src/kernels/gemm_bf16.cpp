@@ -21,6 +21,7 @@
 #include <string>
 
 #include "attn/cpu.h"
+#include "attn/kernels/half_kv.h"
 #include "attn/threads.h"
 #include "gemm_blocking.h"
 
@@ -110,68 +111,102 @@ constexpr int kMR = 4, kNVDp = 1, kNVEmu = 2;
 // Pair words from one packed A panel to the next: kc·kMR plus one cache line (gemm.cpp's PanelStride).
 inline int64_t PanelStride(int64_t kc) { return kc * kMR + 16; }
 
-// The bf16 bits of x, rounded to nearest even (a NaN stays a NaN), and bf16 bits as they are.
-HWY_INLINE uint32_t Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;
-  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+// n elements of a row as bf16 bits: fp32 rounded to nearest even by to_half (half_kv.h: the rounding of
+// every fp32 -> bf16 conversion in attn), bf16 copied.
+inline void Row16(const float* src, int64_t n, uint16_t* dst) { to_half(KvDtype::bf16, src, n, dst); }
+inline void Row16(const uint16_t* src, int64_t n, uint16_t* dst) { std::memcpy(dst, src, size_t(n) * 2); }
+
+constexpr int64_t kRun = 512;  // elements converted at a time (a stack buffer)
+
+// The pair words of one row of op(X) where k runs along the row (2·kc elements from src, k past `valid`
+// zero): out[q] = bf16(src[2q]) | bf16(src[2q + 1]) << 16, the row's bf16 bits seen as 32-bit words.
+// kc <= kRun / 2.
+template <typename S>
+HWY_INLINE void PairsAlongRow(const S* src, int64_t kc, int64_t valid, uint32_t* HWY_RESTRICT out) {
+  uint16_t halves[kRun];
+  const int64_t n = std::min(2 * kc, valid);
+  Row16(src, n, halves);
+  if (n < 2 * kc) halves[n] = 0;  // K odd: a zero pairs the last k
+  std::memcpy(out, halves, size_t(kc) * sizeof(uint32_t));  // little-endian: element 2q is word q's low half
 }
-HWY_INLINE uint32_t Bits(uint16_t x) { return x; }
+
+// The pair words of two rows of op(X) where k runs across rows (row k and row k + 1; hi null: a zero
+// row): out[j] = bf16(lo[j]) | bf16(hi[j]) << 16, j < n.
+template <typename S>
+HWY_INLINE void PairsAcrossRows(const S* lo, const S* hi, int64_t n, uint32_t* HWY_RESTRICT out) {
+  uint16_t l[kRun], h[kRun];
+  for (int64_t j0 = 0; j0 < n; j0 += kRun) {
+    const int64_t m = std::min(kRun, n - j0);
+    Row16(lo + j0, m, l);
+    if (hi) Row16(hi + j0, m, h);
+    else std::fill(h, h + m, uint16_t(0));
+    for (int64_t j = 0; j < m; ++j) out[j0 + j] = uint32_t(l[j]) | uint32_t(h[j]) << 16;
+  }
+}
 
 // op(B) pairs [q0, q0 + kc) x columns [j0, j0 + nr) -> (kc, nr) words (2p low, 2p+1 high); columns past
 // N and a k past K are 0.
 template <typename S>
 void PackB(const Bf16Args& g, int64_t j0, int64_t q0, int64_t kc, int64_t nr, uint32_t* HWY_RESTRICT dst) {
   const S* B = static_cast<const S*>(g.B);
-  const int64_t cols = std::min(nr, g.N - j0);
-  const int64_t whole = std::min(kc, g.K / 2 - q0);  // pairs with both k inside K; at most one more
-  if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: a pair is two neighbours in a row of B; 16 pairs of a
-               // row at a time, so the writes stay in 16 rows of the panel, in L1
-    for (int64_t p0 = 0; p0 < kc; p0 += 16) {
-      const int64_t p1 = std::min(kc, p0 + 16), w1 = std::min(p1, std::max(p0, whole));
+  const int64_t cols = std::min(nr, g.N - j0), k0 = 2 * q0;
+  if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: row j of B holds column j's pairs; 16 pairs at a time, so
+               // the writes stay in 16 rows of the panel, in L1
+    uint32_t words[kRun / 2];
+    for (int64_t p0 = 0; p0 < kc; p0 += kRun / 2) {
+      const int64_t pn = std::min(kRun / 2, kc - p0);
       for (int64_t j = 0; j < cols; ++j) {
-        const S* src = B + (j0 + j) * g.ldb + 2 * q0;
-        for (int64_t p = p0; p < w1; ++p) dst[p * nr + j] = Bits(src[2 * p]) | Bits(src[2 * p + 1]) << 16;
-        for (int64_t p = w1; p < p1; ++p) dst[p * nr + j] = Bits(src[2 * p]);  // K odd: the last k alone
+        PairsAlongRow(B + (j0 + j) * g.ldb + k0 + 2 * p0, pn, g.K - k0 - 2 * p0, words);
+        for (int64_t p = 0; p < pn; ++p) dst[(p0 + p) * nr + j] = words[p];
       }
     }
-  } else {  // op(B)(k, j) = B[k·ldb + j]: a pair interleaves two rows of B
+  } else {  // op(B)(k, j) = B[k·ldb + j]: a pair interleaves rows k and k + 1 of B
     for (int64_t p = 0; p < kc; ++p) {
-      const S* r0 = B + (2 * (q0 + p)) * g.ldb + j0;
-      uint32_t* d = dst + p * nr;
-      if (p < whole)
-        for (int64_t j = 0; j < cols; ++j) d[j] = Bits(r0[j]) | Bits(r0[g.ldb + j]) << 16;
-      else
-        for (int64_t j = 0; j < cols; ++j) d[j] = Bits(r0[j]);
+      const int64_t k = k0 + 2 * p;
+      const S* lo = B + k * g.ldb + j0;
+      PairsAcrossRows(lo, k + 1 < g.K ? lo + g.ldb : nullptr, cols, dst + p * nr);
     }
   }
   for (int64_t p = 0; p < kc; ++p)
     for (int64_t j = cols; j < nr; ++j) dst[p * nr + j] = 0;
 }
 
-// Panels [pb, pe) of op(A) pairs [q0, q0 + kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR) words at
-// dst + p·PanelStride(kc); rows past M and a k past K are 0.
+// Panels of op(A) pairs [q0, q0 + kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR) words at
+// dst + p·PanelStride(kc); rows past M and a k past K are 0. Not transposed: panels [b, e), each row's
+// pairs converted along it. Transposed: pairs [b, e) of every panel (rows 2q, 2q + 1 of A, read once,
+// start to end, as gemm.cpp's PackA).
 template <typename S>
-void PackA(const Bf16Args& g, int64_t pb, int64_t pe, int64_t q0, int64_t kc, uint32_t* HWY_RESTRICT dst) {
+void PackA(const Bf16Args& g, int64_t b, int64_t e, int64_t q0, int64_t kc, uint32_t* HWY_RESTRICT dst) {
   const S* A = static_cast<const S*>(g.A);
-  const int64_t whole = std::min(kc, g.K / 2 - q0);
-  for (int64_t p = pb; p < pe; ++p) {
-    uint32_t* d = dst + p * PanelStride(kc);
-    const int64_t rows = std::min<int64_t>(kMR, g.M - p * kMR);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = p * kMR + r;
-      if (!g.ta) {  // op(A)(i, k) = A[i·lda + k]: a pair is two neighbours in a row
-        const S* src = A + i * g.lda + 2 * q0;
-        for (int64_t q = 0; q < whole; ++q) d[q * kMR + r] = Bits(src[2 * q]) | Bits(src[2 * q + 1]) << 16;
-        for (int64_t q = whole; q < kc; ++q) d[q * kMR + r] = Bits(src[2 * q]);
-      } else {  // op(A)(i, k) = A[k·lda + i]
-        const S* src = A + 2 * q0 * g.lda + i;
-        for (int64_t q = 0; q < whole; ++q)
-          d[q * kMR + r] = Bits(src[2 * q * g.lda]) | Bits(src[(2 * q + 1) * g.lda]) << 16;
-        for (int64_t q = whole; q < kc; ++q) d[q * kMR + r] = Bits(src[2 * q * g.lda]);
+  const int64_t ps = PanelStride(kc), k0 = 2 * q0, mp = ceil_div(g.M, kMR);
+  if (g.ta) {  // op(A)(i, k) = A[k·lda + i]
+    constexpr int64_t kRows = kRun / kMR * kMR;  // rows of A converted at a time: whole panels
+    uint32_t words[kRows];
+    for (int64_t q = b; q < e; ++q) {
+      const int64_t k = k0 + 2 * q;
+      const S* lo = A + k * g.lda;
+      for (int64_t i0 = 0; i0 < mp * kMR; i0 += kRows) {
+        const int64_t m = std::min(kRows, mp * kMR - i0), valid = std::min(m, g.M - i0);
+        PairsAcrossRows(lo + i0, k + 1 < g.K ? lo + g.lda + i0 : nullptr, valid, words);
+        std::fill(words + valid, words + m, 0u);  // rows past M
+        uint32_t* d = dst + i0 / kMR * ps + q * kMR;
+        for (int64_t p = 0; p < m / kMR; ++p)
+#pragma GCC unroll 8
+          for (int r = 0; r < kMR; ++r) d[p * ps + r] = words[p * kMR + r];
       }
     }
+    return;
+  }
+  uint32_t words[kRun / 2];
+  for (int64_t p = b; p < e; ++p) {  // op(A)(i, k) = A[i·lda + k]
+    uint32_t* d = dst + p * ps;
+    const int64_t rows = std::min<int64_t>(kMR, g.M - p * kMR);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t q0r = 0; q0r < kc; q0r += kRun / 2) {
+        const int64_t qn = std::min(kRun / 2, kc - q0r);
+        PairsAlongRow(A + (p * kMR + r) * g.lda + k0 + 2 * q0r, qn, g.K - k0 - 2 * q0r, words);
+        for (int64_t q = 0; q < qn; ++q) d[(q0r + q) * kMR + r] = words[q];
+      }
     for (int64_t r = rows; r < kMR; ++r)
       for (int64_t q = 0; q < kc; ++q) d[q * kMR + r] = 0;
   }
@@ -264,7 +299,10 @@ void GemmBf16(const Bf16Args& g) {
     parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
       for (int64_t p = b; p < e; ++p) pack_b(g, p * nr, q0, kc, nr, bp + p * nr * kc);
     });
-    parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { pack_a(g, b, e, q0, kc, ap); });
+    if (g.ta)  // chunks of pairs: rows of A (see PackA)
+      parallel_for(kc, grain_for(2 * M), [&](int64_t b, int64_t e, int) { pack_a(g, b, e, q0, kc, ap); });
+    else
+      parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { pack_a(g, b, e, q0, kc, ap); });
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
       const FlushSubnormals flush(!dp);
