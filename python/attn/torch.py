@@ -5,7 +5,9 @@
     mha = attn.torch.MultiheadAttention(512, 8, batch_first=True)          # torch.nn.MultiheadAttention's
 
 Forward and backward are attn's C++ kernels (sdpa / sdpa_backward, MultiheadAttention.forward/backward);
-everything around them stays torch's. Not a GPU path, and not bf16/fp16 (a clear error names the dtypes).
+everything around them stays torch's. Not a GPU path. bfloat16 query/key/value are accepted by
+scaled_dot_product_attention (computed in fp32, returned in bfloat16, as torch's CPU math does; not yet
+faster than fp32); float16 is refused by name, as is bfloat16 in MultiheadAttention.
 Importing this module imports torch; `import attn` does not.
 """
 
@@ -21,6 +23,23 @@ from ._interop import DTYPE_RULE, as_array
 from .layers import _mask
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention"]
+
+
+def _bf16(*tensors):
+    """True if the tensors are bfloat16 (all of them: a mix is refused naming the dtypes)."""
+    half = [t.dtype == torch.bfloat16 for t in tensors]
+    if any(half) and not all(half):
+        raise _attn.AttnError("Expected query, key and value of one dtype, but got "
+                              f"{', '.join(str(t.dtype) for t in tensors)} instead")
+    return all(half)
+
+
+def _widened(t, half):
+    return t.float() if half else t
+
+
+def _narrowed(t, half):
+    return t.to(torch.bfloat16) if half else t
 
 
 def _draw_seed():
@@ -42,11 +61,12 @@ def _first_derivatives_only():
 def _sdpa_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
              dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool,
              seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    q, k, v = (as_array(t, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+    half = _bf16(query, key, value)
+    q, k, v = (as_array(_widened(t, half), n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
     out, lse = _F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
                                                return_lse=True, seed=seed)
-    return torch.from_numpy(out), torch.from_numpy(lse)
+    return _narrowed(torch.from_numpy(out), half), torch.from_numpy(lse)
 
 
 @_sdpa_op.register_fake
@@ -61,12 +81,14 @@ def _sdpa_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Te
                       mask_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dmask): dmask is the float mask's gradient when mask_grad, else an empty tensor."""
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+    half = _bf16(query, key, value)
+    w = lambda t: _widened(t, half)  # noqa: E731
     grads = _F.scaled_dot_product_attention_backward(
-        as_array(grad_out.contiguous(), "grad_out"), as_array(query, "query"), as_array(key, "key"),
-        as_array(value, "value"), as_array(out, "out"), as_array(lse, "lse"), mask, dropout_p, is_causal, scale,
-        enable_gqa, seed=seed, return_mask_grad=mask_grad)
+        as_array(w(grad_out).contiguous(), "grad_out"), as_array(w(query), "query"), as_array(w(key), "key"),
+        as_array(w(value), "value"), as_array(w(out), "out"), as_array(lse, "lse"), mask, dropout_p, is_causal,
+        scale, enable_gqa, seed=seed, return_mask_grad=mask_grad)
     dmask = torch.from_numpy(grads[3]).to(attn_mask.dtype) if mask_grad else query.new_empty(0)
-    return (*(torch.from_numpy(g) for g in grads[:3]), dmask)
+    return (*(_narrowed(torch.from_numpy(g), half) for g in grads[:3]), dmask)
 
 
 @_sdpa_backward_op.register_fake
@@ -101,7 +123,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
 
-    float32 or float64 CPU tensors; attn_mask bool (True = may attend) or float (added; a float mask that
+    float32 or float64 CPU tensors, or bfloat16 (computed in fp32, returned in bfloat16); attn_mask bool (True = may attend) or float (added; a float mask that
     requires grad gets its gradient, reduced over the dims it broadcasts, as torch gives it). First
     derivatives only: double backward (create_graph=True, then backward again) is not supported. One
     difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded

@@ -241,12 +241,34 @@ def test_inputs_are_read_in_place():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_refused_by_name(dtype):
     q = torch.randn(1, 2, 3, 4).to(dtype)
-    for fn in (attn.scaled_dot_product_attention, attn.torch.scaled_dot_product_attention):
+    for fn in (attn.scaled_dot_product_attention,) + ((attn.torch.scaled_dot_product_attention,)
+                                                       if dtype == torch.float16 else ()):
         with pytest.raises(attn.AttnError, match=rf"Expected query of dtype float32 or float64, but got {dtype}"):
             fn(q, q, q)
     with pytest.raises(attn.AttnError, match="Expected query of dtype float32, but got"):
         attn.torch.MultiheadAttention(4, 2)(q[0], q[0], q[0])
 
+
+
+def test_bfloat16_sdpa_matches_torch_forward_and_backward_in_bfloat16():
+    """bfloat16 in, bfloat16 out (and bfloat16 gradients), against torch's own bfloat16 SDPA (math backend) at
+    bf16's resolution; a mix of dtypes is refused naming them."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 33, 16, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    out = attn.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    out.float().square().sum().backward()
+    ours = [out.detach()] + [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref.float().square().sum().backward()
+    for name, a, b in zip(("out", "dq", "dk", "dv"), ours, [ref.detach()] + [t.grad for t in (q, k, v)]):
+        assert a.dtype == torch.bfloat16, name
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2, msg=name)
+    with pytest.raises(attn.AttnError, match="one dtype, but got torch.bfloat16, torch.float32"):
+        attn.torch.scaled_dot_product_attention(q, k.float(), v)
 
 
 def test_one_dtype_rule_in_one_message():
