@@ -3,7 +3,7 @@ tied head, its F.scaled_dot_product_attention), the same AdamW, the same thread 
 
     # tokens/s of forward + backward + AdamW (d=128, 4 layers, 4 heads, ff 512, block 128, batch 32),
     # interleaved medians, and model FLOPs utilisation against this run's sgemm rate
-    .venv/bin/python bench/train_torch.py throughput --threads 2
+    .venv/bin/python bench/train_torch.py throughput --threads 2 [--bf16]
 
     # nanoGPT's shakespeare_char CPU run (4 layers, 4 heads, E 128, block 64, batch 12, 2000 iterations,
     # lr 1e-3 -> 1e-4 over 2000, warmup 100, beta2 0.99, weight decay 0.1, dropout 0, eval every 250 on
@@ -14,6 +14,8 @@ tied head, its F.scaled_dot_product_attention), the same AdamW, the same thread 
     # model was built; nanoGPT's CPU shape and gpt2-small (block 256, batch 4, dropout 0)
     .venv/bin/python bench/train_torch.py memory --threads 2
 
+--bf16 (throughput) adds attn with dtype="bf16" (bf16 matmuls, fp32 master weights and AdamW) and PyTorch
+eager under torch.autocast("cpu", dtype=torch.bfloat16), in the same interleaved rounds.
 --compile adds PyTorch with torch.compile (inductor, CPU) beside eager; its compile time (the first
 forward + backward, and the first evaluation, before the timed loop) is reported apart from its steps.
 
@@ -112,9 +114,11 @@ def get_batch(data, T, B, rng):
             torch.from_numpy(np.stack([data[i + 1:i + 1 + T] for i in ix])))
 
 
-def torch_step(fwd, model, opt, x, y):
-    """nanoGPT's training step: forward (fwd: the model or its torch.compile), backward, clip 1.0, AdamW."""
-    _, loss = fwd(x, y)
+def torch_step(fwd, model, opt, x, y, bf16=False):
+    """nanoGPT's training step: forward (fwd: the model or its torch.compile), backward, clip 1.0, AdamW;
+    bf16: the forward under torch.autocast (bfloat16 matmuls), as PyTorch's mixed precision is run."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        _, loss = fwd(x, y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -163,7 +167,7 @@ def throughput(args):
                         lr=1e-3, min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0, threads=args.threads)
     rng = np.random.default_rng(0)
 
-    def torch_step_fn(compiled):
+    def torch_step_fn(compiled, bf16=False):
         torch.manual_seed(0)
         model = TorchGPT(V, T, L, H, E, bias=False)
         opt = model.optimizer(1e-3, (0.9, 0.99), 0.1)
@@ -173,7 +177,7 @@ def throughput(args):
         def step():
             for g in opt.param_groups:
                 g["lr"] = nanogpt_lr(it[0], 1e-3, 1e-4, 100, 10 ** 6)
-            torch_step(fwd, model, opt, *get_batch(ids, T, B, rng))
+            torch_step(fwd, model, opt, *get_batch(ids, T, B, rng), bf16=bf16)
             it[0] += 1
         return model, step
 
@@ -181,6 +185,12 @@ def throughput(args):
     steps = {"attn (C++ via Python)": ours.step, "torch eager": eager_step}
     if args.compile:
         steps["torch compile"] = torch_step_fn(True)[1]
+    if args.bf16:
+        ours16 = attn.Trainer(text=text, config="nanogpt-cpu", block_size=T, batch=B, steps=10 ** 6, warmup=100,
+                              lr=1e-3, min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0,
+                              threads=args.threads, dtype="bf16")
+        steps["attn bf16"] = ours16.step
+        steps["torch eager bf16"] = torch_step_fn(False, bf16=True)[1]
     warm = {}
     for name, fn in steps.items():  # warm-up; for torch.compile, its compile time
         t0 = time.perf_counter()
@@ -207,6 +217,10 @@ def throughput(args):
         blas = "attn" if name.startswith("attn") else "mkl"
         mfu = tok_s * fpt * 1e-9 / gf[blas]
         vs = "" if name.startswith("attn") else f"  attn is {s / med['attn (C++ via Python)']:.2f}x faster"
+        if name == "attn bf16":
+            vs = f"  {med['attn (C++ via Python)'] / s:.2f}x attn fp32"
+        if name == "torch eager bf16":
+            vs = f"  attn bf16 is {s / med['attn bf16']:.2f}x faster"
         if name == "torch compile":
             vs += f"; compile {warm[name] - 3 * s:.1f} s (3 warm-up steps less 3 steady ones)"
         print(f"  {name:<24} {s * 1e3:8.1f} ms/step  {tok_s:9.0f} tok/s  MFU {100 * mfu:5.1f}% of its sgemm{vs}")
@@ -393,6 +407,7 @@ def main():
     ap.add_argument("--seeds", type=lambda v: [int(x) for x in v.split(",")], default=[1337],
                     help="quality: initialisation and batches, both sides, comma-separated (1337,1,2)")
     ap.add_argument("--compile", action="store_true", help="also PyTorch with torch.compile (inductor, CPU)")
+    ap.add_argument("--bf16", action="store_true", help="throughput: also attn dtype=bf16 and torch autocast bf16")
     ap.add_argument("--data", type=Path, default=DATA, help="tinyshakespeare.txt (default: ../shared/data)")
     ap.add_argument("--side", choices=["attn", "torch"], help=argparse.SUPPRESS)
     ap.add_argument("--shape", choices=["nanogpt-cpu", "gpt2-small"], help=argparse.SUPPRESS)
