@@ -201,7 +201,7 @@ TEST(HfTokenizer, UnknownComponentsAreNamed) {
     return error_of([&] { HfTokenizer::from_file(d / "tokenizer.json"); });
   };
   EXPECT_NE(error_for(R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "UnicodeScripts"}]})")
-                .find("but got \"UnicodeScripts\" instead"), std::string::npos);
+                .find("but got the \"UnicodeScripts\" pre_tokenizer of"), std::string::npos);
   EXPECT_NE(error_for(R"("normalizer": {"type": "Precompiled", "precompiled_charsmap": ""})").find("\"Precompiled\""),
             std::string::npos);
   EXPECT_NE(error_for(R"("decoder": {"type": "CTC"})").find("\"CTC\""), std::string::npos);

@@ -352,25 +352,32 @@ const json& items_of(const json& part, const char* key, const std::string& where
   return part[key];
 }
 
-void add_normalizer(const json& n, const std::string& where, std::vector<Normalizer>& out) {
-  const std::string type = type_of(n, "a \"normalizer\"", where);
-  const std::string nw = cat("the ", type, " normalizer of ", where);
-  using K = Normalizer::Kind;
-  Normalizer x{K::bert};
+// The components `part` names (one, or a Sequence's `list` of them, nested ones flattened), each read by
+// one(part, type, where it is) into `out`; the Sequence of a tokenizer.json component is its list in order.
+template <typename T, typename F>
+void add_components(const json& part, const char* what, const char* list, const std::string& where,
+                    std::vector<T>& out, F one) {
+  const std::string type = type_of(part, cat("a \"", what, "\""), where);
   if (type == "Sequence") {
-    for (const json& item : items_of(n, "normalizers", nw)) add_normalizer(item, where, out);
+    for (const json& item : items_of(part, list, cat("the Sequence ", what, " of ", where)))
+      add_components(item, what, list, where, out, one);
     return;
-  } else if (type == "BertNormalizer") {
+  }
+  out.push_back(one(part, type, cat("the \"", type, "\" ", what, " of ", where)));
+}
+
+Normalizer normalizer_of(const json& n, const std::string& type, const std::string& nw) {
+  using K = Normalizer::Kind;
+  static const std::pair<const char*, K> kPlain[] = {{"NFC", K::nfc}, {"NFD", K::nfd}, {"NFKC", K::nfkc},
+      {"NFKD", K::nfkd}, {"Lowercase", K::lowercase}, {"StripAccents", K::strip_accents}, {"ByteLevel", K::byte_level}};
+  for (const auto& [name, kind] : kPlain)  // the ones without options
+    if (type == name) return {kind};
+  Normalizer x{K::bert};
+  if (type == "BertNormalizer") {
     x.clean_text = hf::field_or<bool>(n, "clean_text", nw, true);
     x.chinese = hf::field_or<bool>(n, "handle_chinese_chars", nw, true);
     x.lowercase = hf::field_or<bool>(n, "lowercase", nw, true);
     x.strip_accents = hf::field_or<bool>(n, "strip_accents", nw, x.lowercase);  // null: as lowercase
-  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
-    x.kind = type == "NFC" ? K::nfc : type == "NFD" ? K::nfd : type == "NFKC" ? K::nfkc : K::nfkd;
-  } else if (type == "Lowercase") {
-    x.kind = K::lowercase;
-  } else if (type == "StripAccents") {
-    x.kind = K::strip_accents;
   } else if (type == "Strip") {
     x.kind = K::strip;
     x.left = hf::field_or<bool>(n, "strip_left", nw, true);
@@ -382,13 +389,11 @@ void add_normalizer(const json& n, const std::string& where, std::vector<Normali
     x.kind = K::replace;
     x.pattern = pattern_of(n, nw);
     x.content = hf::field<std::string>(n, "content", nw);
-  } else if (type == "ByteLevel") {
-    x.kind = K::byte_level;
   } else {
     throw Error(cat("Expected a \"normalizer\" BertNormalizer, NFC, NFD, NFKC, NFKD, Lowercase, StripAccents, Strip, "
-                    "Prepend, Replace, ByteLevel, Sequence or none in ", where, ", but got \"", type, "\" instead"));
+                    "Prepend, Replace, ByteLevel, Sequence or none, but got ", nw, " instead"));
   }
-  out.push_back(std::move(x));
+  return x;
 }
 
 Behavior behavior_of(const json& p, const std::string& where) {
@@ -423,15 +428,10 @@ std::string one_char(const json& p, const char* key, const std::string& where, c
   return s;
 }
 
-void add_pre_tokenizer(const json& p, const std::string& where, std::vector<PreTokenizer>& out) {
-  const std::string type = type_of(p, "a \"pre_tokenizer\"", where);
-  const std::string pw = cat("the ", type, " pre-tokenizer of ", where);
+PreTokenizer pre_tokenizer_of(const json& p, const std::string& type, const std::string& pw) {
   using K = PreTokenizer::Kind;
   PreTokenizer x{K::bert};
-  if (type == "Sequence") {
-    for (const json& item : items_of(p, "pretokenizers", pw)) add_pre_tokenizer(item, where, out);
-    return;
-  } else if (type == "BertPreTokenizer") {
+  if (type == "BertPreTokenizer") {
   } else if (type == "ByteLevel") {
     x.kind = K::byte_level;
     x.add_prefix_space = hf::field_or<bool>(p, "add_prefix_space", pw, true);
@@ -447,33 +447,26 @@ void add_pre_tokenizer(const json& p, const std::string& where, std::vector<PreT
     x.prepend = metaspace_scheme(p, pw);
     x.split = hf::field_or<bool>(p, "split", pw, true);
   } else {
-    throw Error(cat("Expected a \"pre_tokenizer\" BertPreTokenizer, ByteLevel, Split, Metaspace, Sequence or none in ",
-                    where, ", but got \"", type, "\" instead"));
+    throw Error(cat("Expected a \"pre_tokenizer\" BertPreTokenizer, ByteLevel, Split, Metaspace, Sequence or none, "
+                    "but got ", pw, " instead"));
   }
-  out.push_back(std::move(x));
+  return x;
 }
 
-void add_decoder(const json& d, const std::string& where, std::vector<Decoder>& out) {
-  const std::string type = type_of(d, "a \"decoder\"", where);
-  const std::string dw = cat("the ", type, " decoder of ", where);
+Decoder decoder_of(const json& d, const std::string& type, const std::string& dw) {
   using K = Decoder::Kind;
+  static const std::pair<const char*, K> kPlain[] = {
+      {"ByteLevel", K::byte_level}, {"ByteFallback", K::byte_fallback}, {"Fuse", K::fuse}};
+  for (const auto& [name, kind] : kPlain)  // the ones without options
+    if (type == name) return {kind};
   Decoder x{K::wordpiece};
-  if (type == "Sequence") {
-    for (const json& item : items_of(d, "decoders", dw)) add_decoder(item, where, out);
-    return;
-  } else if (type == "WordPiece") {
+  if (type == "WordPiece") {
     x.prefix = hf::field_or<std::string>(d, "prefix", dw, "##");
     x.cleanup = hf::field_or<bool>(d, "cleanup", dw, true);
-  } else if (type == "ByteLevel") {
-    x.kind = K::byte_level;
   } else if (type == "Metaspace") {
     x.kind = K::metaspace;
     x.text = one_char(d, "replacement", dw, "\u2581");
     x.prepend_never = metaspace_scheme(d, dw) == PrependScheme::never;
-  } else if (type == "ByteFallback") {
-    x.kind = K::byte_fallback;
-  } else if (type == "Fuse") {
-    x.kind = K::fuse;
   } else if (type == "Strip") {
     x.kind = K::strip;
     x.content = utf8_decode(one_char(d, "content", dw, " "))[0];
@@ -488,9 +481,9 @@ void add_decoder(const json& d, const std::string& where, std::vector<Decoder>& 
     x.text = hf::field_or<std::string>(d, "suffix", dw, "</w>");
   } else {
     throw Error(cat("Expected a \"decoder\" WordPiece, ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, "
-                    "BPEDecoder, Sequence or none in ", where, ", but got \"", type, "\" instead"));
+                    "BPEDecoder, Sequence or none, but got ", dw, " instead"));
   }
-  out.push_back(std::move(x));
+  return x;
 }
 
 using Specials = std::vector<std::pair<std::string, int64_t>>;
@@ -581,10 +574,12 @@ HfTokenizer HfTokenizer::from_file(const std::string& path) {
   }
 
   // normalizer, pre-tokenizer, post-processor, decoder
-  if (!part("normalizer").is_null()) add_normalizer(part("normalizer"), where, t->normalizers);
-  if (!part("pre_tokenizer").is_null()) add_pre_tokenizer(part("pre_tokenizer"), where, t->pre_tokenizers);
+  if (!part("normalizer").is_null())
+    add_components(part("normalizer"), "normalizer", "normalizers", where, t->normalizers, normalizer_of);
+  if (!part("pre_tokenizer").is_null())
+    add_components(part("pre_tokenizer"), "pre_tokenizer", "pretokenizers", where, t->pre_tokenizers, pre_tokenizer_of);
   add_post_processor(part("post_processor"), where, t->before, t->after);
-  if (!part("decoder").is_null()) add_decoder(part("decoder"), where, t->decoders);
+  if (!part("decoder").is_null()) add_components(part("decoder"), "decoder", "decoders", where, t->decoders, decoder_of);
 
   // added tokens (their ids may extend the vocabulary); a normalized one is matched in normalized text
   int64_t size = 0;
