@@ -25,7 +25,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 BPE_STRESS = STRESS + [
     "he's she've we'll I'd they're IT'S WE'VE You'LL", "two  spaces   three    four", " leading", "trailing ",
     "\ttab\t\tand\n\nnewlines\r\n\r\nend\n", "  \n  \t  ", "12 123 1234 12345 3.14159 1,000,000 ٣٤٥ ²³",
-    "<|endoftext|>after<|endoftext|> <s>Hi</s> <unk>", "x<|endoftext|>", "\u180e\u180eMongolian", "a\u2028b\u2029c",
+    "<|endoftext|>after<|endoftext|> <s>Hi</s> <unk>", "x<|endoftext|>", "<s>Hello</s> world", "<s> spaced",
+    "\u180e\u180eMongolian", "a\u2028b\u2029c",
     "ROMEO:\nBut soft! what light through yonder window breaks?",
     "ooo eee lll sss ttt heeelp stilll ...... ------ !!!!!!! ::: ,,,", "a\u00a0\u00a0\u00a0b         c",
 ]
