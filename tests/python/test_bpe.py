@@ -1,15 +1,16 @@
-"""Byte-level BPE in attn's tokenizer.json reader (attn.HfTokenizer, src/model/hf_tokenizer.cpp) against the
-`tokenizers` library: tokenizers trained here with the library on tinyshakespeare, one per family of
+"""Byte-level BPE in attn's tokenizer.json reader (_attn.HfTokenizer, src/model/hf_tokenizer.cpp) against
+the `tokenizers` library: tokenizers trained here with the library on tinyshakespeare, one per family of
 pipelines (GPT-2: ByteLevel; Llama-3: a Split regex + ByteLevel; Llama-2: Prepend/Replace normalizers and
 byte_fallback; Metaspace; and one with the remaining splits, normalizers and model options), each saved as
-tokenizer.json, then the ids and the decoded text compared on every tinyshakespeare line and a Unicode
-stress set; transformers' GPT2TokenizerFast file of the GPT-2 one too, and attn.models.from_pretrained with
-a BPE tokenizer.json. Not the models' numbers (test_models.py).
+tokenizer.json, then the ids and the decoded text compared on every tinyshakespeare line, a Unicode stress
+set and random text (hypothesis); transformers' GPT2TokenizerFast file of the GPT-2 one too, and
+attn.models.from_pretrained with a BPE tokenizer.json. Not the models' numbers (test_models.py).
 """
 import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import _attn
 import attn.models
@@ -229,3 +230,17 @@ def test_from_pretrained_reads_a_bpe_tokenizer(tmp_path):
     w = m.attention_weights(text)
     T = len(ref.encode(text).ids)
     assert len(w) == 6 and w[0].shape == (1, 12, T, T)
+
+
+# Code points Python's Unicode (14.0 in 3.11) assigns: those newer (U+13460, Unicode 16) are letters to the
+# library's regex engine and unassigned to PCRE2's (15.0), as U+1ABF is to utf8proc (corpus.py).
+ASSIGNED = st.characters(exclude_categories=("Cs", "Cn"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(ASSIGNED, max_size=40) | st.text(" \t\n'sdlmvetrAS0123456789.!é😀東", max_size=40))
+def test_ids_equal_the_library_on_random_text(pair, text):
+    ref, ours = pair
+    want = ref.encode(text).ids
+    assert ours.encode(text) == want
+    assert ours.decode(want) == ref.decode(want)
