@@ -124,7 +124,8 @@ std::string normalization_form(const std::string& s, utf8proc_option_t form) {
   if (s.empty()) return s;
   utf8proc_uint8_t* out = nullptr;
   const auto* in = reinterpret_cast<const utf8proc_uint8_t*>(s.data());
-  const utf8proc_ssize_t n = utf8proc_map(in, utf8proc_ssize_t(s.size()), &out, utf8proc_option_t(UTF8PROC_STABLE | form));
+  const utf8proc_ssize_t n =
+      utf8proc_map(in, utf8proc_ssize_t(s.size()), &out, utf8proc_option_t(UTF8PROC_STABLE | form));
   ATTN_CHECK(n >= 0, "Expected text utf8proc can normalize, but got its error '", utf8proc_errmsg(n), "' instead");
   std::string r(reinterpret_cast<const char*>(out), size_t(n));
   std::free(out);
@@ -175,18 +176,34 @@ std::vector<std::pair<size_t, size_t>> split_ranges(const std::vector<hf::Piece>
   return out;
 }
 
-// Pattern for a char: every occurrence of c its own match, the stretches between them not.
-std::vector<hf::Piece> char_matches(const std::string& s, const std::string& c) {
+// Pattern for a char predicate: every character of s (valid UTF-8) that is(c) its own match, the
+// stretches between them not.
+template <typename Is>
+std::vector<hf::Piece> char_matches(const std::string& s, Is is) {
   if (s.empty()) return {{0, 0, false}};
   std::vector<hf::Piece> out;
   size_t last = 0;
-  for (size_t at = s.find(c); at != std::string::npos; at = s.find(c, at + c.size())) {
-    if (last < at) out.push_back({last, at, false});
-    out.push_back({at, at + c.size(), true});
-    last = at + c.size();
+  for (size_t at = 0; at < s.size();) {
+    size_t n = 1;  // the UTF-8 length from the lead byte
+    const auto b = static_cast<unsigned char>(s[at]);
+    if (b >= 0xF0) n = 4;
+    else if (b >= 0xE0) n = 3;
+    else if (b >= 0xC0) n = 2;
+    if (is(utf8_decode(std::string_view(s).substr(at, n))[0])) {
+      if (last < at) out.push_back({last, at, false});
+      out.push_back({at, at + n, true});
+      last = at + n;
+    }
+    at += n;
   }
   if (last < s.size()) out.push_back({last, s.size(), false});
   return out;
+}
+
+// Rust's char::is_numeric: the number categories Nd, Nl, No.
+bool is_numeric(char32_t c) {
+  const auto k = category(c);
+  return k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_NO;
 }
 
 // A "pattern" of Split and Replace: {"String": s} (matched as it is) or {"Regex": r}.
@@ -204,6 +221,16 @@ std::string replace_all(const hf::Regex& re, const std::string& s, const std::st
   std::string out;
   for (const hf::Piece& p : re.find_matches(s)) out += p.match ? content : s.substr(p.begin, p.end - p.begin);
   return out;
+}
+
+// The Whitespace pre-tokenizer's \w+|[^\w\s]+, with Rust's regex crate's \w (Alphabetic, marks, decimal
+// digits, connector punctuation, joiners) and \s (White_Space) spelled out: PCRE2's \w is letters and
+// numbers only.
+const hf::Regex& whitespace_pattern() {
+  static const hf::Regex re(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}]+)"
+                            R"(|[^\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}\p{White_Space}]+)", false,
+                            "Whitespace's pattern");
+  return re;
 }
 
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
@@ -231,11 +258,13 @@ struct Normalizer {
 enum class PrependScheme { always, first, never };
 
 struct PreTokenizer {
-  enum class Kind { bert, byte_level, split, metaspace };
+  enum class Kind { bert, byte_level, split, metaspace, whitespace, whitespace_split, digits, punctuation, delimiter };
   Kind kind;
   bool add_prefix_space = true, use_regex = true;  // ByteLevel
   hf::Regex pattern;                               // Split
-  Behavior behavior = Behavior::isolated;
+  Behavior behavior = Behavior::isolated;          // Split, Punctuation
+  bool individual_digits = false;                  // Digits
+  char32_t delimiter = U' ';                       // CharDelimiterSplit
   bool invert = false;
   std::string replacement = "\u2581";  // Metaspace: ▁
   PrependScheme prepend = PrependScheme::always;
@@ -412,7 +441,9 @@ PrependScheme metaspace_scheme(const json& p, const std::string& where) {
   const std::string s = hf::field_or<std::string>(p, "prepend_scheme", where, "always");
   ATTN_CHECK(s == "first" || s == "never" || s == "always", "Expected \"prepend_scheme\" first, always or never in ",
              where, ", but got \"", s, "\" instead");
-  PrependScheme scheme = s == "first" ? PrependScheme::first : s == "never" ? PrependScheme::never : PrependScheme::always;
+  PrependScheme scheme = s == "first"   ? PrependScheme::first
+                         : s == "never" ? PrependScheme::never
+                                        : PrependScheme::always;
   if (!hf::field_or<bool>(p, "add_prefix_space", where, true)) {
     ATTN_CHECK(scheme == PrependScheme::never || !p.contains("prepend_scheme"), "Expected add_prefix_space false to "
                "come with prepend_scheme never in ", where, ", but got \"", s, "\" instead");
@@ -430,6 +461,8 @@ std::string one_char(const json& p, const char* key, const std::string& where, c
 
 PreTokenizer pre_tokenizer_of(const json& p, const std::string& type, const std::string& pw) {
   using K = PreTokenizer::Kind;
+  if (type == "Whitespace") return {K::whitespace};
+  if (type == "WhitespaceSplit") return {K::whitespace_split};
   PreTokenizer x{K::bert};
   if (type == "BertPreTokenizer") {
   } else if (type == "ByteLevel") {
@@ -446,9 +479,19 @@ PreTokenizer pre_tokenizer_of(const json& p, const std::string& type, const std:
     x.replacement = one_char(p, "replacement", pw, "\u2581");
     x.prepend = metaspace_scheme(p, pw);
     x.split = hf::field_or<bool>(p, "split", pw, true);
+  } else if (type == "Digits") {
+    x.kind = K::digits;
+    x.individual_digits = hf::field_or<bool>(p, "individual_digits", pw, false);
+  } else if (type == "Punctuation") {
+    x.kind = K::punctuation;
+    x.behavior = p.contains("behavior") ? behavior_of(p, pw) : Behavior::isolated;
+  } else if (type == "CharDelimiterSplit") {
+    x.kind = K::delimiter;
+    x.delimiter = utf8_decode(one_char(p, "delimiter", pw, " "))[0];
   } else {
-    throw Error(cat("Expected a \"pre_tokenizer\" BertPreTokenizer, ByteLevel, Split, Metaspace, Sequence or none, "
-                    "but got ", pw, " instead"));
+    throw Error(cat("Expected a \"pre_tokenizer\" BertPreTokenizer, ByteLevel, Split, Metaspace, Whitespace, "
+                    "WhitespaceSplit, Digits, Punctuation, CharDelimiterSplit, Sequence or none, but got ", pw,
+                    " instead"));
   }
   return x;
 }
@@ -745,10 +788,32 @@ void HfTokenizer::Impl::pre_tokenize(std::vector<Split>& splits) const {
           for (char c : sp.text) c == ' ' ? s += p.replacement : s += c;
           const bool prepend = p.prepend == PrependScheme::always || (p.prepend == PrependScheme::first && sp.at_start);
           if (prepend && !s.starts_with(p.replacement)) s = p.replacement + s;
-          if (p.split) emit(sp, s, split_ranges(char_matches(s, p.replacement), Behavior::merged_with_next));
+          const char32_t rep = utf8_decode(p.replacement)[0];
+          if (p.split) emit(sp, s, split_ranges(char_matches(s, [&](char32_t c) { return c == rep; }),
+                                                Behavior::merged_with_next));
           else emit(sp, s, {{0, s.size()}});
           break;
         }
+        case K::whitespace: {  // the pattern's matches kept, the whitespace between them removed
+          std::vector<hf::Piece> m = whitespace_pattern().find_matches(sp.text);
+          for (hf::Piece& x : m) x.match = !x.match;
+          emit(sp, sp.text, split_ranges(m, Behavior::removed));
+          break;
+        }
+        case K::whitespace_split:
+          emit(sp, sp.text, split_ranges(char_matches(sp.text, is_whitespace), Behavior::removed));
+          break;
+        case K::digits:
+          emit(sp, sp.text, split_ranges(char_matches(sp.text, is_numeric),
+                                         p.individual_digits ? Behavior::isolated : Behavior::contiguous));
+          break;
+        case K::punctuation:
+          emit(sp, sp.text, split_ranges(char_matches(sp.text, is_punctuation), p.behavior));
+          break;
+        case K::delimiter:
+          emit(sp, sp.text, split_ranges(char_matches(sp.text, [&](char32_t c) { return c == p.delimiter; }),
+                                         Behavior::removed));
+          break;
       }
     }
     std::swap(splits, next);

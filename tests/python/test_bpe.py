@@ -1,7 +1,7 @@
 """Byte-level BPE in attn's tokenizer.json reader (_attn.HfTokenizer, src/model/hf_tokenizer.cpp) against
 the `tokenizers` library: tokenizers trained here with the library on tinyshakespeare, one per family of
 pipelines (GPT-2: ByteLevel; Llama-3: a Split regex + ByteLevel; Llama-2: Prepend/Replace normalizers and
-byte_fallback; Metaspace; and one with the remaining splits, normalizers and model options), each saved as
+byte_fallback; Metaspace; and three with the other pre-tokenizers, normalizers and model options), each saved as
 tokenizer.json, then the ids and the decoded text compared on every tinyshakespeare line, a Unicode stress
 set and random text (hypothesis); transformers' GPT2TokenizerFast file of the GPT-2 one too, and
 attn.models.from_pretrained with a BPE tokenizer.json. Not the models' numbers (test_models.py).
@@ -18,7 +18,8 @@ from corpus import STRESS, shakespeare_lines
 from minilm import minilm_dir
 
 tokenizers = pytest.importorskip("tokenizers")
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,  # noqa: E402
+                        processors, trainers)
 
 # What byte-level pipelines split differently: contractions (lower and upper case), runs of spaces, tabs
 # and newlines, digits of any length, special tokens inside text, and runs of a repeated character (where
@@ -30,6 +31,7 @@ BPE_STRESS = STRESS + [
     "\u180e\u180eMongolian", "a\u2028b\u2029c",
     "ROMEO:\nBut soft! what light through yonder window breaks?",
     "ooo eee lll sss ttt heeelp stilll ...... ------ !!!!!!! ::: ,,,", "a\u00a0\u00a0\u00a0b         c",
+    "Ro\u0301meo and Jul\u0303iet, x\u00b2y z\u2167w a_b a\u200db",  # marks, numbers and joiners inside words
 ]
 
 # Llama-3's (and GPT-4's cl100k) pre-tokenizer pattern, as its tokenizer.json has it.
@@ -100,6 +102,23 @@ def mixed():  # the other splits, normalizers and model options, and an unk toke
     return t
 
 
+def whitespace():  # the pre-tokenizers of the library's BPE tutorial, and no decoder (tokens joined by spaces)
+    t = Tokenizer(models.BPE(unk_token="<unk>", continuing_subword_prefix="##"))
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
+                                               pre_tokenizers.Digits(individual_digits=True)])
+    return t
+
+
+def char_splits():  # the character-class pre-tokenizers, accents stripped
+    t = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    t.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()])
+    t.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.WhitespaceSplit(), pre_tokenizers.CharDelimiterSplit("-"),
+        pre_tokenizers.Punctuation("merged_with_previous"), pre_tokenizers.Digits(individual_digits=False)])
+    t.decoder = decoders.Fuse()
+    return t
+
+
 def byte_tokens():
     return [f"<0x{b:02X}>" for b in range(256)]
 
@@ -145,6 +164,9 @@ CASES = {
                                                                 special=("<unk>", "<s>", "</s>"))),
     "mixed": lambda: trained(mixed, vocab_size=700, special=("<unk>",), limit_alphabet=40,
                              continuing_subword_prefix="##", end_of_word_suffix="</w>"),
+    "whitespace-digits": lambda: trained(whitespace, vocab_size=800, special=("<unk>",), limit_alphabet=50,
+                                         continuing_subword_prefix="##"),
+    "char-splits": lambda: trained(char_splits, vocab_size=800, special=("<unk>",), limit_alphabet=50),
 }
 
 
