@@ -302,14 +302,19 @@ struct AddedToken {
 template <typename Text, typename Token>
 void split_added(const std::u32string& s, const std::vector<AddedToken>& set, Text text, Token token) {
   size_t done = 0;
+  std::u32string firsts;  // the tokens' first characters: most positions start none
+  for (const AddedToken& a : set)
+    if (firsts.find(a.content[0]) == std::u32string::npos) firsts += a.content[0];
   for (size_t i = 0; !set.empty() && i < s.size();) {
     const AddedToken* hit = nullptr;
-    for (size_t j = i; j < s.size() && !hit; ++j)
+    for (size_t j = i; j < s.size() && !hit; ++j) {
+      if (firsts.find(s[j]) == std::u32string::npos) continue;
       for (const AddedToken& a : set)
         if (s.compare(j, a.content.size(), a.content) == 0) {
           hit = &a, i = j;
           break;  // longest first
         }
+    }
     if (!hit) break;
     const size_t end = i + hit->content.size();
     size_t a = i, b = end;
