@@ -8,7 +8,7 @@
 # ATTN_DEP_PC_CFLAGS   what attn.pc adds to Cflags: the definitions attn::attn carries as a CMake target.
 set(ATTN_DEP_PACKAGES nlohmann_json Threads)
 set(ATTN_DEP_TARGETS nlohmann_json::nlohmann_json Threads::Threads)
-set(ATTN_DEP_PKGCONFIG libhwy cairo libutf8proc)
+set(ATTN_DEP_PKGCONFIG libhwy cairo libutf8proc libpcre2-8)
 set(ATTN_DEP_PC_LIBS "-pthread")
 set(ATTN_DEP_PC_REQUIRES "nlohmann_json")  # nlohmann-json3-dev ships nlohmann_json.pc
 set(ATTN_DEP_PC_CFLAGS "")

@@ -39,7 +39,8 @@ std::pair<Ids, Ids> ids_and_mask(const py::object& ids, const py::object& mask) 
 }  // namespace
 
 void bind_models(py::module_& m) {
-  py::class_<HfTokenizer>(m, "HfTokenizer", "A tokenizer.json pipeline (WordPiece with BERT's normalizer).")
+  py::class_<HfTokenizer>(m, "HfTokenizer",
+                          "A tokenizer.json pipeline (WordPiece or byte-level BPE): the ids `tokenizers` gives.")
       .def_static("from_file", &HfTokenizer::from_file, py::arg("path"))
       .def("encode", [](const HfTokenizer& t, const std::string& text, bool special,
                         int64_t max_length) { return t.encode(text, special, max_length).ids; },

@@ -14,10 +14,10 @@ set_name="${1:-test}"
 case "$set_name" in demo|test) ;; *) echo "install-deps: Expected a set demo or test, but got '$set_name' instead" >&2; exit 2;; esac
 
 # The demo set: compiler, build tools and what libattn_core links (Highway, cairo, nlohmann-json, utf8proc,
-# Open MPI),
+# PCRE2 for tokenizer.json's regular expressions, Open MPI),
 # CLI11 for the CLI; numpy and pybind11 for the module.
 APT_DEMO=(g++ cmake make pkg-config ccache libhwy-dev libcli11-dev nlohmann-json3-dev libcairo2-dev libutf8proc-dev
-  openmpi-bin libopenmpi-dev)
+  libpcre2-dev openmpi-bin libopenmpi-dev)
 PY_REQS_DEMO=(numpy pybind11)
 # The test set adds: OpenBLAS (the tests' second GEMM), GoogleTest, Google Benchmark, chromium (the views'
 # browser test, through playwright); pytest and its helpers, and torch pinned to 2.13.0, the CPU build (an

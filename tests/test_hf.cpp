@@ -168,5 +168,49 @@ TEST(HfTokenizer, BertNormalizerPreTokenizerAndWordPiece) {
   EXPECT_EQ(t.encode("hello", true, 2).ids, (std::vector<int64_t>{2, 3}));  // truncation keeps the specials
 }
 
+// A hand-made byte-level BPE (the ids checked with the `tokenizers` library): merges in the "a b" form
+// (the [a, b] form: tests/python/test_bpe.py), ranks by their order (the rank-0 "l o" goes before "h e"),
+// ties to the leftmost ("a a" on "aaa"), a byte-level space (Ġ), an added special token.
+TEST(HfTokenizer, ByteLevelBpeMergesInOrder) {
+  TempDir d;
+  write_text(d / "tokenizer.json", R"({
+    "added_tokens": [{"id": 0, "content": "<|end|>", "special": true, "normalized": false}],
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+    "post_processor": {"type": "ByteLevel", "trim_offsets": true},
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "dropout": null, "unk_token": null, "fuse_unk": false, "byte_fallback": false,
+              "vocab": {"<|end|>": 0, "h": 1, "e": 2, "l": 3, "o": 4, "Ġ": 5, "a": 6, "lo": 7, "he": 8,
+                        "hel": 9, "Ġa": 10, "aa": 11, "helo": 12},
+              "merges": ["l o", "h e", "he l", "Ġ a", "a a", "hel o"]}})");
+  HfTokenizer t = HfTokenizer::from_file(d / "tokenizer.json");
+  // "hello": h e l l o -> (l o) first: h e l lo -> (h e): he l lo -> (he l): hel lo; "helo" needs "hel o"
+  EXPECT_EQ(t.encode("hello").ids, (std::vector<int64_t>{9, 7}));
+  EXPECT_EQ(t.encode("hello").tokens, (std::vector<std::string>{"hel", "lo"}));
+  EXPECT_EQ(t.encode("aaa").ids, (std::vector<int64_t>{11, 6}));          // the leftmost pair merges first
+  EXPECT_EQ(t.encode("he aaa<|end|>").ids, (std::vector<int64_t>{8, 10, 11, 0}));  // " aaa": Ġa then aa
+  EXPECT_EQ(t.encode("hex").ids, (std::vector<int64_t>{8}));  // no unk_token: 'x' is dropped, as the library does
+  EXPECT_EQ(t.decode({9, 7, 5, 11}), "hello aa");
+  EXPECT_EQ(t.decode({9, 0, 7}, false), "hel<|end|>lo");
+}
+
+TEST(HfTokenizer, UnknownComponentsAreNamed) {
+  TempDir d;
+  auto error_for = [&](const std::string& parts) {
+    write_text(d / "tokenizer.json",
+               R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, )" + parts + "}");
+    return error_of([&] { HfTokenizer::from_file(d / "tokenizer.json"); });
+  };
+  EXPECT_NE(error_for(R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "UnicodeScripts"}]})")
+                .find("but got the \"UnicodeScripts\" pre_tokenizer of"), std::string::npos);
+  EXPECT_NE(error_for(R"("normalizer": {"type": "Precompiled", "precompiled_charsmap": ""})").find("\"Precompiled\""),
+            std::string::npos);
+  EXPECT_NE(error_for(R"("decoder": {"type": "CTC"})").find("\"CTC\""), std::string::npos);
+  EXPECT_NE(error_for(R"("pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(a"}, "behavior": "Isolated",
+                      "invert": false})").find("'(a'"), std::string::npos);  // PCRE2's message, with the pattern
+  write_text(d / "tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a", "b"]]}})");
+  EXPECT_NE(error_of([&] { HfTokenizer::from_file(d / "tokenizer.json"); }).find("'b', which is not one"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace attn

@@ -99,9 +99,10 @@ struct EmbedCli {
 CLI::App* add_embed_command(CLI::App& app, EmbedCli& cli);
 int run_embed(const EmbedCli& cli);
 
-// `attn viz` (tools/viz.cpp): no ckpt (or builtin): train the built-in model for at most `seconds` first.
+// `attn viz` (tools/viz.cpp): no ckpt (or builtin): train the built-in model for at most `seconds` first;
+// model: a Hugging Face model directory instead.
 struct VizCli {
-  std::string ckpt, text, out = "out/viz";
+  std::string ckpt, model, text, out = "out/viz";
   bool builtin = false;
   int top_k = -1;          // HTML weights per query row; -1: all up to 64 keys, 16 beyond
   int png_max_px = 1024;

@@ -1,5 +1,6 @@
 // `attn viz`: what a trained model's heads attend to, as files: OUT/attention.html (every layer and head,
-// interactive, no network) and OUT/layer<i>.png (each layer's heads in a grid), for a text the user gives.
+// interactive, no network) and OUT/layer<i>.png (each layer's heads in a grid), for a text the user gives;
+// the model is an attn checkpoint (--ckpt) or a Hugging Face model directory (--model, e.g. MiniLM).
 // Also the last section of `attn demo`: train the built-in model, then show its views and how much
 // sharper its heads are than untrained ones. The views and the entropy are include/attn/viz_model.h's.
 #include <CLI/CLI.hpp>
@@ -66,10 +67,13 @@ std::vector<double> layer_entropies(Gpt& model, const std::vector<int64_t>& x, i
 CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
   auto* cmd = app.add_subcommand("viz", "attention views (HTML + one PNG per layer) of a model on a text");
   auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); none: train the built-in model");
+  auto* model = cmd->add_option("--model", cli.model, "a Hugging Face model directory (config.json, model.safetensors, "
+                                "tokenizer.json): its heads on the tokenizer's tokens")->excludes(ckpt);
   cmd->add_flag("--builtin", cli.builtin, "train the built-in reverse-task model for a few seconds and show it")
-      ->excludes(ckpt);
-  cmd->add_option("--text", cli.text, std::string("the text to run (characters of the model's vocabulary, at most "
-                                                  "block_size); default with --builtin: ") + kExampleText);
+      ->excludes(ckpt)->excludes(model);
+  cmd->add_option("--text", cli.text, std::string("the text to run (--ckpt: characters of the model's vocabulary, at "
+                                                  "most block_size; --model: any text, tokenized with its special "
+                                                  "tokens); default with --builtin: ") + kExampleText);
   cmd->add_option("--out", cli.out, "output directory (created)");
   cmd->add_option("--top-k", cli.top_k, "weights kept per query row in the HTML (0: all; default: all up to 64 keys)")
       ->check(number_of<int>())->check(non_negative())->option_text("INT:NONNEGATIVE=all up to 64 keys");
@@ -85,6 +89,14 @@ int run_viz(const VizCli& cli) {
   viz::ModelViewOptions vo;
   vo.top_k = cli.top_k;
   vo.png_max_px = cli.png_max_px;
+  if (!cli.model.empty()) {
+    ATTN_CHECK(!cli.text.empty(), "Expected --text with --model (the text to tokenize and run), but got none instead");
+    set_num_threads(cli.threads);
+    Pretrained m = Pretrained::load(cli.model);
+    vo.source = cli.model;
+    print_views(viz::write_pretrained_views(cli.out, m, cli.text, vo));
+    return 0;
+  }
   if (cli.ckpt.empty()) {
     std::unique_ptr<Trainer> t = builtin_trainer();
     train_for(*t, cli.seconds, 0);

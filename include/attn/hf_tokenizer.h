@@ -1,9 +1,15 @@
 // Tokenizers from a Hugging Face tokenizer.json, giving the ids the `tokenizers` library gives: added
 // (special) tokens split out of the raw text first, then the normalizer, the pre-tokenizer and the model,
-// then the post-processor's special tokens and the file's truncation. Supported: WordPiece with BERT's
-// normalizer (clean-up, CJK padding, accent stripping through NFD, lower-casing; Unicode data from
-// utf8proc) and pre-tokenizer (whitespace, punctuation). Not a trainer, and not a general pipeline:
-// a component the file names that is not supported is an Error naming it, never a silent difference.
+// then the post-processor's special tokens and the file's truncation. Supported: the models WordPiece
+// (BERT) and BPE (GPT-2's and Llama's byte-level BPE: merges in either form, byte_fallback, ignore_merges,
+// unk_token, continuing_subword_prefix, end_of_word_suffix); the normalizers BertNormalizer, NFC, NFD,
+// NFKC, NFKD, Lowercase, StripAccents, Strip, Prepend, Replace, ByteLevel; the pre-tokenizers
+// BertPreTokenizer, ByteLevel, Split (a regular expression or a string, every behavior, invert),
+// Metaspace, Whitespace, WhitespaceSplit, Digits, Punctuation and CharDelimiterSplit; the post-processors BertProcessing, RobertaProcessing, TemplateProcessing and ByteLevel; the
+// decoders WordPiece, ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, BPEDecoder; and Sequence
+// of each. Unicode data from utf8proc, regular expressions from PCRE2. Not a trainer, no offsets, and
+// not every component: one the file names that is not supported is an Error naming it, never a silent
+// difference.
 #pragma once
 #include <cstdint>
 #include <memory>

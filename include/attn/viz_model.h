@@ -1,13 +1,15 @@
-// A GPT's attention on a text, made visible: the text's characters -> Gpt::attention_weights -> one HTML
-// page (every layer and head) and one PNG per layer (its heads in a grid); and the mean row entropy, one
-// number for how sharply the heads attend. Not a trainer or a checkpoint reader (the caller brings the
-// model and its tokenizer) and not the drawing (viz.h).
+// A model's attention on a text, made visible: attn's own GPT (the text's characters ->
+// Gpt::attention_weights) or a pretrained Hugging Face model (its tokenizer's tokens ->
+// PretrainedModel::attention_weights) -> one HTML page (every layer and head) and one PNG per layer (its
+// heads in a grid); and the mean row entropy, one number for how sharply the heads attend. Not a trainer
+// or a checkpoint reader (the caller brings the model and its tokenizer) and not the drawing (viz.h).
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "attn/gpt.h"
+#include "attn/hf.h"
 #include "attn/tokenizer.h"
 
 namespace attn::viz {
@@ -24,7 +26,8 @@ struct ModelViewOptions {
 };
 
 struct ModelViews {
-  std::vector<Tensor> weights;    // per layer (1, H, T, T), as Gpt::attention_weights gives them
+  std::vector<Tensor> weights;    // per layer (1, H, T, T), as attention_weights gives them
+  std::vector<std::string> tokens;  // T: the labels, as the tokenizer spells them
   std::string html;               // DIR/attention.html
   std::vector<std::string> pngs;  // DIR/layer<i>.png, one per layer
 };
@@ -34,6 +37,13 @@ struct ModelViews {
 // title names what it shows: `layer 0 · 4 heads · "the text" · source` (the text cut to 40 characters).
 ModelViews write_model_views(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer,
                              const std::string& text, const ModelViewOptions& options = {});
+
+// The same files for a pretrained model (Pretrained::load): `text` tokenized as its tokenizer does, special
+// tokens included ([CLS] ... [SEP] for BERT), at most max_positions() tokens; the labels are the tokens as
+// the vocabulary spells them ("##ing", "Ġthe"), as bertviz shows them. The PNG titles name the source, or
+// the model's architecture when it is empty.
+ModelViews write_pretrained_views(const std::string& dir, Pretrained& model, const std::string& text,
+                                  const ModelViewOptions& options = {});
 
 // Causal self-attention weights (B, H, T, T) -> the mean, over batches, heads and the query rows that see
 // at least `min_keys` keys (row t sees keys 0..t), of the row's entropy divided by log(#keys):

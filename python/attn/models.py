@@ -33,7 +33,10 @@ class PretrainedModel:
     __call__ = forward
 
     def attention_weights(self, ids, attention_mask=None):
-        """Per layer, the attention weights (B, H, L, L) of forward(ids, attention_mask)."""
+        """Per layer, the attention weights (B, H, L, L) of forward(ids, attention_mask). ids may be a text:
+        tokenized as tokenizer.encode does (special tokens included), one row (B = 1)."""
+        if isinstance(ids, (str, bytes)):
+            ids = [self.tokenizer.encode(ids)]
         return self._p.attention_weights(np.asarray(ids), None if attention_mask is None else np.asarray(attention_mask))
 
     def embed(self, texts, batch_size=32, max_length=None):

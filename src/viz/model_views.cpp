@@ -1,6 +1,6 @@
-// A GPT's attention on a text as files (the HTML page and one PNG per layer) and as one number (mean row
-// entropy). The model runs here, once, through Gpt::attention_weights; the drawing is heatmap.cpp's and
-// html.cpp's. Not a checkpoint reader and not a command line (tools/viz.cpp).
+// A model's attention on a text as files (the HTML page and one PNG per layer) and as one number (mean row
+// entropy). The model runs here, once, through Gpt::attention_weights or PretrainedModel::attention_weights;
+// the drawing is heatmap.cpp's and html.cpp's. Not a checkpoint reader and not a command line (tools/viz.cpp).
 #include <cmath>
 #include <filesystem>
 
@@ -45,33 +45,55 @@ std::vector<int64_t> model_tokens(const Gpt& model, const CharTokenizer& tokeniz
   return {ids.begin(), ids.end()};
 }
 
-ModelViews write_model_views(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer,
-                             const std::string& text, const ModelViewOptions& options) {
-  const std::vector<int64_t> idx = model_tokens(model, tokenizer, text);  // (1, T)
-  const int64_t T = int64_t(idx.size());
-  std::vector<std::string> tokens;  // T: one character each
-  for (char32_t c : utf8_decode(text)) tokens.push_back(utf8_encode(std::u32string(1, c)));
+namespace {
 
+// Every layer's weights (1, H, T, T) and the T token labels -> DIR/attention.html and DIR/layer<i>.png.
+ModelViews write_views(const std::string& dir, std::vector<Tensor> weights, std::vector<std::string> tokens,
+                       const std::string& text, const ModelViewOptions& options) {
   check_path(dir, "the output directory");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   ATTN_CHECK(!ec, "Expected to create the output directory '", dir, "', but got '", ec.message(), "' instead");
 
   ModelViews out;
-  out.weights = model.attention_weights(idx.data(), 1, T);  // per layer (1, H, T, T)
-  AttentionRecord record{tokens, {}, {}, {}};
+  out.weights = std::move(weights);
+  out.tokens = std::move(tokens);
+  AttentionRecord record{out.tokens, {}, {}, {}};
   for (size_t l = 0; l < out.weights.size(); ++l) {
     const View<const float> w = out.weights[l].view().select(0, 0);  // (H, T, T)
     record.layers.push_back(w);
     const std::string title = cat("layer ", l, " \u00b7 ", w.size(0), " heads \u00b7 \"", display_token(text, 40), "\"",
                                   options.source.empty() ? "" : " \u00b7 ", options.source);
     out.pngs.push_back((std::filesystem::path(dir) / ("layer" + std::to_string(l) + ".png")).string());
-    write_heads_png(out.pngs.back(), w, tokens, {}, {.title = title, .max_px = options.png_max_px});
+    write_heads_png(out.pngs.back(), w, out.tokens, {}, {.title = title, .max_px = options.png_max_px});
   }
   out.html = (std::filesystem::path(dir) / "attention.html").string();
   write_html(out.html, record, {.title = options.title.empty() ? "attention on \"" + text + "\"" : options.title,
                                 .top_k = options.top_k});
   return out;
+}
+
+}  // namespace
+
+ModelViews write_model_views(const std::string& dir, Gpt& model, const CharTokenizer& tokenizer,
+                             const std::string& text, const ModelViewOptions& options) {
+  const std::vector<int64_t> idx = model_tokens(model, tokenizer, text);  // (1, T)
+  std::vector<std::string> tokens;  // T: one character each
+  for (char32_t c : utf8_decode(text)) tokens.push_back(utf8_encode(std::u32string(1, c)));
+  return write_views(dir, model.attention_weights(idx.data(), 1, int64_t(idx.size())), std::move(tokens), text,
+                     options);
+}
+
+ModelViews write_pretrained_views(const std::string& dir, Pretrained& model, const std::string& text,
+                                  const ModelViewOptions& options) {
+  const Encoding enc = model.tokenizer.encode(text, true, 0);  // (1, T): special tokens in, no truncation
+  const int64_t T = int64_t(enc.ids.size()), most = model.model->max_positions();
+  ATTN_CHECK(T > 0, "Expected a text of at least one token, but got none instead");
+  ATTN_CHECK(most == 0 || T <= most, "Expected a text of at most the model's ", most, " positions, but got ", T,
+             " tokens instead");
+  ModelViewOptions o = options;
+  if (o.source.empty()) o.source = model.model->architecture();
+  return write_views(dir, model.model->attention_weights(enc.ids.data(), 1, T), enc.tokens, text, o);
 }
 
 double mean_row_entropy(View<const float> w, int64_t min_keys) {

