@@ -107,6 +107,44 @@ void Forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, doub
   }
 }
 
+// RMSNorm (transformers' LlamaRMSNorm): y = (x·rstd)·w, rstd = 1/sqrt(mean(x²) + eps), mean(x²) a
+// double sum in the 8 fixed lanes (x = x + add first, written back, as Forward).
+void RmsForward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
+                float* y) {
+  const D64 d;
+  const DH dh;
+  const hn::ScalableTag<float> df;
+  const int64_t NF = int64_t(hn::Lanes(df));
+  for (int64_t r = r0; r < r1; ++r) {
+    float* xr = x + r * F;
+    const float* ar = add ? add + r * F : nullptr;
+    float* yr = y + r * F;
+    double ss;
+    RowSums<1>(
+        F,
+        [&](int64_t i, hn::Vec<D64>* t) {
+          auto v = hn::LoadU(dh, xr + i);
+          if (ar) {
+            v = hn::Add(v, hn::LoadU(dh, ar + i));
+            hn::StoreU(v, dh, xr + i);
+          }
+          const auto p = hn::PromoteTo(d, v);
+          t[0] = hn::Mul(p, p);
+        },
+        [&](int64_t i, double* t) {
+          if (ar) xr[i] += ar[i];
+          t[0] = double(xr[i]) * xr[i];
+        },
+        &ss);
+    const float rstd = float(1.0 / std::sqrt(ss / double(F) + eps));
+    const auto vr = hn::Set(df, rstd);
+    int64_t i = 0;
+    for (; i + NF <= F; i += NF)
+      hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(df, xr + i), vr), hn::LoadU(df, w + i)), df, yr + i);
+    for (; i < F; ++i) yr[i] = (xr[i] * rstd) * w[i];
+  }
+}
+
 void Backward(int64_t r0, int64_t r1, int64_t F, const float* dy, const float* xhat, const float* rstd,
               const float* w, float* dx, bool accumulate) {
   const D64 d;
@@ -181,6 +219,7 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 namespace layernorm {
 HWY_EXPORT(Forward);
+HWY_EXPORT(RmsForward);
 HWY_EXPORT(Backward);
 HWY_EXPORT(ParamGrads);
 }  // namespace layernorm
@@ -188,6 +227,10 @@ HWY_EXPORT(ParamGrads);
 void layernorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
                        const float* b, float* y, float* xhat, float* rstd) {
   HWY_DYNAMIC_DISPATCH(layernorm::Forward)(r0, r1, F, x, add, eps, w, b, y, xhat, rstd);
+}
+void rmsnorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
+                     float* y) {
+  HWY_DYNAMIC_DISPATCH(layernorm::RmsForward)(r0, r1, F, x, add, eps, w, y);
 }
 void layernorm_backward(int64_t r0, int64_t r1, int64_t F, const float* dy, const float* xhat, const float* rstd,
                         const float* w, float* dx, bool accumulate) {

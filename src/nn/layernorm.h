@@ -1,4 +1,4 @@
-// LayerNorm's row kernels (SIMD, one copy per Highway target): forward and backward of rows of F floats,
+// LayerNorm's (and RMSNorm's forward) row kernels (SIMD, one copy per Highway target): forward and backward of rows of F floats,
 // optionally fused with the residual add around them. Private to src/nn; layers.cpp splits rows (or, for
 // the parameter gradients, features) over threads and calls these.
 //
@@ -14,6 +14,10 @@ namespace attn {
 // add: null, or (N, F) added to x first, the sum written back over x (x = x + add; y = norm(x)).
 void layernorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps,
                        const float* w, const float* b, float* y, float* xhat, float* rstd);
+// RMSNorm's forward of rows [r0, r1): y = x / sqrt(mean(x²) + eps) · w (w: (F)), the mean of squares a
+// double sum in the same 8 lanes; add as layernorm_forward's.
+void rmsnorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
+                     float* y);
 // Rows [r0, r1): dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · w, written to dx, or added
 // to dx when accumulate (a residual's gradient: dx += that).
 void layernorm_backward(int64_t r0, int64_t r1, int64_t F, const float* dy, const float* xhat, const float* rstd,
