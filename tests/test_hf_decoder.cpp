@@ -17,13 +17,8 @@ namespace {
 using test::error_of;
 using test::TempDir;
 
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-
-Tensor random(Shape shape, Rng& rng, double scale = 0.3) {
-  Tensor t(std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(rng.normal() * scale);
-  return t;
-}
+using test::write_text;
+Tensor random(Shape shape, Rng& rng, double scale = 0.3) { return test::normal_tensor(std::move(shape), rng, scale); }
 
 // Writes sd with `skip` left out and `reshape` (name -> shape) given another shape.
 void save(const TempDir& d, StateDict sd, const std::string& skip, const std::string& reshape, Shape shape, Rng& rng) {

@@ -35,6 +35,16 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
 
 namespace {
 
+SampleOptions sample_options(const GenerateCli& cli) {
+  SampleOptions o;
+  o.max_new_tokens = cli.n;
+  o.temperature = cli.temperature;
+  o.top_k = cli.top_k;
+  o.seed = cli.seed;
+  o.kv_dtype = parse_kv_dtype(cli.kv_dtype.c_str());
+  return o;
+}
+
 // --model: the directory's tokenizer in and out, the text streamed as the decoded sequence grows.
 int run_generate_pretrained(const GenerateCli& cli) {
   Pretrained p = Pretrained::load(cli.model);
@@ -46,12 +56,7 @@ int run_generate_pretrained(const GenerateCli& cli) {
   const size_t n_prompt = ids.size();
   std::string shown = p.tokenizer.decode(ids);
   std::fputs(shown.c_str(), stdout);
-  SampleOptions o;
-  o.max_new_tokens = cli.n;
-  o.temperature = cli.temperature;
-  o.top_k = cli.top_k;
-  o.seed = cli.seed;
-  o.kv_dtype = parse_kv_dtype(cli.kv_dtype.c_str());
+  SampleOptions o = sample_options(cli);
   o.eos_token_ids = d->decoder_config().eos_token_ids;
   // Print what the whole sequence's text adds to what is shown (a token's text can depend on the ones
   // before it: WordPiece's ##, a UTF-8 character over several byte tokens); hold back while it does not
@@ -97,12 +102,7 @@ int run_generate(const GenerateCli& cli) {
   }
   std::vector<int32_t> p32(prompt.begin(), prompt.end());
   std::fputs(m.tokenizer.decode(p32).c_str(), stdout);
-  SampleOptions o;
-  o.max_new_tokens = cli.n;
-  o.temperature = cli.temperature;
-  o.top_k = cli.top_k;
-  o.seed = cli.seed;
-  o.kv_dtype = parse_kv_dtype(cli.kv_dtype.c_str());
+  SampleOptions o = sample_options(cli);
   o.on_token = [&](int64_t tok) {
     const int32_t id = int32_t(tok);
     std::fputs(m.tokenizer.decode(&id, 1).c_str(), stdout);

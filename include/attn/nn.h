@@ -89,6 +89,9 @@ class LayerNorm : public Layer {
   Tensor weight_grad, bias_grad;
   double eps;
 
+ protected:
+  bool rms_ = false;  // RMSNorm's forward
+
  private:
   Tensor run(View<const float> x, View<const float> add);
   void run_backward(View<const float> dout, float* dx, bool accumulate);
@@ -97,20 +100,11 @@ class LayerNorm : public Layer {
 };
 
 // RMSNorm over the last dim (transformers' LlamaRMSNorm, torch.nn.RMSNorm): y = x / sqrt(mean(x²) + eps)
-// · weight. Over given (pretrained) weights, for inference: no backward yet.
-class RMSNorm : public Layer {
+// · weight, LayerNorm's row passes without the mean. Over given (pretrained) weights (F), for inference:
+// backward is an Error.
+class RMSNorm : public LayerNorm {
  public:
   RMSNorm(Tensor weight, double eps);
-  Tensor forward(View<const float> x);  // (..., F) -> (..., F)
-  // x += residual (x contiguous, residual of x's shape), returns norm(x): a pre-norm block's residual add
-  Tensor forward_add(Tensor& x, View<const float> residual);
-  void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight
-
-  Tensor weight, weight_grad;  // (F), and an empty gradient (inference only)
-  double eps;
-
- private:
-  Tensor run(View<const float> x, View<const float> add);
 };
 
 // Rotary position embedding (RoFormer) in transformers' rotate-half convention: a head vector x (D) at

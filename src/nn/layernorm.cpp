@@ -52,7 +52,7 @@ HWY_INLINE void RowSums(int64_t F, VecTerms vt, ScalarTerms st, double* out) {
 }
 
 void Forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
-             const float* b, float* y, float* xhat, float* rstd_out) {
+             const float* b, float* y, float* xhat, float* rstd_out, bool rms) {
   const D64 d;
   const DH dh;
   const hn::ScalableTag<float> df;
@@ -63,8 +63,8 @@ void Forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, doub
     float* yr = y + r * F;
     float* hr = xhat ? xhat + r * F : nullptr;
     // Two passes in double: mean (x = x + add on the way), then the biased variance of (x - mean), as
-    // PyTorch computes it.
-    double mean, var;
+    // PyTorch computes it. RMSNorm: one pass, the mean of x² (mean 0, so h = (x - 0)·rstd = x·rstd).
+    double mean = 0, var;
     RowSums<1>(
         F,
         [&](int64_t i, hn::Vec<D64>* t) {
@@ -74,21 +74,24 @@ void Forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, doub
             hn::StoreU(v, dh, xr + i);
           }
           t[0] = hn::PromoteTo(d, v);
+          if (rms) t[0] = hn::Mul(t[0], t[0]);
         },
         [&](int64_t i, double* t) {
           if (ar) xr[i] += ar[i];
-          t[0] = xr[i];
+          t[0] = rms ? double(xr[i]) * xr[i] : xr[i];
         },
-        &mean);
-    mean /= double(F);
-    const auto vmean = hn::Set(d, mean);
-    RowSums<1>(
-        F,
-        [&](int64_t i, hn::Vec<D64>* t) {
-          const auto c = hn::Sub(hn::PromoteTo(d, hn::LoadU(dh, xr + i)), vmean);
-          t[0] = hn::Mul(c, c);
-        },
-        [&](int64_t i, double* t) { t[0] = (xr[i] - mean) * (xr[i] - mean); }, &var);
+        rms ? &var : &mean);
+    if (!rms) {
+      mean /= double(F);
+      const auto vmean = hn::Set(d, mean);
+      RowSums<1>(
+          F,
+          [&](int64_t i, hn::Vec<D64>* t) {
+            const auto c = hn::Sub(hn::PromoteTo(d, hn::LoadU(dh, xr + i)), vmean);
+            t[0] = hn::Mul(c, c);
+          },
+          [&](int64_t i, double* t) { t[0] = (xr[i] - mean) * (xr[i] - mean); }, &var);
+    }
     const float rstd = float(1.0 / std::sqrt(var / double(F) + eps)), m = float(mean);
     if (rstd_out) rstd_out[r] = rstd;
     // h = (x - m)·rstd; y = h·w + b, w = 1 and b = 0 when absent (h·1 + 0, as the scalar loop rounded it)
@@ -104,44 +107,6 @@ void Forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, doub
       if (hr) hr[i] = h;
       yr[i] = h * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
     }
-  }
-}
-
-// RMSNorm (transformers' LlamaRMSNorm): y = (x·rstd)·w, rstd = 1/sqrt(mean(x²) + eps), mean(x²) a
-// double sum in the 8 fixed lanes (x = x + add first, written back, as Forward).
-void RmsForward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
-                float* y) {
-  const D64 d;
-  const DH dh;
-  const hn::ScalableTag<float> df;
-  const int64_t NF = int64_t(hn::Lanes(df));
-  for (int64_t r = r0; r < r1; ++r) {
-    float* xr = x + r * F;
-    const float* ar = add ? add + r * F : nullptr;
-    float* yr = y + r * F;
-    double ss;
-    RowSums<1>(
-        F,
-        [&](int64_t i, hn::Vec<D64>* t) {
-          auto v = hn::LoadU(dh, xr + i);
-          if (ar) {
-            v = hn::Add(v, hn::LoadU(dh, ar + i));
-            hn::StoreU(v, dh, xr + i);
-          }
-          const auto p = hn::PromoteTo(d, v);
-          t[0] = hn::Mul(p, p);
-        },
-        [&](int64_t i, double* t) {
-          if (ar) xr[i] += ar[i];
-          t[0] = double(xr[i]) * xr[i];
-        },
-        &ss);
-    const float rstd = float(1.0 / std::sqrt(ss / double(F) + eps));
-    const auto vr = hn::Set(df, rstd);
-    int64_t i = 0;
-    for (; i + NF <= F; i += NF)
-      hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(df, xr + i), vr), hn::LoadU(df, w + i)), df, yr + i);
-    for (; i < F; ++i) yr[i] = (xr[i] * rstd) * w[i];
   }
 }
 
@@ -219,18 +184,13 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 namespace layernorm {
 HWY_EXPORT(Forward);
-HWY_EXPORT(RmsForward);
 HWY_EXPORT(Backward);
 HWY_EXPORT(ParamGrads);
 }  // namespace layernorm
 
 void layernorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
-                       const float* b, float* y, float* xhat, float* rstd) {
-  HWY_DYNAMIC_DISPATCH(layernorm::Forward)(r0, r1, F, x, add, eps, w, b, y, xhat, rstd);
-}
-void rmsnorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
-                     float* y) {
-  HWY_DYNAMIC_DISPATCH(layernorm::RmsForward)(r0, r1, F, x, add, eps, w, y);
+                       const float* b, float* y, float* xhat, float* rstd, bool rms) {
+  HWY_DYNAMIC_DISPATCH(layernorm::Forward)(r0, r1, F, x, add, eps, w, b, y, xhat, rstd, rms);
 }
 void layernorm_backward(int64_t r0, int64_t r1, int64_t F, const float* dy, const float* xhat, const float* rstd,
                         const float* w, float* dx, bool accumulate) {

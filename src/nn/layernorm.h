@@ -1,4 +1,4 @@
-// LayerNorm's (and RMSNorm's forward) row kernels (SIMD, one copy per Highway target): forward and backward of rows of F floats,
+// LayerNorm's row kernels (SIMD, one copy per Highway target): forward and backward of rows of F floats,
 // optionally fused with the residual add around them. Private to src/nn; layers.cpp splits rows (or, for
 // the parameter gradients, features) over threads and calls these.
 //
@@ -12,12 +12,9 @@ namespace attn {
 
 // Rows [r0, r1) of x (N, F) -> y, and xhat / rstd when not null (training). w, b: (F) or null (1, 0).
 // add: null, or (N, F) added to x first, the sum written back over x (x = x + add; y = norm(x)).
-void layernorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps,
-                       const float* w, const float* b, float* y, float* xhat, float* rstd);
-// RMSNorm's forward of rows [r0, r1): y = x / sqrt(mean(x²) + eps) · w (w: (F)), the mean of squares a
-// double sum in the same 8 lanes; add as layernorm_forward's.
-void rmsnorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
-                     float* y);
+// rms: RMSNorm instead (mean 0, variance = mean(x²): y = x·rstd·w + b), the same lanes.
+void layernorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
+                       const float* b, float* y, float* xhat, float* rstd, bool rms = false);
 // Rows [r0, r1): dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · w, written to dx, or added
 // to dx when accumulate (a residual's gradient: dx += that).
 void layernorm_backward(int64_t r0, int64_t r1, int64_t F, const float* dy, const float* xhat, const float* rstd,

@@ -144,35 +144,9 @@ Tensor Linear::backward(View<const float> dout, bool add_bias_grad) {
 
 // ---- RMSNorm ----
 
-RMSNorm::RMSNorm(Tensor w, double eps) : weight(std::move(w)), eps(eps) {
-  ATTN_CHECK(weight.shape().size() == 1 && weight.numel() > 0, "Expected an RMSNorm weight (F), but got ",
-             to_string(weight.shape()), " instead");
-}
-
-void RMSNorm::parameters(std::vector<Param>& out, const std::string& prefix) {
-  out.push_back({prefix + "weight", &weight, &weight_grad});
-}
-
-Tensor RMSNorm::forward(View<const float> x) { return run(x, {}); }
-
-Tensor RMSNorm::forward_add(Tensor& x, View<const float> residual) {
-  ATTN_CHECK(residual.shape == x.shape() && residual.is_contiguous(), "Expected a contiguous residual of shape ",
-             to_string(x.shape()), ", but got ", to_string(residual.shape), " instead");
-  return run(x.view(), residual);
-}
-
-Tensor RMSNorm::run(View<const float> x, View<const float> add) {
-  Tensor storage;
-  View<const float> rows = as_rows(x, storage);  // (N, F); a view of x itself when add is given
-  const int64_t N = rows.size(0), F = rows.size(1);
-  ATTN_CHECK(F == weight.size(0), "Expected input (..., F) with F = ", weight.size(0), ", but got shape ",
-             to_string(x.shape), " instead");
-  Tensor y = Tensor::uninitialized(x.shape);  // every row written below
-  float* px = const_cast<float*>(rows.data);  // written only when add is given (forward_add's x)
-  parallel_for(N, grain_for(4 * F), [&](int64_t r0, int64_t r1, int) {  // SIMD rows (layernorm.cpp)
-    rmsnorm_forward(r0, r1, F, px, add.data, eps, weight.data(), y.data());
-  });
-  return y;
+RMSNorm::RMSNorm(Tensor w, double eps) : LayerNorm(std::move(w), Tensor(), eps) {
+  ATTN_CHECK(weight.data(), "Expected an RMSNorm weight (F), but got none instead");
+  rms_ = true;
 }
 
 // ---- Rope ----
@@ -268,7 +242,8 @@ Tensor LayerNorm::run(View<const float> x, View<const float> add) {
   // Written only when add is given: x is then forward_add's Tensor& (non-const, contiguous).
   float* px = const_cast<float*>(rows.data);
   parallel_for(N, grain_for(8 * F), [&](int64_t r0, int64_t r1, int) {  // SIMD rows (layernorm.cpp)
-    layernorm_forward(r0, r1, F, px, add.data, eps, weight.data(), bias.data(), y.data(), xhat_.data(), rstd_.data());
+    layernorm_forward(r0, r1, F, px, add.data, eps, weight.data(), bias.data(), y.data(), xhat_.data(), rstd_.data(),
+                      rms_);
   });
   return y;
 }
@@ -287,6 +262,7 @@ void LayerNorm::backward_add(View<const float> dout, Tensor& dx) {
 
 // dx (N, F) contiguous: written, or added to when accumulate.
 void LayerNorm::run_backward(View<const float> dout, float* dx, bool accumulate) {
+  ATTN_CHECK(!rms_, "Expected a LayerNorm for backward, but got an RMSNorm (inference only) instead");
   check_saved(xhat_.data() != nullptr, "LayerNorm");
   check_dout(dout, xhat_.shape(), "LayerNorm");
   Tensor storage;
