@@ -76,6 +76,18 @@ def test_padded_rows_match_transformers_and_are_zero(pair):
     np.testing.assert_allclose(got[keep], want[keep], atol=1e-5)
 
 
+def test_attention_weights_match_transformers(pair):
+    ours, ref, _ = pair
+    x = batch(ref.config.vocab_size, B=2, L=9, seed=3)
+    with torch.no_grad():
+        want = [a.numpy() for a in ref(torch.from_numpy(x), output_attentions=True).attentions]
+    got = ours.attention_weights(x)
+    assert len(got) == len(want) and got[0].shape == want[0].shape  # (B, H, L, L) per layer
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=1e-6)
+        assert (np.triu(g, 1) == 0).all()  # causal
+
+
 def test_greedy_generation_is_transformers(pair):
     ours, ref, _ = pair
     prompt = [int(t) for t in batch(ref.config.vocab_size, B=1, L=7, seed=2)[0]]
