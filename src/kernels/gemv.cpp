@@ -38,27 +38,44 @@ namespace hn = hwy::HWY_NAMESPACE;
 namespace fl = attn::flash::HWY_NAMESPACE;
 
 // in_out: columns [j0, j1) of y (M, N) = x (M, K) · W (K, N): y = bias; for k in order: y = fma(x_k, W_k, y).
-// The row segment W[k, j0..j1) is read once (from memory) for all M rows; y's segment stays in L1.
-void ColumnsInOut(const Args& g, int64_t j0, int64_t j1) {
+// KB rows of W at a time (KB streams, each a contiguous segment of its row; y's segment loaded and stored
+// once per KB terms, in L1), the terms of each element still added k = 0, 1, ... in order.
+template <int KB>
+HWY_INLINE void RowsBlock(const Args& g, int64_t k0, int64_t j0, int64_t j1) {
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;  // the tail, one lane at a time: still an FMA
   const int64_t NL = int64_t(hn::Lanes(d)), full = j0 + (j1 - j0) / NL * NL;
+  const float* w = g.w + k0 * g.N;
+  for (int64_t m = 0; m < g.M; ++m) {
+    float* y = g.y + m * g.ldy;
+    const float* x = g.x + m * g.ldx + k0;
+    hn::Vec<decltype(d)> a[KB];
+#pragma GCC unroll 16
+    for (int i = 0; i < KB; ++i) a[i] = hn::Set(d, x[i]);
+    int64_t j = j0;
+    for (; j < full; j += NL) {
+      auto acc = hn::LoadU(d, y + j);
+#pragma GCC unroll 16
+      for (int i = 0; i < KB; ++i) acc = hn::MulAdd(a[i], hn::LoadU(d, w + i * g.N + j), acc);
+      hn::StoreU(acc, d, y + j);
+    }
+    for (; j < j1; ++j) {
+      auto acc = hn::LoadU(d1, y + j);
+      for (int i = 0; i < KB; ++i) acc = hn::MulAdd(hn::Set(d1, x[i]), hn::LoadU(d1, w + i * g.N + j), acc);
+      hn::StoreU(acc, d1, y + j);
+    }
+  }
+}
+
+void ColumnsInOut(const Args& g, int64_t j0, int64_t j1) {
   for (int64_t m = 0; m < g.M; ++m) {
     float* y = g.y + m * g.ldy;
     for (int64_t j = j0; j < j1; ++j) y[j] = g.bias ? g.bias[j] : 0.0f;
   }
-  for (int64_t k = 0; k < g.K; ++k) {
-    const float* wk = g.w + k * g.N;
-    for (int64_t m = 0; m < g.M; ++m) {
-      float* y = g.y + m * g.ldy;
-      const float a = g.x[m * g.ldx + k];
-      const auto va = hn::Set(d, a);
-      int64_t j = j0;
-      for (; j < full; j += NL) hn::StoreU(hn::MulAdd(va, hn::LoadU(d, wk + j), hn::LoadU(d, y + j)), d, y + j);
-      for (; j < j1; ++j)
-        hn::StoreU(hn::MulAdd(hn::Set(d1, a), hn::LoadU(d1, wk + j), hn::LoadU(d1, y + j)), d1, y + j);
-    }
-  }
+  constexpr int kKB = 8;
+  int64_t k = 0;
+  for (; k + kKB <= g.K; k += kKB) RowsBlock<kKB>(g, k, j0, j1);
+  for (; k < g.K; ++k) RowsBlock<1>(g, k, j0, j1);
 }
 
 // out_in: outputs [n0, n1): y[m, n] = bias[n] + Σ_k x[m, k]·W[n, k] over the 16 virtual lanes.
@@ -118,8 +135,8 @@ void linear_rows(View<const float> x, View<const float> w, WeightLayout layout, 
   const gemv_detail::Args g{x.data, x.stride(0), w.data, bias.empty() ? nullptr : bias.data, y.data, y.stride(0),
                             M, K, N};
   if (io) {
-    // column chunks of 512 (2 KiB of each weight row, streamed): the chunks only decide who computes
-    constexpr int64_t kChunk = 512;
+    // column chunks of 1024 (4 KiB of each weight row, streamed): the chunks only decide who computes
+    constexpr int64_t kChunk = 1024;
     parallel_for((N + kChunk - 1) / kChunk, grain_for(kChunk * K * M), [&](int64_t b, int64_t e, int) {
       HWY_DYNAMIC_DISPATCH(gemv_detail::ColumnsInOut)(g, b * kChunk, std::min(N, e * kChunk));
     });
