@@ -4,6 +4,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "attn/hf.h"
 #include "attn/hf_tokenizer.h"
 #include "bind_layer.h"
@@ -88,6 +90,26 @@ void bind_models(py::module_& m) {
              for (Tensor& t : w) out.append(to_numpy(std::move(t)));
              return out;
            }, py::arg("ids"), py::arg("attention_mask") = py::none())
+      .def_property_readonly("is_decoder", [](const Pretrained& p) { return p.decoder() != nullptr; })
+      .def_property_readonly("eos_token_ids", [](const Pretrained& p) {
+             return p.decoder() ? p.decoder()->decoder_config().eos_token_ids : std::vector<int64_t>{};
+           })
+      .def("generate", [](Pretrained& p, const std::vector<int64_t>& prompt, int64_t max_new_tokens, double temperature,
+                          int64_t top_k, uint64_t seed, const std::string& kv_dtype,
+                          const std::optional<std::vector<int64_t>>& eos) {
+             PretrainedDecoder* d = p.decoder();
+             ATTN_CHECK(d, "Expected a decoder (GPT2LMHeadModel, LlamaForCausalLM) for generate, but got ",
+                        p.model->architecture(), " instead");
+             SampleOptions o;
+             o.max_new_tokens = max_new_tokens;
+             o.temperature = temperature;
+             o.top_k = top_k;
+             o.seed = seed;
+             o.kv_dtype = parse_kv_dtype(kv_dtype.c_str());
+             o.eos_token_ids = eos ? *eos : d->decoder_config().eos_token_ids;
+             return py_util::locked(&p, [&] { return generate(*d, prompt, o); });
+           }, py::arg("prompt"), py::arg("max_new_tokens") = 100, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
+           py::arg("seed") = 0, py::arg("kv_dtype") = "f32", py::arg("eos_token_ids") = py::none())
       .def("embed", [](Pretrained& p, const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {
              return py_util::run(&p, [&] { return p.embed(texts, batch, max_length); });
            }, py::arg("texts"), py::arg("batch_size") = 32, py::arg("max_length") = 0);

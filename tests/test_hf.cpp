@@ -16,13 +16,8 @@ namespace {
 using test::error_of;
 using test::TempDir;
 
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-
-Tensor random(Shape shape, Rng& rng, double scale = 0.1) {
-  Tensor t(std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(rng.normal() * scale);
-  return t;
-}
+using test::write_text;
+Tensor random(Shape shape, Rng& rng, double scale = 0.1) { return test::normal_tensor(std::move(shape), rng, scale); }
 
 // A BertModel directory of E 16, 2 layers, 4 heads, FFN 24, vocab 30, 12 positions, random weights.
 void write_bert(const TempDir& d, const std::string& prefix = "", const std::string& skip = "") {

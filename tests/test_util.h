@@ -1,9 +1,11 @@
-// Helpers the GoogleTest files share: the message of an expected attn::Error, and a scratch folder.
+// Helpers the GoogleTest files share: the message of an expected attn::Error, a scratch folder, a text
+// file and a tensor of normal samples.
 #pragma once
 #include <stdlib.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,8 @@
 
 #include "attn/check.h"
 #include "attn/cpu.h"
+#include "attn/rng.h"
+#include "attn/tensor.h"
 #include "attn/threads.h"
 
 namespace attn::test {
@@ -24,6 +28,15 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "";
+}
+
+inline void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// A tensor of N(0, scale²) samples from rng.
+inline Tensor normal_tensor(Shape shape, Rng& rng, double scale) {
+  Tensor t(std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = float(rng.normal() * scale);
+  return t;
 }
 
 // A fresh, empty folder of its own under the system temp dir, removed at the end of its scope.

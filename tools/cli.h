@@ -77,13 +77,15 @@ int run_train(TrainCli& cli);
 
 // `attn generate` (tools/generate.cpp).
 struct GenerateCli {
-  std::string ckpt, prompt;  // --ckpt is required: no hidden default directory
+  std::string ckpt, model, prompt;  // exactly one of --ckpt and --model: no hidden default directory
   int64_t n = 200;
   double temperature = 0.8;
   int64_t top_k = 200;
   uint64_t seed = 1337;
   int threads = 0;  // the CPUs this process may use
   std::string kv_dtype = "f32";  // f32, f16 or bf16: how the KV cache stores K and V
+  std::string dtype = "f32";     // --model: the matmuls' precision (gemm.h)
+  bool strict = false;
 };
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli);
 int run_generate(const GenerateCli& cli);

@@ -1,10 +1,12 @@
-// `attn generate`: continue a prompt with a trained checkpoint, one token at a time through the KV cache
-// (the flash decode path), printing each character as it is drawn. Not a chat loop.
+// `attn generate`: continue a prompt with a trained checkpoint (--ckpt) or a Hugging Face decoder directory
+// (--model: GPT-2, Llama; attn/hf.h), one token at a time through the KV cache (the flash decode path),
+// printing the text as it is drawn. Not a chat loop.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
 
+#include "attn/hf.h"
 #include "attn/threads.h"
 #include "attn/train.h"
 #include "cli.h"
@@ -13,10 +15,13 @@
 namespace attn {
 
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
-  auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint of attn train");
-  cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out)")->required();
-  cmd->add_option("--prompt", cli.prompt, "text to continue (default: a newline, or the first character)");
-  cmd->add_option("-n,--tokens", cli.n, "characters to generate")->check(number_of<int64_t>())->check(non_negative());
+  auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint of attn train or a Hugging Face decoder");
+  // exactly one of --ckpt and --model (checked in run_generate, so that the message says so)
+  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); or --model");
+  cmd->add_option("--model", cli.model, "Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM): "
+                  "config.json, model.safetensors, tokenizer.json; or --ckpt")->excludes(ckpt);
+  cmd->add_option("--prompt", cli.prompt, "text to continue (--ckpt default: a newline, or the first character)");
+  cmd->add_option("-n,--tokens", cli.n, "tokens (characters for --ckpt) to generate")->check(number_of<int64_t>())->check(non_negative());
   cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")
       ->check(number_of<double>())->check(non_negative());
   cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(number_of<int64_t>())->check(non_negative());
@@ -25,11 +30,69 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
       ->check(non_negative());
   cmd->add_option("--kv-dtype", cli.kv_dtype, "KV cache storage: f32, or f16/bf16 (half the bytes per decode step)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  add_dtype_options(cmd, cli.dtype, cli.strict);
   return cmd;
 }
 
+namespace {
+
+SampleOptions sample_options(const GenerateCli& cli) {
+  SampleOptions o;
+  o.max_new_tokens = cli.n;
+  o.temperature = cli.temperature;
+  o.top_k = cli.top_k;
+  o.seed = cli.seed;
+  o.kv_dtype = parse_kv_dtype(cli.kv_dtype.c_str());
+  return o;
+}
+
+// --model: the directory's tokenizer in and out, the text streamed as the decoded sequence grows.
+int run_generate_pretrained(const GenerateCli& cli) {
+  Pretrained p = Pretrained::load(cli.model, dtype_of(cli.dtype, cli.strict));
+  PretrainedDecoder* d = p.decoder();
+  ATTN_CHECK(d, "Expected a decoder model (GPT2LMHeadModel, LlamaForCausalLM) for generate, but got ",
+             p.model->architecture(), " in '", cli.model, "' instead");
+  std::vector<int64_t> ids = p.tokenizer.encode(cli.prompt).ids;  // special tokens only as the file adds them
+  ATTN_CHECK(!ids.empty(), "Expected a --prompt of at least one token, but got '", cli.prompt, "' instead");
+  const size_t n_prompt = ids.size();
+  std::string shown = p.tokenizer.decode(ids);
+  std::fputs(shown.c_str(), stdout);
+  SampleOptions o = sample_options(cli);
+  o.eos_token_ids = d->decoder_config().eos_token_ids;
+  // Print what the whole sequence's text adds to what is shown (a token's text can depend on the ones
+  // before it: WordPiece's ##, a UTF-8 character over several byte tokens); hold back while it does not
+  // extend what was printed.
+  auto show = [&] {
+    const std::string text = p.tokenizer.decode(ids);
+    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+      std::fputs(text.c_str() + shown.size(), stdout);
+      std::fflush(stdout);
+      shown = text;
+    }
+  };
+  o.on_token = [&](int64_t tok) {
+    ids.push_back(tok);
+    show();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int64_t> prompt(ids.begin(), ids.end());
+  const int64_t n = int64_t(generate(*d, prompt, o).size());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n");
+  std::fflush(stdout);
+  std::fprintf(stderr, "(%lld tokens after a prompt of %zu in %.2f s, %.1f per second, %s)\n", (long long)n, n_prompt,
+               s, s > 0 ? double(n) / s : 0.0, p.model->architecture().c_str());
+  return 0;
+}
+
+}  // namespace
+
 int run_generate(const GenerateCli& cli) {
+  ATTN_CHECK(cli.ckpt.empty() != cli.model.empty(), "Expected exactly one of --ckpt DIR and --model DIR, but got ",
+             cli.ckpt.empty() ? "neither" : "both", " instead");
   set_num_threads(cli.threads);
+  if (!cli.model.empty()) return run_generate_pretrained(cli);
+  const Autocast autocast(dtype_of(cli.dtype, cli.strict));
   LoadedModel m = load_model(cli.ckpt);
   std::vector<int64_t> prompt;
   if (cli.prompt.empty()) {
@@ -41,12 +104,7 @@ int run_generate(const GenerateCli& cli) {
   }
   std::vector<int32_t> p32(prompt.begin(), prompt.end());
   std::fputs(m.tokenizer.decode(p32).c_str(), stdout);
-  SampleOptions o;
-  o.max_new_tokens = cli.n;
-  o.temperature = cli.temperature;
-  o.top_k = cli.top_k;
-  o.seed = cli.seed;
-  o.kv_dtype = parse_kv_dtype(cli.kv_dtype.c_str());
+  SampleOptions o = sample_options(cli);
   o.on_token = [&](int64_t tok) {
     const int32_t id = int32_t(tok);
     std::fputs(m.tokenizer.decode(&id, 1).c_str(), stdout);

@@ -14,6 +14,7 @@
 #include "attn/kv_cache.h"
 #include "attn/nn.h"
 #include "attn/param.h"
+#include "attn/sampling.h"
 #include "attn/tensor.h"
 
 namespace attn {
@@ -134,19 +135,9 @@ class Gpt : public Layer {
   Tensor y_;               // (B·T, E): ln_f's output, the head's input
 };
 
-// Sampling options for generate(): temperature 0 is greedy (argmax); top_k 0 keeps every token.
-struct SampleOptions {
-  int64_t max_new_tokens = 100;
-  double temperature = 1.0;
-  int64_t top_k = 0;
-  uint64_t seed = 0;
-  KvDtype kv_dtype = KvDtype::f32;  // how the KV cache stores K and V (f16/bf16: half the bytes per step)
-  std::function<void(int64_t token)> on_token;  // if set, called with each new token as it is drawn
-};
-
-// Continues `prompt` (at least one token) one token at a time through the KV cache. Once the context
-// fills block_size, the cache is refilled from the last block_size/2 tokens (the position table ends
-// there). Switches the model to eval mode. Returns only the new tokens.
+// Continues `prompt` (at least one token) one token at a time through the KV cache (sampling.h's loop).
+// Once the context fills block_size, the cache is refilled from the last block_size/2 tokens (the position
+// table ends there). Switches the model to eval mode. Returns only the new tokens.
 std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, const SampleOptions& options);
 
 }  // namespace attn

@@ -1,7 +1,9 @@
 // Hugging Face model directories (config.json + model.safetensors, or shards listed in
 // model.safetensors.index.json) loaded onto attn's own layers (nn.h) and attention (sdpa.h), for
 // inference. Float32 weights are used in place from the mapped files (safetensors.h's MappedSafetensors);
-// other dtypes are converted once. Architectures: BertModel (BERT, MiniLM: post-LN encoder).
+// other dtypes are converted once. Architectures: BertModel (BERT, MiniLM: post-LN encoder),
+// GPT2LMHeadModel (pre-LN decoder, hf_gpt2.cpp) and LlamaForCausalLM (RMSNorm, RoPE, SwiGLU, GQA,
+// hf_llama.cpp), the decoders with a KV cache and generate().
 // Not a trainer (no backward here), not a hub client (a local directory only), and not a tokenizer
 // (hf_tokenizer.h).
 #pragma once
@@ -12,7 +14,9 @@
 #include <vector>
 
 #include "attn/hf_tokenizer.h"
+#include "attn/kv_cache.h"
 #include "attn/nn.h"
+#include "attn/sampling.h"
 #include "attn/safetensors.h"
 #include "attn/tensor.h"
 
@@ -57,7 +61,8 @@ class PretrainedModel {
  public:
   virtual ~PretrainedModel() = default;
   // What its matmuls multiply in (gemm.h Precision: an Autocast around each forward); sums, weights,
-  // norms and attention stay fp32.
+  // norms and attention stay fp32, and so do the few-row products of a decode step (gemv.h's
+  // linear_rows: bandwidth-bound, they read the fp32 weights either way).
   Precision precision = Precision::f32;
   virtual std::string architecture() const = 0;
   virtual int64_t hidden_size() const = 0;  // E
@@ -66,7 +71,7 @@ class PretrainedModel {
   virtual int64_t num_heads() const = 0;    // H
   // The longest sequence the position embeddings allow (0: no limit).
   virtual int64_t max_positions() const = 0;
-  // An encoder's last hidden state (B, L, E).
+  // An encoder's last hidden state (B, L, E); a decoder's logits (B, L, V).
   virtual Tensor forward(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) = 0;
   // Per layer, the attention weights (B, H, L, L) of the same forward (0 on padded rows and columns).
   virtual std::vector<Tensor> attention_weights(const int64_t* ids, int64_t B, int64_t L,
@@ -111,6 +116,128 @@ class BertModel : public PretrainedModel {
   std::vector<Layer> layers_;
 };
 
+// What every decoder's config.json gives (the names differ per architecture).
+struct DecoderConfig {
+  int64_t vocab_size = 0;    // V
+  int64_t hidden_size = 0;   // E
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;     // H
+  int64_t num_kv_heads = 0;  // Hkv (GQA when < H, MQA when 1)
+  int64_t head_dim = 0;      // D
+  int64_t intermediate_size = 0;
+  int64_t max_positions = 0;  // the position table (GPT-2) or max_position_embeddings (Llama)
+  double norm_eps = 1e-5;
+  bool tie_word_embeddings = true;
+  std::vector<int64_t> eos_token_ids;  // generation_config.json's, else config.json's (none: no stop)
+};
+
+// A decoder-only language model on attn's layers: forward() gives logits; forward_cached() continues a
+// KV cache (prefill, then a token per step), each layer's K/V appended and attended with bottom-right
+// causal alignment. With an attention_mask, forward packs the kept tokens as BertModel does (padding costs
+// nothing, its logits are 0); a kept token sees the kept tokens at or before its position, and positions
+// are 0..L-1 by index (transformers' default position ids). The architecture supplies the parts below.
+class PretrainedDecoder : public PretrainedModel {
+ public:
+  int64_t hidden_size() const override { return c_.hidden_size; }
+  int64_t vocab_size() const override { return c_.vocab_size; }
+  int64_t num_layers() const override { return c_.num_layers; }
+  int64_t num_heads() const override { return c_.num_heads; }
+  int64_t max_positions() const override { return c_.max_positions; }
+  const DecoderConfig& decoder_config() const { return c_; }
+  // logits (B, L, V)
+  Tensor forward(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) override;
+  // Per layer (B, H, L, L), causal; 0 on padded rows and columns.
+  std::vector<Tensor> attention_weights(const int64_t* ids, int64_t B, int64_t L,
+                                        const int64_t* attention_mask = nullptr) override;
+  // ids (B, T) at positions cache.length(0)...: appends their K/V to `cache` and returns their logits
+  // (B, T, V), or only the last token's (B, 1, V) when last_only (a prefill's lm_head on one row).
+  Tensor forward_cached(const int64_t* ids, int64_t B, int64_t T, KVCache& cache, bool last_only = false);
+  // num_layers layers of `capacity` tokens (0: max_positions), Hkv heads of D.
+  KVCache new_cache(int64_t B, int64_t capacity = 0, KvDtype dtype = KvDtype::f32) const;
+
+  // Attention of a layer's queries q (T, H·D) over keys k and values v (T, Hkv·D), rows of strided
+  // matrices (unit column stride) -> ctx (T, H·D) contiguous. The decoder runs it per packed sequence or
+  // over a KV cache; the architecture's layer() calls it between its projections.
+  using Attend = std::function<Tensor(View<const float> q, View<const float> k, View<const float> v)>;
+
+ protected:
+  explicit PretrainedDecoder(const DecoderConfig& c) : c_(c) {}
+  // Token + position embeddings of T rows (token tok[t] at position pos[t]) -> (T, E).
+  virtual Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) = 0;
+  // Layer i over the residual stream x (T, E), updated in place; pos (T) as embed's.
+  virtual void layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& attend) = 0;
+  // The final norm and the lm_head: x (N, E) -> logits (N, V).
+  virtual Tensor head(View<const float> x) = 0;
+  DecoderConfig c_;
+
+ private:
+  Tensor run(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask, std::vector<Tensor>* weights);
+};
+
+// transformers' GPT2LMHeadModel: wte + learned wpe, per layer x += attn(ln_1(x)); x += mlp(ln_2(x)) with
+// Conv1D weights read in place in their (in, out) layout, gelu_new (tanh GELU); ln_f; lm_head tied to wte.
+class Gpt2Model : public PretrainedDecoder {
+ public:
+  explicit Gpt2Model(const std::string& dir);
+  std::string architecture() const override { return "GPT2LMHeadModel"; }
+
+  struct Layer {
+    LayerNorm ln_1;
+    Linear c_attn, c_proj;  // (E, 3E), (E, E): in, out
+    LayerNorm ln_2;
+    Linear c_fc, mlp_proj;  // (E, I), (I, E): in, out
+  };
+
+ protected:
+  Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) override;
+  void layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& attend) override;
+  Tensor head(View<const float> x) override;
+
+ private:
+  Gpt2Model(const std::pair<DecoderConfig, Activation>& c, const HfWeights& w);
+  Embedding wte_, wpe_;
+  std::vector<Layer> layers_;
+  LayerNorm ln_f_;
+  ActivationLayer act_;
+  Linear lm_head_;  // over wte (V, E), or lm_head.weight when untied
+};
+
+// transformers' LlamaForCausalLM: embed_tokens, per layer x += o_proj(attn(rope(q), rope(k), v)) over
+// input_layernorm(x) (RMSNorm), x += down_proj(silu(gate_proj(h)) · up_proj(h)) over
+// post_attention_layernorm(x); norm; lm_head (untied unless tie_word_embeddings). GQA through
+// num_key_value_heads; RoPE with rope_theta (rope_type "default" only).
+class LlamaModel : public PretrainedDecoder {
+ public:
+  explicit LlamaModel(const std::string& dir);
+  std::string architecture() const override { return "LlamaForCausalLM"; }
+
+  struct Layer {
+    RMSNorm input_norm;
+    Linear q_proj, k_proj, v_proj, o_proj;  // (H·D, E), (Hkv·D, E) x2, (E, H·D)
+    RMSNorm post_norm;
+    Linear gate_proj, up_proj, down_proj;   // (I, E) x2, (E, I)
+  };
+
+ protected:
+  Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) override;
+  void layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& attend) override;
+  Tensor head(View<const float> x) override;
+
+ private:
+  LlamaModel(const std::pair<DecoderConfig, double>& c, const HfWeights& w);
+  Embedding embed_tokens_;
+  std::vector<Layer> layers_;
+  RMSNorm norm_;
+  Linear lm_head_;
+  Rope rope_;
+};
+
+// Continues `prompt` through the decoder's KV cache with sampling.h's loop (a cache of prompt +
+// max_new_tokens tokens, at most max_positions). It stops at options.eos_token_ids: pass the model's
+// decoder_config().eos_token_ids to stop as transformers does. Returns only the new tokens.
+std::vector<int64_t> generate(PretrainedDecoder& model, const std::vector<int64_t>& prompt,
+                              const SampleOptions& options);
+
 // Reads `dir`/config.json and builds the model its "architectures" names; an Error for any other.
 std::unique_ptr<PretrainedModel> load_pretrained(const std::string& dir);
 
@@ -133,6 +260,8 @@ struct Pretrained {
   HfTokenizer tokenizer;
   Pooling pooling;
 
+  // The model as a decoder, or null for an encoder.
+  PretrainedDecoder* decoder() const { return dynamic_cast<PretrainedDecoder*>(model.get()); }
   static Pretrained load(const std::string& dir, Precision precision = Precision::f32);
   // The longest token sequence embed() feeds the model: max_seq_length, else the tokenizer's truncation,
   // each capped by the position table.

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attn/gemm.h"
+#include "attn/gemv.h"
 #include "attn/kv_cache.h"
 #include "attn/mask.h"
 #include "attn/mha.h"
@@ -46,9 +47,11 @@ class Linear : public Layer {
  public:
   // torch.nn.Linear: weight (out, in) and bias (out) ~ U(-1/sqrt(in), 1/sqrt(in)).
   Linear(int64_t in_features, int64_t out_features, bool bias = true, uint64_t seed = 0);
-  // Over given (pretrained) weights, possibly borrowed from a mapped file: weight (out, in), bias (out)
-  // or empty. For inference: the gradient buffers stay empty.
-  Linear(Tensor weight, Tensor bias);
+  // Over given (pretrained) weights, possibly borrowed from a mapped file: weight (out, in), or (in, out)
+  // with WeightLayout::in_out (GPT-2's Conv1D, read in place), bias (out) or empty. For inference: the
+  // gradient buffers stay empty, and inputs of up to kGemvRows rows (a decode step) take linear_rows()
+  // (gemv.h), which streams the weight once instead of packing it.
+  Linear(Tensor weight, Tensor bias, WeightLayout layout = WeightLayout::out_in);
   Tensor forward(View<const float> x);      // (..., in) -> (..., out)
   Tensor forward(Tensor&& x);               // the same; when training, keeps x's buffer as the saved input
   Tensor backward(View<const float> dout);  // (..., out) -> (..., in)
@@ -56,12 +59,14 @@ class Linear : public Layer {
   Tensor backward(View<const float> dout, bool add_bias_grad);
   void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
 
-  Tensor weight, bias;            // (out, in), (out) or empty
+  Tensor weight, bias;            // (out, in) (or (in, out): layout), (out) or empty
   Tensor weight_grad, bias_grad;  // same shapes
+  WeightLayout layout = WeightLayout::out_in;
 
  private:
   Tensor run(View<const float> x, Tensor* owner);
   Tensor x_;  // (N, in): the saved input
+  bool given_ = false;  // over given weights (inference): few rows take linear_rows()
 };
 
 class LayerNorm : public Layer {
@@ -84,11 +89,40 @@ class LayerNorm : public Layer {
   Tensor weight_grad, bias_grad;
   double eps;
 
+ protected:
+  bool rms_ = false;  // RMSNorm's forward
+
  private:
   Tensor run(View<const float> x, View<const float> add);
   void run_backward(View<const float> dout, float* dx, bool accumulate);
   Tensor xhat_;  // (N, F): (x - mean) · rstd
   Tensor rstd_;  // (N)
+};
+
+// RMSNorm over the last dim (transformers' LlamaRMSNorm, torch.nn.RMSNorm): y = x / sqrt(mean(x²) + eps)
+// · weight, LayerNorm's row passes without the mean. Over given (pretrained) weights (F), for inference:
+// backward is an Error.
+class RMSNorm : public LayerNorm {
+ public:
+  RMSNorm(Tensor weight, double eps);
+};
+
+// Rotary position embedding (RoFormer) in transformers' rotate-half convention: a head vector x (D) at
+// position p becomes x·cos(p·f) + rotate_half(x)·sin(p·f), rotate_half(x) = (-x[D/2:], x[:D/2]), with
+// f_i = theta^(-2i/D) for i < D/2 repeated over both halves. The cos/sin tables are float32, computed once
+// as transformers computes them (float32 frequencies and angles). Not the scaled variants (rope_scaling).
+class Rope {
+ public:
+  Rope(int64_t head_dim, double theta, int64_t max_positions);
+  // Rotates in place the heads of T rows: row t's head h is x[t·row_stride + h·D ... + D), at position
+  // pos[t] in [0, max_positions).
+  void apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const int64_t* pos) const;
+  int64_t head_dim() const { return D_; }
+  int64_t max_positions() const { return P_; }
+
+ private:
+  int64_t D_, P_;
+  std::vector<float> cos_, sin_;  // (P, D/2)
 };
 
 // Zeroes each element with probability p in training mode and scales the rest by 1/(1 - p), as

@@ -5,6 +5,8 @@
     ids = m.tokenizer.encode("Hello world")                       # the ids `tokenizers` gives, [CLS] ... [SEP]
     h = m.forward(np.array([ids]))                                 # (B, L, E): the last hidden state
     e = m.embed(["Hello world", "Goodbye"])                        # (N, E): sentence-transformers' pooling
+    g = attn.models.from_pretrained("path/to/gpt2")               # GPT2LMHeadModel or LlamaForCausalLM
+    new = g.generate(g.tokenizer.encode("Hello"), max_new_tokens=20)   # greedy through the KV cache
 
 Not a hub client: a local directory only.
 """
@@ -48,6 +50,31 @@ class PretrainedModel:
         return self._p.embed(list(texts), batch_size, max_length or 0)
 
 
+class PretrainedDecoder(PretrainedModel):
+    """A loaded decoder (GPT2LMHeadModel, LlamaForCausalLM): forward gives logits, generate continues ids."""
+
+    def forward(self, ids, attention_mask=None):
+        """ids (B, L) int -> logits (B, L, V); attention_mask (B, L), 1 = token, 0 = padding (None: all tokens).
+        Padded positions are computed not at all and come back as 0; positions are 0..L-1 by index."""
+        return super().forward(ids, attention_mask)
+
+    __call__ = forward
+
+    @property
+    def eos_token_ids(self):
+        """The ids generate() stops at by default: generation_config.json's, else config.json's."""
+        return self._p.eos_token_ids
+
+    def generate(self, prompt_ids, max_new_tokens=100, temperature=0.0, top_k=0, seed=0, kv_dtype="f32",
+                 eos_token_ids=None):
+        """The new token ids after prompt_ids (a list of ints), one at a time through the KV cache: greedy at
+        temperature 0, else sampled (top_k 0: every token; seeded); kv_dtype "f32", "f16" or "bf16". Stops
+        after max_new_tokens or an eos token (included), as transformers' generate does; eos_token_ids
+        None: the model's (eos_token_ids), [] never stops early."""
+        return self._p.generate([int(t) for t in prompt_ids], max_new_tokens, temperature, top_k, seed, kv_dtype,
+                                None if eos_token_ids is None else [int(t) for t in eos_token_ids])
+
+
 def _dtype_name(dtype):
     """"float32"/"bfloat16" (or "f32"/"bf16", numpy's float32, torch.float32/torch.bfloat16) as attn names it."""
     name = str(getattr(dtype, "__name__", dtype)).replace("torch.", "")
@@ -55,7 +82,11 @@ def _dtype_name(dtype):
 
 
 def from_pretrained(directory, dtype="float32"):
-    """The model in a Hugging Face model directory (BertModel). dtype "bfloat16": its matmuls multiply bf16
-    products with fp32 sums (attn.info()["gemm_bf16"] says whether the CPU's instruction or its exact emulation
-    runs); weights stay the mapped float32."""
-    return PretrainedModel(directory, dtype)
+    """The model in a Hugging Face model directory: BertModel (an encoder: PretrainedModel), GPT2LMHeadModel
+    or LlamaForCausalLM (decoders: PretrainedDecoder). dtype "bfloat16": its matmuls multiply bf16 products
+    with fp32 sums (attn.info()["gemm_bf16"] says whether the CPU's instruction or its exact emulation runs);
+    weights stay the mapped float32."""
+    m = PretrainedModel(directory, dtype)
+    if m._p.is_decoder:
+        m.__class__ = PretrainedDecoder
+    return m

@@ -387,61 +387,16 @@ std::vector<Tensor> Gpt::attention_weights(const int64_t* idx, int64_t B, int64_
 
 // ---- Sampling ----
 
-namespace {
-
-// A token drawn from logits (V): greedy at temperature 0, else softmax(logits / T) over the top k.
-int64_t sample(const float* logits, int64_t V, const SampleOptions& o, Rng& rng) {
-  if (o.temperature <= 0) return std::max_element(logits, logits + V) - logits;
-  std::vector<double> p(logits, logits + V);
-  for (double& x : p) x /= o.temperature;
-  if (o.top_k > 0 && o.top_k < V) {  // keep values >= the k-th largest (ties kept, as nanoGPT)
-    std::vector<double> sorted = p;
-    std::nth_element(sorted.begin(), sorted.begin() + (o.top_k - 1), sorted.end(), std::greater<>());
-    const double kth = sorted[size_t(o.top_k - 1)];
-    for (double& x : p) if (x < kth) x = -std::numeric_limits<double>::infinity();
-  }
-  const double m = *std::max_element(p.begin(), p.end());
-  double sum = 0;
-  for (double& x : p) sum += (x = std::exp(x - m));
-  double u = rng.uniform() * sum;
-  for (int64_t v = 0; v < V; ++v) {
-    if (u < p[size_t(v)]) return v;
-    u -= p[size_t(v)];
-  }
-  for (int64_t v = V; v-- > 0;) if (p[size_t(v)] > 0) return v;  // rounding left u past the end
-  return 0;
-}
-
-}  // namespace
-
 std::vector<int64_t> generate(Gpt& model, const std::vector<int64_t>& prompt, const SampleOptions& o) {
-  ATTN_CHECK(!prompt.empty(), "Expected a prompt of at least one token, but got none instead");
-  ATTN_CHECK(o.max_new_tokens >= 0, "Expected max_new_tokens >= 0, but got ", o.max_new_tokens, " instead");
-  ATTN_CHECK(o.top_k >= 0, "Expected top_k >= 0, but got ", o.top_k, " instead");
-  ATTN_CHECK(std::isfinite(o.temperature), "Expected a finite temperature, but got ", o.temperature,
-             " instead");  // NaN compared false everywhere and sampled token 0 every time
   model.eval();
-  const int64_t block = model.config().block_size, V = model.config().vocab_size;
-  std::vector<int64_t> all = prompt, out;
+  const int64_t V = model.config().vocab_size;
   KVCache cache = model.new_cache(1, o.kv_dtype);
-  // Fills the cache from the last `keep` tokens; the logits of the last one.
-  auto refill = [&](int64_t keep) {
-    cache.clear();
-    Tensor lg = model.forward_cached(all.data() + all.size() - size_t(keep), 1, keep, cache);
-    return Tensor::copy_of({lg.data() + (keep - 1) * V, {V}});
-  };
-  Tensor logits = refill(std::min<int64_t>(int64_t(all.size()), block));
-  Rng rng(o.seed);
-  for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-    const int64_t tok = sample(logits.data(), V, o, rng);
-    all.push_back(tok);
-    out.push_back(tok);
-    if (o.on_token) o.on_token(tok);
-    if (n + 1 == o.max_new_tokens) break;
-    if (cache.length(0) == block) logits = refill(std::max<int64_t>(1, block / 2));
-    else logits = model.forward_cached(&tok, 1, 1, cache);  // (1, 1, V)
-  }
-  return out;
+  Tensor logits;  // (1, n, V) of the last step
+  return sample_loop(prompt, o, V, model.config().block_size, [&](const int64_t* ids, int64_t n, bool restart) {
+    if (restart) cache.clear();
+    logits = model.forward_cached(ids, 1, n, cache);
+    return logits.data() + (n - 1) * V;
+  });
 }
 
 }  // namespace attn

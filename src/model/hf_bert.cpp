@@ -5,8 +5,8 @@
 #include <filesystem>
 
 #include "attn/hf.h"
-#include "attn/sdpa.h"
 #include "hf_json.h"
+#include "hf_pack.h"
 
 namespace attn {
 
@@ -106,39 +106,26 @@ Tensor BertModel::run(const int64_t* ids, int64_t B, int64_t L, const int64_t* m
                       std::vector<Tensor>* weights) {
   const Autocast autocast(precision);
   const int64_t E = c_.hidden_size, H = c_.num_attention_heads, D = E / H;
-  ATTN_CHECK(B > 0 && L > 0, "Expected ids (B, L) with B, L > 0, but got (", B, ", ", L, ") instead");
   ATTN_CHECK(L <= c_.max_position_embeddings, "Expected ids (B, L) with L <= max_position_embeddings ",
              c_.max_position_embeddings, ", but got (", B, ", ", L, ") instead");
-  // The packed rows: token t of the batch is (b, l) = (seq[t], pos[t]); sequence b is rows [off[b], off[b+1]).
-  std::vector<int64_t> tok, pos, typ, row_of;  // (T) each; row_of (B·L): packed row or -1
-  std::vector<int64_t> off(size_t(B) + 1, 0);
-  row_of.assign(size_t(B * L), -1);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t l = 0; l < L; ++l) {
-      const int64_t i = b * L + l;
-      ATTN_CHECK(!mask || mask[i] == 0 || mask[i] == 1, "Expected attention_mask of 0s and 1s, but got ", mask[i],
-                 " at (", b, ", ", l, ") instead");
-      if (mask && mask[i] == 0) continue;
-      ATTN_CHECK(!types || (types[i] >= 0 && types[i] < c_.type_vocab_size), "Expected token_type_ids in [0, ",
-                 c_.type_vocab_size, "), but got ", types ? types[i] : 0, " at (", b, ", ", l, ") instead");
-      row_of[size_t(i)] = int64_t(tok.size());
-      tok.push_back(ids[i]);
-      pos.push_back(l);  // transformers' position ids are 0..L-1 whatever the mask
-      typ.push_back(types ? types[i] : 0);
-    }
-    off[size_t(b) + 1] = int64_t(tok.size());
+  const hf::PackedBatch p = hf::pack_batch(ids, B, L, mask);
+  std::vector<int64_t> typ(p.tok.size(), 0);  // (T)
+  for (int64_t i = 0; i < B * L && types; ++i) {
+    if (p.row_of[size_t(i)] < 0) continue;
+    ATTN_CHECK(types[i] >= 0 && types[i] < c_.type_vocab_size, "Expected token_type_ids in [0, ", c_.type_vocab_size,
+               "), but got ", types[i], " at (", i / L, ", ", i % L, ") instead");
+    typ[size_t(p.row_of[size_t(i)])] = types[i];
   }
-  const int64_t T = int64_t(tok.size());
-  Tensor out({B, L, E});  // padded positions stay 0
+  const int64_t T = p.rows();
   if (weights) {
     weights->clear();
     for (int64_t i = 0; i < c_.num_hidden_layers; ++i) weights->emplace_back(Shape{B, H, L, L});
   }
-  if (T == 0) return out;
+  if (T == 0) return Tensor({B, L, E});
 
   // x = LN(word[ids] + position[pos] + token_type[types])   (T, E)
-  Tensor x = word_.forward(tok.data(), {T});
-  add_(x.view(), position_.forward(pos.data(), {T}).view());
+  Tensor x = word_.forward(p.tok.data(), {T});
+  add_(x.view(), position_.forward(p.pos.data(), {T}).view());
   Tensor tt = token_type_.forward(typ.data(), {T});
   x = embed_norm_.forward_add(x, tt.view());
 
@@ -146,36 +133,15 @@ Tensor BertModel::run(const int64_t* ids, int64_t B, int64_t L, const int64_t* m
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& ly = layers_[li];
     Tensor q = ly.query.forward(x.view()), k = ly.key.forward(x.view()), v = ly.value.forward(x.view());  // (T, E)
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t o = off[size_t(b)], n = off[size_t(b) + 1] - o;
-      if (n == 0) continue;
-      // rows [o, o + n) of a (T, E) matrix as (1, H, n, D): head h is columns [h·D, (h+1)·D)
-      const Shape shape{1, H, n, D}, strides{n * E, D, E, 1};
-      SdpaArgs<float> args{{q.data() + o * E, shape, strides}, {k.data() + o * E, shape, strides},
-                           {v.data() + o * E, shape, strides}};
-      Tensor w;
-      if (weights) w = Tensor::uninitialized({1, H, n, n});
-      sdpa(args, SdpaOut<float>{{ctx.data() + o * E, shape, strides}, weights ? w.view() : View<float>{}, {}});
-      if (!weights) continue;
-      // (1, H, n, n) into (B, H, L, L) at the sequence's own positions
-      float* dst = (*weights)[li].data();
-      std::vector<int64_t> at;  // the positions l of the packed rows o...o+n-1
-      for (int64_t l = 0; l < L; ++l)
-        if (row_of[size_t(b * L + l)] >= 0) at.push_back(l);
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t i = 0; i < n; ++i)
-          for (int64_t j = 0; j < n; ++j)
-            dst[((b * H + h) * L + at[size_t(i)]) * L + at[size_t(j)]] = w.data()[(h * n + i) * n + j];
-    }
+    hf::attend_packed(p, q.view(), k.view(), v.view(), H, H, D, Causal::none, ctx.view(),
+                      weights ? &(*weights)[li] : nullptr);
     // x = LN(x + Wo·ctx); x = LN(x + W2·gelu(W1·x))
     Tensor a = ly.attn_out.forward(ctx.view());
     Tensor h1 = ly.attn_norm.forward_add(a, x.view());
     Tensor f = ly.output.forward(act_.forward(ly.intermediate.forward(h1.view())).view());
     x = ly.out_norm.forward_add(f, h1.view());
   }
-  for (int64_t i = 0; i < B * L; ++i)
-    if (row_of[size_t(i)] >= 0) std::copy_n(x.data() + row_of[size_t(i)] * E, E, out.data() + i * E);
-  return out;
+  return hf::unpack(p, x.view());
 }
 
 }  // namespace attn

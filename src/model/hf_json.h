@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -54,5 +55,9 @@ template <typename T>
 T field_or(const json& j, const char* key, const std::string& where, T fallback) {
   return field<T>(j, key, where, &fallback);
 }
+
+// The token ids that end generation: generation_config.json's "eos_token_id" in `dir` if the file has one
+// (transformers' generate reads it there), else `config`'s; an integer or a list of them; none: empty.
+std::vector<int64_t> eos_token_ids(const std::string& dir, const json& config);
 
 }  // namespace attn::hf

@@ -5,7 +5,9 @@
 #include <filesystem>
 
 #include "attn/hf.h"
+#include "attn/sdpa.h"
 #include "hf_json.h"
+#include "hf_pack.h"
 
 namespace attn {
 
@@ -63,15 +65,79 @@ Tensor HfWeights::get(const std::string& name, const Shape& want) const {
   return f.get(name);
 }
 
+// ---- packed batches ----
+
+namespace hf {
+
+PackedBatch pack_batch(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask) {
+  ATTN_CHECK(B > 0 && L > 0, "Expected ids (B, L) with B, L > 0, but got (", B, ", ", L, ") instead");
+  PackedBatch p;
+  p.B = B, p.L = L;
+  p.off.assign(size_t(B) + 1, 0);
+  p.row_of.assign(size_t(B * L), -1);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t i = b * L + l;
+      ATTN_CHECK(!mask || mask[i] == 0 || mask[i] == 1, "Expected attention_mask of 0s and 1s, but got ", mask[i],
+                 " at (", b, ", ", l, ") instead");
+      if (mask && mask[i] == 0) continue;
+      p.row_of[size_t(i)] = p.rows();
+      p.tok.push_back(ids[i]);
+      p.pos.push_back(l);
+    }
+    p.off[size_t(b) + 1] = p.rows();
+  }
+  return p;
+}
+
+void attend_packed(const PackedBatch& p, View<const float> q, View<const float> k, View<const float> v, int64_t H,
+                   int64_t Hkv, int64_t D, Causal causal, View<float> ctx, Tensor* weights) {
+  const int64_t L = p.L;
+  for (int64_t b = 0; b < p.B; ++b) {
+    const int64_t o = p.off[size_t(b)], n = p.off[size_t(b) + 1] - o;
+    if (n == 0) continue;
+    // rows [o, o + n) of a (T, heads·D) matrix as (1, heads, n, D): head h is columns [h·D, (h+1)·D)
+    auto heads = [&](auto x, int64_t h) {
+      return decltype(x){x.data + o * x.stride(0), {1, h, n, D}, {n * x.stride(0), D, x.stride(0), 1}};
+    };
+    SdpaArgs<float> args{heads(q, H), heads(k, Hkv), heads(v, Hkv)};
+    args.causal = causal;
+    Tensor w;
+    if (weights) w = Tensor::uninitialized({1, H, n, n});
+    sdpa(args, SdpaOut<float>{heads(ctx, H), weights ? w.view() : View<float>{}, {}});
+    if (!weights) continue;
+    // (1, H, n, n) into (B, H, L, L) at the sequence's own positions
+    float* dst = weights->data();
+    const int64_t* at = p.pos.data() + o;  // the positions l of the packed rows o...o+n-1
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) dst[((b * H + h) * L + at[i]) * L + at[j]] = w.data()[(h * n + i) * n + j];
+  }
+}
+
+Tensor unpack(const PackedBatch& p, View<const float> x) {
+  const int64_t F = x.size(1);
+  Tensor out({p.B, p.L, F});  // padded positions stay 0
+  for (int64_t i = 0; i < p.B * p.L; ++i)
+    if (p.row_of[size_t(i)] >= 0) std::copy_n(x.data + p.row_of[size_t(i)] * x.stride(0), F, out.data() + i * F);
+  return out;
+}
+
+}  // namespace hf
+
 std::unique_ptr<PretrainedModel> load_pretrained(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
   const json j = hf::read_json(path, "config.json");
   std::string arch;
   if (auto a = j.find("architectures"); a != j.end() && a->is_array() && a->size() == 1 && (*a)[0].is_string())
     arch = (*a)[0].get<std::string>();
-  ATTN_CHECK(arch == "BertModel", "Expected \"architectures\" [\"BertModel\"] in '", path, "', but got ",
-             j.contains("architectures") ? hf::brief(j["architectures"]) : std::string("none"), " instead");
-  return std::make_unique<BertModel>(dir);
+  if (arch == "BertModel") return std::make_unique<BertModel>(dir);
+  if (arch == "GPT2LMHeadModel") return std::make_unique<Gpt2Model>(dir);
+  if (arch == "LlamaForCausalLM") return std::make_unique<LlamaModel>(dir);
+  ATTN_CHECK(false, "Expected \"architectures\" [\"BertModel\"], [\"GPT2LMHeadModel\"] or [\"LlamaForCausalLM\"] in '",
+             path, "', but got ", j.contains("architectures") ? hf::brief(j["architectures"]) : std::string("none"),
+             " instead");
+  return nullptr;
 }
 
 // ---- sentence-transformers pooling ----

@@ -52,7 +52,7 @@ HWY_INLINE void RowSums(int64_t F, VecTerms vt, ScalarTerms st, double* out) {
 }
 
 void Forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
-             const float* b, float* y, float* xhat, float* rstd_out) {
+             const float* b, float* y, float* xhat, float* rstd_out, bool rms) {
   const D64 d;
   const DH dh;
   const hn::ScalableTag<float> df;
@@ -63,8 +63,8 @@ void Forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, doub
     float* yr = y + r * F;
     float* hr = xhat ? xhat + r * F : nullptr;
     // Two passes in double: mean (x = x + add on the way), then the biased variance of (x - mean), as
-    // PyTorch computes it.
-    double mean, var;
+    // PyTorch computes it. RMSNorm: one pass, the mean of x² (mean 0, so h = (x - 0)·rstd = x·rstd).
+    double mean = 0, var;
     RowSums<1>(
         F,
         [&](int64_t i, hn::Vec<D64>* t) {
@@ -74,21 +74,24 @@ void Forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, doub
             hn::StoreU(v, dh, xr + i);
           }
           t[0] = hn::PromoteTo(d, v);
+          if (rms) t[0] = hn::Mul(t[0], t[0]);
         },
         [&](int64_t i, double* t) {
           if (ar) xr[i] += ar[i];
-          t[0] = xr[i];
+          t[0] = rms ? double(xr[i]) * xr[i] : xr[i];
         },
-        &mean);
-    mean /= double(F);
-    const auto vmean = hn::Set(d, mean);
-    RowSums<1>(
-        F,
-        [&](int64_t i, hn::Vec<D64>* t) {
-          const auto c = hn::Sub(hn::PromoteTo(d, hn::LoadU(dh, xr + i)), vmean);
-          t[0] = hn::Mul(c, c);
-        },
-        [&](int64_t i, double* t) { t[0] = (xr[i] - mean) * (xr[i] - mean); }, &var);
+        rms ? &var : &mean);
+    if (!rms) {
+      mean /= double(F);
+      const auto vmean = hn::Set(d, mean);
+      RowSums<1>(
+          F,
+          [&](int64_t i, hn::Vec<D64>* t) {
+            const auto c = hn::Sub(hn::PromoteTo(d, hn::LoadU(dh, xr + i)), vmean);
+            t[0] = hn::Mul(c, c);
+          },
+          [&](int64_t i, double* t) { t[0] = (xr[i] - mean) * (xr[i] - mean); }, &var);
+    }
     const float rstd = float(1.0 / std::sqrt(var / double(F) + eps)), m = float(mean);
     if (rstd_out) rstd_out[r] = rstd;
     // h = (x - m)·rstd; y = h·w + b, w = 1 and b = 0 when absent (h·1 + 0, as the scalar loop rounded it)
@@ -186,8 +189,8 @@ HWY_EXPORT(ParamGrads);
 }  // namespace layernorm
 
 void layernorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
-                       const float* b, float* y, float* xhat, float* rstd) {
-  HWY_DYNAMIC_DISPATCH(layernorm::Forward)(r0, r1, F, x, add, eps, w, b, y, xhat, rstd);
+                       const float* b, float* y, float* xhat, float* rstd, bool rms) {
+  HWY_DYNAMIC_DISPATCH(layernorm::Forward)(r0, r1, F, x, add, eps, w, b, y, xhat, rstd, rms);
 }
 void layernorm_backward(int64_t r0, int64_t r1, int64_t F, const float* dy, const float* xhat, const float* rstd,
                         const float* w, float* dx, bool accumulate) {

@@ -12,8 +12,9 @@ namespace attn {
 
 // Rows [r0, r1) of x (N, F) -> y, and xhat / rstd when not null (training). w, b: (F) or null (1, 0).
 // add: null, or (N, F) added to x first, the sum written back over x (x = x + add; y = norm(x)).
-void layernorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps,
-                       const float* w, const float* b, float* y, float* xhat, float* rstd);
+// rms: RMSNorm instead (mean 0, variance = mean(x²): y = x·rstd·w + b), the same lanes.
+void layernorm_forward(int64_t r0, int64_t r1, int64_t F, float* x, const float* add, double eps, const float* w,
+                       const float* b, float* y, float* xhat, float* rstd, bool rms = false);
 // Rows [r0, r1): dx = rstd · (g - mean(g) - xhat · mean(g · xhat)), g = dy · w, written to dx, or added
 // to dx when accumulate (a residual's gradient: dx += that).
 void layernorm_backward(int64_t r0, int64_t r1, int64_t F, const float* dy, const float* xhat, const float* rstd,

@@ -87,15 +87,19 @@ Tensor Linear::forward(View<const float> x) { return run(x, nullptr); }
 Tensor Linear::forward(Tensor&& x) { return run(x.view(), &x); }
 
 // owner: the tensor x views, which may be kept as the saved input instead of a copy (nullptr: copy).
-Linear::Linear(Tensor w, Tensor b) : weight(std::move(w)), bias(std::move(b)) {
-  ATTN_CHECK(weight.shape().size() == 2 && weight.numel() > 0, "Expected a Linear weight (out, in), but got ",
-             to_string(weight.shape()), " instead");
-  ATTN_CHECK(!bias.data() || bias.shape() == Shape{weight.size(0)}, "Expected a Linear bias of shape ",
-             to_string({weight.size(0)}), ", but got ", to_string(bias.shape()), " instead");
+Linear::Linear(Tensor w, Tensor b, WeightLayout layout)
+    : weight(std::move(w)), bias(std::move(b)), layout(layout), given_(true) {
+  const bool io = layout == WeightLayout::in_out;
+  ATTN_CHECK(weight.shape().size() == 2 && weight.numel() > 0, "Expected a Linear weight ",
+             io ? "(in, out)" : "(out, in)", ", but got ", to_string(weight.shape()), " instead");
+  const int64_t out = weight.size(io ? 1 : 0);
+  ATTN_CHECK(!bias.data() || bias.shape() == Shape{out}, "Expected a Linear bias of shape ", to_string({out}),
+             ", but got ", to_string(bias.shape()), " instead");
 }
 
 Tensor Linear::run(View<const float> x, Tensor* owner) {
-  const int64_t in = weight.size(1), out = weight.size(0);
+  const bool io = layout == WeightLayout::in_out;
+  const int64_t in = weight.size(io ? 0 : 1), out = weight.size(io ? 1 : 0);
   ATTN_CHECK(x.rank() >= 1 && x.size(-1) == in, "Expected input (..., in_features) with in_features = ", in,
              ", but got shape ", to_string(x.shape), " instead");
   Tensor storage;
@@ -106,8 +110,20 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
   } else {
     x_ = Tensor();
   }
-  Tensor y = Tensor::uninitialized(with_last(x.shape, out));  // (..., out): linear() writes every element
-  linear<float>(rows, weight.view(), bias.data() ? bias.view() : View<const float>{}, y.view().reshape({rows.size(0), out}));
+  Tensor y = Tensor::uninitialized(with_last(x.shape, out));  // (..., out): every element written below
+  const int64_t n = rows.size(0);
+  const View<const float> b = bias.data() ? bias.view() : View<const float>{};
+  View<float> yr = y.view().reshape({n, out});
+  if (given_ && n <= kGemvRows) {
+    linear_rows(rows, weight.view(), layout, b, yr);
+  } else if (io) {  // y = bias; y += x · W (in, out): gemm reads W as (K, N) in place
+    for (int64_t r = 0; r < n && b.data; ++r) std::copy_n(b.data, out, yr.data + r * yr.stride(0));
+    if (n > 0)
+      gemm(false, false, n, out, in, 1.0f, rows.data, rows.stride(0), weight.data(), out, b.data ? 1.0f : 0.0f,
+           yr.data, yr.stride(0));
+  } else {
+    linear<float>(rows, weight.view(), b, yr);
+  }
   return y;
 }
 
@@ -115,6 +131,7 @@ Tensor Linear::backward(View<const float> dout) { return backward(dout, true); }
 
 Tensor Linear::backward(View<const float> dout, bool add_bias_grad) {
   check_saved(x_.data() != nullptr, "Linear");
+  ATTN_CHECK(layout == WeightLayout::out_in, "Expected a Linear weight (out, in) for backward, but got (in, out) instead");
   const int64_t in = weight.size(1), out = weight.size(0), N = x_.numel() / in;
   check_dout(dout, with_last(x_.shape(), out), "Linear");
   Tensor storage;
@@ -123,6 +140,54 @@ Tensor Linear::backward(View<const float> dout, bool add_bias_grad) {
   linear_backward({x_.data(), {N, in}}, weight.view(), dy, dx.view().reshape({N, in}), weight_grad.view(),
                   add_bias_grad ? opt(bias_grad) : View<float>{});
   return dx;
+}
+
+// ---- RMSNorm ----
+
+RMSNorm::RMSNorm(Tensor w, double eps) : LayerNorm(std::move(w), Tensor(), eps) {
+  ATTN_CHECK(weight.data(), "Expected an RMSNorm weight (F), but got none instead");
+  rms_ = true;
+}
+
+// ---- Rope ----
+
+Rope::Rope(int64_t D, double theta, int64_t P) : D_(D), P_(P) {
+  ATTN_CHECK(D > 0 && D % 2 == 0 && P > 0 && theta > 0, "Expected an even head_dim > 0, max_positions > 0 and "
+             "rope_theta > 0, but got ", D, ", ", P, " and ", theta, " instead");
+  const int64_t h = D / 2;
+  cos_.resize(size_t(P * h));
+  sin_.resize(size_t(P * h));
+  // transformers: inv_freq = 1 / theta^(arange(0, D, 2).float() / D), angles = pos.float() · inv_freq,
+  // all float32; cos and sin of the float32 angle
+  for (int64_t i = 0; i < h; ++i) {
+    const float e = float(2 * i) / float(D);
+    const float inv = 1.0f / float(std::pow(theta, double(e)));
+    for (int64_t p = 0; p < P; ++p) {
+      const float a = float(p) * inv;
+      cos_[size_t(p * h + i)] = float(std::cos(double(a)));
+      sin_[size_t(p * h + i)] = float(std::sin(double(a)));
+    }
+  }
+}
+
+void Rope::apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const int64_t* pos) const {
+  const int64_t h = D_ / 2;
+  for (int64_t t = 0; t < T; ++t)
+    ATTN_CHECK(pos[t] >= 0 && pos[t] < P_, "Expected positions in [0, ", P_, ") (max_position_embeddings), but got ",
+               pos[t], " at row ", t, " instead");
+  parallel_for(T * heads, grain_for(3 * D_), [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t t = r / heads, hd = r % heads;
+      float* v = x + t * row_stride + hd * D_;
+      const float* c = cos_.data() + pos[t] * h;
+      const float* s = sin_.data() + pos[t] * h;
+      for (int64_t i = 0; i < h; ++i) {  // (x1, x2) -> (x1·c - x2·s, x2·c + x1·s), each product rounded
+        const float x1 = v[i], x2 = v[i + h];
+        v[i] = x1 * c[i] - x2 * s[i];
+        v[i + h] = x2 * c[i] + x1 * s[i];
+      }
+    }
+  });
 }
 
 // ---- LayerNorm ----
@@ -177,7 +242,8 @@ Tensor LayerNorm::run(View<const float> x, View<const float> add) {
   // Written only when add is given: x is then forward_add's Tensor& (non-const, contiguous).
   float* px = const_cast<float*>(rows.data);
   parallel_for(N, grain_for(8 * F), [&](int64_t r0, int64_t r1, int) {  // SIMD rows (layernorm.cpp)
-    layernorm_forward(r0, r1, F, px, add.data, eps, weight.data(), bias.data(), y.data(), xhat_.data(), rstd_.data());
+    layernorm_forward(r0, r1, F, px, add.data, eps, weight.data(), bias.data(), y.data(), xhat_.data(), rstd_.data(),
+                      rms_);
   });
   return y;
 }
@@ -196,6 +262,7 @@ void LayerNorm::backward_add(View<const float> dout, Tensor& dx) {
 
 // dx (N, F) contiguous: written, or added to when accumulate.
 void LayerNorm::run_backward(View<const float> dout, float* dx, bool accumulate) {
+  ATTN_CHECK(!rms_, "Expected a LayerNorm for backward, but got an RMSNorm (inference only) instead");
   check_saved(xhat_.data() != nullptr, "LayerNorm");
   check_dout(dout, xhat_.shape(), "LayerNorm");
   Tensor storage;

@@ -27,7 +27,7 @@ def run(*args):
     (["generate", "--temprature", "1"], "(did you mean --temperature?)"),
     (["bench", "--threads", "-1"], "--threads: Expected a number >= 0, but got -1 instead"),
     (["generate", "--ckpt", "x", "--temperature", "-1"], "--temperature: Expected a number >= 0, but got -1 instead"),
-    (["generate", "--prompt", "x"], "--ckpt is required"),
+    (["generate", "--prompt", "x"], "Expected exactly one of --ckpt DIR and --model DIR, but got neither instead"),
     (["--versoin"], "attn has no option --versoin (did you mean --version?)"),
 ])
 def test_errors_say_what_to_do(args, message):

@@ -1,0 +1,87 @@
+"""A GPT-2-small-shaped decoder (124M parameters, random weights saved by transformers' save_pretrained),
+attn against transformers' generate with its KV cache (PyTorch eager, SDPA attention, float32): tokens/s
+generating N tokens greedily after a short prompt, and the first-token latency of a long prompt (its
+prefill and one token). Same thread count on both sides, runs interleaved, medians.
+
+    .venv/bin/python bench/generate_vs_torch.py --threads 2 --repeats 3
+"""
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+
+
+def timed(f):
+    t0 = time.perf_counter()
+    out = f()
+    return time.perf_counter() - t0, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before the timed generation")
+    ap.add_argument("--long-prompt", type=int, default=512, help="prompt tokens of the first-token latency")
+    ap.add_argument("--dir", help="a model directory to reuse (written there if empty)")
+    a = ap.parse_args()
+
+    import numpy as np
+    import torch
+    import transformers
+    import attn.models
+    import tiny_decoders
+    from _common import set_threads
+
+    set_threads(a.threads)
+    print(f"transformers {transformers.__version__}")
+    d = Path(a.dir or tempfile.mkdtemp())
+    if not (d / "config.json").exists():  # GPT-2 small: 12 layers, 12 heads, E 768, 1024 positions, V 50257
+        tiny_decoders.gpt2(d, n_embd=768, n_head=12, n_layer=12, vocab_size=50257, n_positions=1024)
+    ref = transformers.GPT2LMHeadModel.from_pretrained(d, attn_implementation="sdpa").eval()
+    ours = attn.models.from_pretrained(d)
+    print(f"{sum(p.numel() for p in ref.parameters()) / 1e6:.1f}M parameters, {d}")
+    rng = np.random.default_rng(0)
+    V = ref.config.vocab_size
+    short = [int(t) for t in rng.integers(0, V, a.prompt)]
+    long = [int(t) for t in rng.integers(0, V, a.long_prompt)]
+
+    def torch_gen(prompt, n):
+        with torch.inference_mode():
+            out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               use_cache=True, pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+    def ours_gen(prompt, n):
+        return ours.generate(prompt, max_new_tokens=n, eos_token_ids=[])
+
+    sides = {"attn": ours_gen, "transformers": torch_gen}
+    for f in sides.values():  # warm-up (and the page cache)
+        f(short, 8)
+    same = ours_gen(short, a.new_tokens) == torch_gen(short, a.new_tokens)
+    print(f"greedy {a.new_tokens} tokens identical in both: {same}")
+    rate = {k: [] for k in sides}
+    first = {k: [] for k in sides}
+    for _ in range(a.repeats):
+        for k, f in sides.items():  # interleaved
+            s, _ = timed(lambda: f(short, a.new_tokens))
+            rate[k].append(a.new_tokens / s)
+            s, _ = timed(lambda: f(long, 1))
+            first[k].append(s * 1e3)
+    print(f"\n{a.new_tokens} new tokens after {a.prompt}, first token after {a.long_prompt}; "
+          f"{a.repeats} interleaved repeats, medians")
+    print(f"{'':14} {'tokens/s':>10} {'first token (ms)':>17}")
+    for k in sides:
+        print(f"{k:14} {statistics.median(rate[k]):10.2f} {statistics.median(first[k]):17.1f}")
+    print(f"attn / transformers: {statistics.median(rate['attn']) / statistics.median(rate['transformers']):.2f}x "
+          f"tokens/s, {statistics.median(first['transformers']) / statistics.median(first['attn']):.2f}x first-token "
+          "latency")
+
+
+if __name__ == "__main__":
+    main()

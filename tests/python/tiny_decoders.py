@@ -1,0 +1,62 @@
+"""Tiny random GPT-2 and Llama model directories written by transformers (save_pretrained: config.json,
+model.safetensors) plus a WordPiece tokenizer.json built with `tokenizers` (the kind attn's HfTokenizer
+reads today) over the model's vocabulary size. Shared by tests/python/test_decoders.py and
+bench/generate_vs_torch.py. No eos token unless asked: greedy runs the full length in both libraries."""
+from pathlib import Path
+
+WORDS = ("the of and to a in that is was he for it with as his on be at by i this had not are but from or "
+         "have an they which one you were her all she there would their we him been has when who will more no "
+         "if out so said what up its about into than them can only other new some could time these two may "
+         "then do first any my now such like our over man me even most made after also did many before must "
+         "through back years where much your way well down should because each just those people how too "
+         "little state good very make world still own see men work long get here between both life being under "
+         "never day same another know while last might us great old year off come since against go came right "
+         "used take three").split()
+
+
+def write_tokenizer(path, vocab_size):
+    """A WordPiece tokenizer.json with exactly vocab_size tokens: specials, letters, ##letters, words."""
+    import tokenizers
+    from tokenizers import decoders, models, normalizers, pre_tokenizers
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    tokens = ["[UNK]", "[PAD]"] + letters + ["##" + c for c in letters] + list(".,!?;:'")
+    tokens += [w for w in WORDS if w not in tokens]
+    tokens = tokens[:vocab_size]
+    tokens += [f"tok{i}" for i in range(vocab_size - len(tokens))]
+    t = tokenizers.Tokenizer(models.WordPiece({w: i for i, w in enumerate(tokens)}, unk_token="[UNK]"))
+    t.normalizer = normalizers.BertNormalizer(lowercase=True)
+    t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    t.decoder = decoders.WordPiece()
+    t.save(str(path))
+    return t
+
+
+def gpt2(directory, n_embd=72, n_head=3, n_layer=2, vocab_size=211, n_positions=128, tie=True, seed=0, **kw):
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    c = transformers.GPT2Config(n_embd=n_embd, n_head=n_head, n_layer=n_layer, vocab_size=vocab_size,
+                                n_positions=n_positions, tie_word_embeddings=tie, bos_token_id=None,
+                                eos_token_id=None, pad_token_id=None, **kw)
+    return save(transformers.GPT2LMHeadModel(c), directory, vocab_size)
+
+
+def llama(directory, hidden_size=64, heads=4, kv_heads=2, head_dim=16, layers=2, vocab_size=97, intermediate=96,
+          rope_theta=10000.0, tie=False, max_positions=256, seed=0, **kw):
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    c = transformers.LlamaConfig(hidden_size=hidden_size, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                 head_dim=head_dim, num_hidden_layers=layers, vocab_size=vocab_size,
+                                 intermediate_size=intermediate, rope_theta=rope_theta, tie_word_embeddings=tie,
+                                 max_position_embeddings=max_positions, bos_token_id=None, eos_token_id=None,
+                                 pad_token_id=None, **kw)
+    return save(transformers.LlamaForCausalLM(c), directory, vocab_size)
+
+
+def save(model, directory, vocab_size):
+    directory = Path(directory)
+    model = model.eval()
+    model.save_pretrained(directory)
+    write_tokenizer(directory / "tokenizer.json", vocab_size)
+    return model

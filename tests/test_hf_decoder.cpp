@@ -1,0 +1,177 @@
+// The pretrained decoders (attn/hf.h: Gpt2Model, LlamaModel) on tiny files written here: the loader's
+// errors (unknown architecture, missing tensor, a shape that contradicts the config, unsupported RoPE),
+// the KV-cache path against the full forward, and padding against the sequence alone. The comparisons
+// with transformers (logits, greedy generation) are tests/python/test_decoders.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "attn/hf.h"
+#include "attn/rng.h"
+#include "test_util.h"
+
+namespace attn {
+namespace {
+
+using test::error_of;
+using test::TempDir;
+
+using test::write_text;
+Tensor random(Shape shape, Rng& rng, double scale = 0.3) { return test::normal_tensor(std::move(shape), rng, scale); }
+
+// Writes sd with `skip` left out and `reshape` (name -> shape) given another shape.
+void save(const TempDir& d, StateDict sd, const std::string& skip, const std::string& reshape, Shape shape, Rng& rng) {
+  if (!skip.empty()) sd.erase(skip);
+  if (!reshape.empty()) sd.insert_or_assign(reshape, random(std::move(shape), rng));
+  save_safetensors(d / "model.safetensors", sd);
+}
+
+// GPT-2: vocab 20, E 8, 2 heads, 2 layers, 16 positions; Conv1D weights (in, out).
+void write_gpt2(const TempDir& d, const std::string& skip = "", const std::string& reshape = "", Shape shape = {}) {
+  write_text(d / "config.json", R"({"architectures": ["GPT2LMHeadModel"], "vocab_size": 20, "n_embd": 8,
+    "n_layer": 2, "n_head": 2, "n_positions": 16, "activation_function": "gelu_new", "eos_token_id": 19})");
+  Rng rng(3);
+  StateDict sd;
+  sd.emplace("transformer.wte.weight", random({20, 8}, rng));
+  sd.emplace("transformer.wpe.weight", random({16, 8}, rng));
+  for (const char* n : {"transformer.ln_f"}) sd.emplace(cat(n, ".weight"), random({8}, rng)), sd.emplace(cat(n, ".bias"), random({8}, rng));
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = cat("transformer.h.", i, ".");
+    for (const char* n : {"ln_1", "ln_2"}) sd.emplace(p + n + ".weight", random({8}, rng)), sd.emplace(p + n + ".bias", random({8}, rng));
+    const std::pair<const char*, Shape> convs[] = {
+        {"attn.c_attn", {8, 24}}, {"attn.c_proj", {8, 8}}, {"mlp.c_fc", {8, 32}}, {"mlp.c_proj", {32, 8}}};
+    for (const auto& [n, s] : convs) {
+      sd.emplace(p + n + ".weight", random(s, rng));
+      sd.emplace(p + n + ".bias", random({s[1]}, rng));
+    }
+  }
+  save(d, std::move(sd), skip, reshape, std::move(shape), rng);
+}
+
+// Llama: vocab 23, E 12, 3 heads of D 6 over 1 key/value head (MQA), FFN 20, 2 layers, untied head.
+void write_llama(const TempDir& d, const std::string& skip = "", const std::string& reshape = "", Shape shape = {},
+                 const std::string& rope = R"("rope_parameters": {"rope_theta": 500.0, "rope_type": "default"})") {
+  write_text(d / "config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 23, "hidden_size": 12,
+    "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 6,
+    "intermediate_size": 20, "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "tie_word_embeddings": false, )" + rope + "}");
+  Rng rng(5);
+  StateDict sd;
+  sd.emplace("model.embed_tokens.weight", random({23, 12}, rng));
+  sd.emplace("model.norm.weight", random({12}, rng));
+  sd.emplace("lm_head.weight", random({23, 12}, rng));
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = cat("model.layers.", i, ".");
+    for (const char* n : {"input_layernorm", "post_attention_layernorm"}) sd.emplace(p + n + ".weight", random({12}, rng));
+    const std::pair<const char*, Shape> lin[] = {{"self_attn.q_proj", {18, 12}}, {"self_attn.k_proj", {6, 12}},
+                                                 {"self_attn.v_proj", {6, 12}},  {"self_attn.o_proj", {12, 18}},
+                                                 {"mlp.gate_proj", {20, 12}},    {"mlp.up_proj", {20, 12}},
+                                                 {"mlp.down_proj", {12, 20}}};
+    for (const auto& [n, s] : lin) sd.emplace(p + n + ".weight", random(s, rng));
+  }
+  save(d, std::move(sd), skip, reshape, std::move(shape), rng);
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(HfDecoder, UnknownArchitectureIsNamed) {
+  TempDir d;
+  write_gpt2(d);
+  write_text(d / "config.json", R"({"architectures": ["MistralForCausalLM"], "vocab_size": 20})");
+  const std::string e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "MistralForCausalLM") && has(e, "GPT2LMHeadModel") && has(e, "LlamaForCausalLM")) << e;
+}
+
+TEST(HfDecoder, MissingTensorIsNamedWithItsShape) {
+  TempDir d;
+  write_gpt2(d, "transformer.h.1.mlp.c_fc.weight");
+  std::string e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "'transformer.h.1.mlp.c_fc.weight' of shape (8, 32)") && has(e, "no tensor")) << e;
+  TempDir l;
+  write_llama(l, "lm_head.weight");  // untied: the head is its own tensor
+  e = error_of([&] { load_pretrained(l.dir.string()); });
+  EXPECT_TRUE(has(e, "'lm_head.weight' of shape (23, 12)")) << e;
+}
+
+TEST(HfDecoder, ShapeAgainstTheConfigNamesBothShapes) {
+  TempDir d;
+  write_gpt2(d, "", "transformer.h.0.attn.c_attn.weight", {24, 8});  // torch's (out, in), not Conv1D's
+  std::string e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "'transformer.h.0.attn.c_attn.weight' of shape (8, 24)") && has(e, "but got (24, 8)")) << e;
+  TempDir l;
+  write_llama(l, "", "model.layers.1.self_attn.k_proj.weight", {18, 12});  // H key/value heads, not Hkv
+  e = error_of([&] { load_pretrained(l.dir.string()); });
+  EXPECT_TRUE(has(e, "'model.layers.1.self_attn.k_proj.weight' of shape (6, 12)") && has(e, "but got (18, 12)")) << e;
+}
+
+TEST(HfDecoder, ScaledRopeIsRefused) {
+  TempDir l;
+  write_llama(l, "", "", {}, R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})");
+  const std::string e = error_of([&] { load_pretrained(l.dir.string()); });
+  EXPECT_TRUE(has(e, "rope_type \"default\"") && has(e, "llama3")) << e;
+}
+
+// The KV cache path (prefill, then one token per step) gives the logits of the full forward, for either
+// architecture; the eos id comes from config.json.
+TEST(HfDecoder, CachedStepsMatchTheFullForward) {
+  for (const char* arch : {"gpt2", "llama"}) {
+    TempDir d;
+    if (arch == std::string("gpt2")) write_gpt2(d);
+    else write_llama(d);
+    auto m = load_pretrained(d.dir.string());
+    auto* dec = dynamic_cast<PretrainedDecoder*>(m.get());
+    ASSERT_TRUE(dec) << arch;
+    const int64_t B = 2, L = 11, V = dec->vocab_size(), P = 5;
+    std::vector<int64_t> ids(size_t(B * L));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 7 % size_t(V));
+    Tensor full = dec->forward(ids.data(), B, L);  // (B, L, V)
+    ASSERT_EQ(full.shape(), (Shape{B, L, V}));
+    for (KvDtype kv : {KvDtype::f32, KvDtype::f16}) {
+      KVCache cache = dec->new_cache(B, L, kv);
+      std::vector<int64_t> step(size_t(B * P));
+      for (int64_t b = 0; b < B; ++b) std::copy_n(ids.begin() + b * L, P, step.begin() + b * P);
+      Tensor pre = dec->forward_cached(step.data(), B, P, cache);  // (B, P, V)
+      Tensor last = Tensor();
+      // a 16-bit cache rounds K and V once: |Δ logits| ~ unit roundoff · |logits| (weights 0.3, E 8-12)
+      const float tol = kv == KvDtype::f32 ? 2e-5f : 2e-2f;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < P; ++t)
+          for (int64_t v = 0; v < V; ++v)
+            ASSERT_NEAR(pre.data()[(b * P + t) * V + v], full.data()[(b * L + t) * V + v], tol) << arch;
+      for (int64_t t = P; t < L; ++t) {
+        const int64_t tok[2] = {ids[size_t(t)], ids[size_t(L + t)]};
+        last = dec->forward_cached(tok, B, 1, cache, true);  // (B, 1, V)
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t v = 0; v < V; ++v)
+            ASSERT_NEAR(last.data()[b * V + v], full.data()[(b * L + t) * V + v], tol) << arch << " t " << t;
+      }
+      EXPECT_EQ(cache.length(0), L);
+      const int64_t one = 0;
+      EXPECT_TRUE(has(error_of([&] { dec->forward_cached(&one, B, 1, cache); }), "positions")) << arch;
+    }
+    EXPECT_EQ(dec->decoder_config().eos_token_ids, (arch == std::string("gpt2") ? std::vector<int64_t>{19}
+                                                                                 : std::vector<int64_t>{}));
+  }
+}
+
+// A right-padded row gives the logits of the sequence alone, and zeros at the padding; an unpadded row
+// beside it is unchanged.
+TEST(HfDecoder, PaddingCostsNothingAndChangesNothing) {
+  TempDir d;
+  write_llama(d);
+  auto m = load_pretrained(d.dir.string());
+  const int64_t L = 9, V = m->vocab_size();
+  std::vector<int64_t> ids = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3};  // (2, 9)
+  std::vector<int64_t> mask = {1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  Tensor got = m->forward(ids.data(), 2, L, mask.data());
+  Tensor alone = m->forward(ids.data(), 1, 6);
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_NEAR(got.data()[t * V + v], t < 6 ? alone.data()[t * V + v] : 0.0f, 1e-6) << t;
+  Tensor second = m->forward(ids.data() + L, 1, L);
+  for (int64_t i = 0; i < L * V; ++i) ASSERT_NEAR(got.data()[L * V + i], second.data()[i], 1e-6);
+}
+
+}  // namespace
+}  // namespace attn
