@@ -22,21 +22,18 @@ int main(int argc, char** argv) {
   int info_threads = 0;
   auto* info = app.add_subcommand("info", "the CPU, SIMD target, GEMM kernel and threads attn runs with here");
   info->add_flag("--strict", info_strict, "exit 2 if the kernels run a fallback (no AVX2, or AVX-512 unused)");
-  info->add_option("--threads", info_threads, "thread count to report (0: the CPUs this process may use)")
-      ->check(CLI::Range(0, attn::max_threads()));
+  attn::add_threads_flag(info, info_threads, "thread count to report (0: the CPUs this process may use)");
 
   int tune_threads = 0;
   double tune_seconds = 3;
   auto* tune = app.add_subcommand("tune", "measure the GEMM and flash blocking on this CPU, keep the fastest "
                                   "for later runs (per user; changes no bits)");
-  tune->add_option("--threads", tune_threads, "threads to measure with (0: the CPUs this process may use)")
-      ->check(CLI::Range(0, attn::max_threads()));
+  attn::add_threads_flag(tune, tune_threads, "threads to measure with (0: the CPUs this process may use)");
   tune->add_option("--seconds", tune_seconds, "about how long to measure")->check(CLI::Range(0.5, 600.0));
 
   attn::BenchOptions bench_opt;
   auto* bench = app.add_subcommand("bench", "time reference vs flash attention over growing L");
-  bench->add_option("--threads", bench_opt.threads, "threads (0: the CPUs this process may use)")
-      ->check(attn::number_of<int>())->check(attn::non_negative());
+  attn::add_threads_flag(bench, bench_opt.threads);
   bench->add_option("--repeats", bench_opt.repeats, "timed runs per row (median)")->check(attn::number_of<int>())
       ->check(attn::positive());
   bench->add_option("--lengths", bench_opt.lengths, "sequence lengths L = S")->delimiter(',')
