@@ -8,7 +8,7 @@
 
 namespace py = pybind11;
 
-// Activation in Python: its name, "relu" or "gelu" (parse_activation names anything else).
+// Activation in Python: its name, "relu", "gelu" or "gelu_tanh" (parse_activation refuses others by name).
 namespace pybind11::detail {
 template <>
 struct type_caster<attn::Activation> {
