@@ -179,16 +179,14 @@ HWY_NOINLINE void Micro(ARows<T> A, int64_t mr, const T* HWY_RESTRICT bp, int64_
     for (int j = 0; j < NV; ++j) hn::StoreU(acc[r][j], d, c + r * ldc + j * N);
 }
 
-// C (mr, nr) = C0 + A · Bp for mr <= kMR, nr <= NV·N: a full block in place, an edge block through a
-// (kMR, NV·N) copy (the same chains on the same values; its extra rows and columns are dropped). Each
-// accumulator is one FMA chain over k in order, whatever NV is or where A is read from: a narrower or
-// an edge block computes its elements exactly as the widest one would.
+// An edge block, mr <= kMR rows and nr <= NV·N columns of C, through a (kMR, NV·N) copy of its part of C:
+// the same chains on the same values; the copy's extra rows and columns are dropped. Out of line, so
+// the tile loop that calls Micro keeps a small frame.
 template <typename T, int NV>
-HWY_INLINE void MicroTile(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64_t ldbp, int64_t kc, T* c,
-                          int64_t ldc, Start start, T beta) {
+HWY_NOINLINE void MicroEdge(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64_t ldbp, int64_t kc, T* c,
+                            int64_t ldc, Start start, T beta) {
   const hn::ScalableTag<T> d;
   const int64_t w = NV * static_cast<int64_t>(hn::Lanes(d));
-  if (mr == kMR && nr == w) return Micro<T, NV>(A, mr, bp, ldbp, kc, c, ldc, start, beta);
   HWY_ALIGN T tile[kMR * NV * hn::MaxLanes(d)];  // (kMR, w); not read when the chains start from 0
   if (start != Start::zero) {
     std::fill(tile, tile + kMR * w, T(0));
@@ -196,6 +194,17 @@ HWY_INLINE void MicroTile(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64
   }
   Micro<T, NV>(A, mr, bp, ldbp, kc, tile, w, start, beta);
   for (int64_t r = 0; r < mr; ++r) std::copy(tile + r * w, tile + r * w + nr, c + r * ldc);
+}
+
+// C (mr, nr) = C0 + A · Bp for mr <= kMR, nr <= NV·N: a full block in place, an edge block by MicroEdge.
+// Each accumulator is one FMA chain over k in order, whatever NV is or where A is read from: a narrower
+// or an edge block computes its elements exactly as the widest one would.
+template <typename T, int NV>
+HWY_INLINE void MicroTile(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64_t ldbp, int64_t kc, T* c,
+                          int64_t ldc, Start start, T beta) {
+  if (mr == kMR && nr == NV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
+    return Micro<T, NV>(A, mr, bp, ldbp, kc, c, ldc, start, beta);
+  MicroEdge<T, NV>(A, mr, nr, bp, ldbp, kc, c, ldc, start, beta);
 }
 
 // The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors).
