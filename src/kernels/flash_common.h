@@ -34,12 +34,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// The register block (kMR rows x kNV vectors), its microkernel and the loads it takes: register_block.h.
-// The #pragma GCC unroll on the block loops keeps the accumulators in registers (GCC 12 leaves the
-// array on the stack without it).
+// The register block (kMR rows x kNV vectors), its microkernel, its unrolled loop over the accumulators
+// and the loads it takes: register_block.h.
 using regblock::HWY_NAMESPACE::ARows;
 using regblock::HWY_NAMESPACE::BRows;
 using regblock::HWY_NAMESPACE::FmaBlock;
+using regblock::HWY_NAMESPACE::ForBlock;
 using regblock::HWY_NAMESPACE::kMR;
 using regblock::HWY_NAMESPACE::kNV;
 using regblock::HWY_NAMESPACE::PrefetchRow;
@@ -118,18 +118,12 @@ HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float*
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) acc[r][j] = hn::Zero(d);
+  ForBlock<MR, NV>([&](int r, int j) { acc[r][j] = hn::Zero(d); });
   FmaBlock<MR, NV>(d, acc, ARows<float>{q, ldq, 1}, MR, BRows<float>{kt, N, ldp}, D, LoadF32());
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) {
-      float* dst = s + r * lds + j * N;
-      hn::StoreU(add ? hn::Add(acc[r][j], hn::LoadU(d, dst)) : acc[r][j], d, dst);
-    }
+  ForBlock<MR, NV>([&](int r, int j) {
+    float* dst = s + r * lds + j * N;
+    hn::StoreU(add ? hn::Add(acc[r][j], hn::LoadU(d, dst)) : acc[r][j], d, dst);
+  });
 }
 
 // O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N); α per row, or none (nullptr: α = 1).
@@ -143,19 +137,13 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) {
-      acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
-      if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
-    }
+  ForBlock<MR, NV>([&](int r, int j) {
+    acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
+    if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
+  });
   const ARows<float> a = TransA ? ARows<float>{p, 1, ldp} : ARows<float>{p, ldp, 1};
   FmaBlock<MR, NV>(d, acc, a, MR, BRows<E>{v, ldv, N}, n, load, pf_rows);
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) hn::StoreU(acc[r][j], d, o + r * ldo + j * N);
+  ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, o + r * ldo + j * N); });
 }
 
 // Runtime block sizes (mr <= kMR, nv <= kNV) to the template instance; the tails of a tile use the

@@ -132,6 +132,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using regblock::HWY_NAMESPACE::ARows;
 using regblock::HWY_NAMESPACE::BRows;
 using regblock::HWY_NAMESPACE::FmaBlock;
+using regblock::HWY_NAMESPACE::ForBlock;
 using regblock::HWY_NAMESPACE::kMR;
 using regblock::HWY_NAMESPACE::kNV;
 
@@ -165,18 +166,12 @@ HWY_NOINLINE void Micro(ARows<T> A, int64_t mr, const T* HWY_RESTRICT bp, int64_
   using V = hn::Vec<decltype(d)>;
   const int64_t N = hn::Lanes(d);
   V acc[kMR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < kMR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) {
-      acc[r][j] = start == Start::zero ? hn::Zero(d) : hn::LoadU(d, c + r * ldc + j * N);
-      if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(d, beta), acc[r][j]);
-    }
+  ForBlock<kMR, NV>([&](int r, int j) {
+    acc[r][j] = start == Start::zero ? hn::Zero(d) : hn::LoadU(d, c + r * ldc + j * N);
+    if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(d, beta), acc[r][j]);
+  });
   FmaBlock<kMR, NV>(d, acc, A, mr, BRows<T>{bp, ldbp, N}, kc, LoadAligned());
-#pragma GCC unroll 16
-  for (int r = 0; r < kMR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) hn::StoreU(acc[r][j], d, c + r * ldc + j * N);
+  ForBlock<kMR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, c + r * ldc + j * N); });
 }
 
 // An edge block, mr <= kMR rows and nr <= NV·N columns of C, through a (kMR, NV·N) copy of its part of C:

@@ -67,6 +67,16 @@ HWY_INLINE void PrefetchRow(const void* p, int64_t at, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(a + uintptr_t(b)));
 }
 
+// f(r, j) for every accumulator of an (MR, NV) block, unrolled: the #pragma GCC unroll keeps the
+// accumulators in registers (GCC 12 leaves the array on the stack without it).
+template <int MR, int NV, class F>
+HWY_INLINE void ForBlock(F&& f) {
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) f(r, j);
+}
+
 // The microkernel: acc[r][j] = fma(a(r, k), b(k, j), acc[r][j]) for k = 0 … n-1 in order, a(r, k)
 // broadcast to every lane. Rows r >= rows read row 0 (a short block's extra sums, never stored; a
 // caller that instantiates MR = rows passes MR). pf: with each k, prefetch the NV·js elements of B's
