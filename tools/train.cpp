@@ -304,7 +304,8 @@ class Progress {
  public:
   Progress(bool tty, int64_t log_every) : tty_(tty), log_every_(log_every), t0_(Clock::now()) {}
 
-  void step(int64_t step, int64_t steps, const StepStats& s, double tok_s, double eta_s) {
+  // stopping: a stop was agreed at this step (its checkpoint follows): no plain line for it.
+  void step(int64_t step, int64_t steps, const StepStats& s, double tok_s, double eta_s, bool stopping) {
     char line[256];
     std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  lr %.2e  %s tok/s  ETA %s", (long long)step,
                   (long long)steps, s.loss, s.lr, rate(tok_s).c_str(), duration(eta_s).c_str());
@@ -315,8 +316,8 @@ class Progress {
         std::fflush(stdout);
         last_bar_ = now;
       }
-    } else if ((step % log_every_ == 0 || step == steps) && !g_interrupted) {
-      // not once a stop was asked: under mpirun, mpirun stops reading our stdout while it waits to kill
+    } else if ((step % log_every_ == 0 || step == steps) && !stopping) {
+      // not once a stop is agreed: under mpirun, mpirun stops reading our stdout while it waits to kill
       // us, and a step line into a full pipe would block rank 0 before the agreed stop and its save
       std::printf("%s\n", line);
       std::fflush(stdout);
@@ -402,9 +403,12 @@ int train_loop(TrainCli& cli, Trainer& t) {
     }
     train_s += since(s0);
     const int64_t done = t.step_count() - first, step = t.step_count();
+    // agreed before the step's line: a rank whose signal came after another's would print a line for the
+    // step the run stops at (and the checkpoint would not be the step after the last line)
+    const bool stop = interrupted();
     progress.step(step, opt.steps, s, double(done * t.tokens_per_step()) / train_s,
-                  train_s / double(done) * double(opt.steps - step));
-    if (interrupted()) {
+                  train_s / double(done) * double(opt.steps - step), stop);
+    if (stop) {
       progress.clear();
       save(have_eval ? &ev : nullptr);
       const int sig = g_interrupted ? int(g_interrupted) : SIGTERM;  // a rank told by another: mpirun's SIGTERM
