@@ -34,15 +34,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// The register block (kMR rows x kNV vectors), its microkernel, its unrolled loop over the accumulators
-// and the loads it takes: register_block.h.
-using regblock::HWY_NAMESPACE::ARows;
-using regblock::HWY_NAMESPACE::BRows;
-using regblock::HWY_NAMESPACE::FmaBlock;
-using regblock::HWY_NAMESPACE::ForBlock;
-using regblock::HWY_NAMESPACE::kMR;
-using regblock::HWY_NAMESPACE::kNV;
-using regblock::HWY_NAMESPACE::PrefetchRow;
+// The register block (kMR rows x kNV vectors), its microkernel FmaBlock, ForBlock, ARows / BRows and the
+// loads: register_block.h, the GEMM's too.
+using namespace regblock::HWY_NAMESPACE;
 using LoadF32 = regblock::HWY_NAMESPACE::LoadU;  // the V rows PVBlock reads: fp32 as stored
 
 // 2^x for x <= 0 (every exponent the online softmax takes: scores minus their running max), 0 for

@@ -129,12 +129,7 @@ namespace attn::gemm_detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // The register block (kMR rows x kNV vectors of accumulators) and its microkernel: register_block.h.
-using regblock::HWY_NAMESPACE::ARows;
-using regblock::HWY_NAMESPACE::BRows;
-using regblock::HWY_NAMESPACE::FmaBlock;
-using regblock::HWY_NAMESPACE::ForBlock;
-using regblock::HWY_NAMESPACE::kMR;
-using regblock::HWY_NAMESPACE::kNV;
+using namespace regblock::HWY_NAMESPACE;
 
 template <typename T>
 int64_t NR() {
