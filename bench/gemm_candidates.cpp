@@ -5,6 +5,8 @@
 // Not a Google Benchmark program and not part of the library: the project depends on none of these.
 //
 //   build/gemm_candidates [--threads 1,2] [--rounds 7] [--quick] [--only 512x128x4096] [--attn-only]
+//                         [--shapes 4096x16x512NT,768x48x64NN]   (these shapes instead of the list below)
+//                         [--cpu-time]   (time by the process's CPU time: with --threads 1 on a busy machine)
 // Shapes (M, N, K, op): 2048³; the training shapes M = B·T in {768, 4096} against N, K in {128, 512}:
 // forward y = x·Wᵀ (NT), dx = dy·W (NN), dW = dyᵀ·x (TN, the summed dimension is B·T); the MHA
 // projections at E = 512, L = 4096 (in_proj (4096, 1536, 512) and out_proj (4096, 512, 512), NT).
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -139,7 +142,17 @@ double fma_peak_gflops() {
   return g;
 }
 
+bool g_cpu_time = false;  // --cpu-time: the process's CPU time, not the wall clock (a busy machine's
+                          // preemptions left out; meaningful with --threads 1)
+
 double seconds_of(const std::function<void()>& f) {
+  if (g_cpu_time) {
+    timespec a{}, b{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+    f();
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+    return double(b.tv_sec - a.tv_sec) + 1e-9 * double(b.tv_nsec - a.tv_nsec);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -151,7 +164,8 @@ int main(int argc, char** argv) {
   std::vector<int> threads = {1, 2};
   int rounds = 7;
   bool quick = false, attn_only = false;
-  std::string only;  // run only the shapes whose "MxNxK" starts with this
+  std::string only;   // run only the shapes whose "MxNxK" starts with this
+  std::string given;  // --shapes: the shapes to run
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       threads.clear();
@@ -165,22 +179,39 @@ int main(int argc, char** argv) {
       only = argv[++i];
     } else if (!std::strcmp(argv[i], "--attn-only")) {
       attn_only = true;  // for profiling attn alone
+    } else if (!std::strcmp(argv[i], "--cpu-time")) {
+      g_cpu_time = true;
+    } else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) {
+      given = argv[++i];
     }
   }
-  std::vector<Shape> shapes = {{"2048^3", 2048, 2048, 2048, false, false}};
-  for (int64_t BT : {768, 4096})
-    for (auto [out, in] : {std::pair<int64_t, int64_t>{128, 512}, {512, 128}, {512, 512}}) {
-      shapes.push_back({"fwd x.W^T", BT, out, in, false, true});
-      shapes.push_back({"dx = dy.W", BT, in, out, false, false});
-      shapes.push_back({"dW = dy^T.x", out, in, BT, true, false});
+  std::vector<Shape> shapes;
+  std::stringstream list(given);
+  for (std::string t; std::getline(list, t, ',');) {
+    long long m = 0, n = 0, k = 0;
+    char op[3] = "NN";
+    if (std::sscanf(t.c_str(), "%lldx%lldx%lld%2[NT]", &m, &n, &k, op) < 3 || m <= 0 || n <= 0 || k <= 0) {
+      std::fprintf(stderr, "Expected --shapes as MxNxK[NN|NT|TN|TT],..., but got '%s' instead\n", t.c_str());
+      return 2;
     }
-  shapes.push_back({"MHA in_proj", 4096, 1536, 512, false, true});
-  shapes.push_back({"MHA out_proj", 4096, 512, 512, false, true});
-  if (quick) shapes.resize(1);
-  if (!only.empty())
-    std::erase_if(shapes, [&](const Shape& s) {
-      return (std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K)).rfind(only, 0) != 0;
-    });
+    shapes.push_back({"given", m, n, k, op[0] == 'T', op[1] == 'T'});
+  }
+  if (shapes.empty()) {  // the list in the header
+    shapes = {{"2048^3", 2048, 2048, 2048, false, false}};
+    for (int64_t BT : {768, 4096})
+      for (auto [out, in] : {std::pair<int64_t, int64_t>{128, 512}, {512, 128}, {512, 512}}) {
+        shapes.push_back({"fwd x.W^T", BT, out, in, false, true});
+        shapes.push_back({"dx = dy.W", BT, in, out, false, false});
+        shapes.push_back({"dW = dy^T.x", out, in, BT, true, false});
+      }
+    shapes.push_back({"MHA in_proj", 4096, 1536, 512, false, true});
+    shapes.push_back({"MHA out_proj", 4096, 512, 512, false, true});
+    if (quick) shapes.resize(1);
+    if (!only.empty())
+      std::erase_if(shapes, [&](const Shape& s) {
+        return (std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K)).rfind(only, 0) != 0;
+      });
+  }
 
   print_cpu_header();
   std::vector<Candidate> cands = candidates();

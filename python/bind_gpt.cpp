@@ -4,15 +4,19 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "attn/gpt.h"
 #include "attn/optim.h"
 #include "attn/train.h"
+#include "bind_fields.h"
 #include "bind_layer.h"
 
 namespace py = pybind11;
 using namespace attn;
+using py_util::fields_dict;
 using py_util::layer;
 using py_util::locked;
 using py_util::ObjectGuard;
@@ -37,34 +41,13 @@ py::array_t<int64_t, py::array::c_style | py::array::forcecast> ids_of(const py:
   return a;
 }
 
-// A struct as a dict of its fields (fields.h).
-template <class S, class Fields>
-py::dict fields_dict(const S& s, const Fields& fields) {
-  py::dict d;
-  for_each_field(fields, s, [&](const char* name, const auto& v) { d[name] = v; });
-  return d;
+// Token ids and their targets, both (B, T).
+auto ids_and_targets(const py::object& idx, const py::object& targets) {
+  auto a = ids_of(idx, "idx"), t = ids_of(targets, "targets");
+  ATTN_CHECK(a.shape(0) == t.shape(0) && a.shape(1) == t.shape(1), "Expected targets of idx's shape (", a.shape(0),
+             ", ", a.shape(1), "), but got (", t.shape(0), ", ", t.shape(1), ") instead");
+  return std::pair{std::move(a), std::move(t)};
 }
-
-// GPT(vocab_size=..., <every GptConfig field>, seed=0): one argument per field of kGptConfigFields, in its
-// order, with GptConfig{}'s defaults.
-template <class Fields, class Indices>
-struct GptInit;
-template <class... T, size_t... I>
-struct GptInit<std::tuple<Field<GptConfig, T>...>, std::index_sequence<I...>> {
-  static std::unique_ptr<Gpt> make(T... values, uint64_t seed) {
-    GptConfig config;
-    ((config.*(std::get<I>(kGptConfigFields).member) = values), ...);
-    return std::make_unique<Gpt>(config, seed);
-  }
-  static py::class_<Gpt> def(py::class_<Gpt> c) {
-    constexpr GptConfig defaults;
-    return c.def(py::init(&make), (py::arg(std::get<I>(kGptConfigFields).name) =
-                                       defaults.*(std::get<I>(kGptConfigFields).member))...,
-                 py::arg("seed") = 0);
-  }
-};
-using GptConfigInit = GptInit<std::remove_const_t<decltype(kGptConfigFields)>,
-                              std::make_index_sequence<std::tuple_size_v<decltype(kGptConfigFields)>>>;
 
 // AdamW over parameters it owns (a dict of arrays) or over a GPT's (its gradients).
 struct PyAdamW {
@@ -74,15 +57,34 @@ struct PyAdamW {
   const void* lock_key = this;  // the GPT whose parameters it updates, else itself (py_util::object_lock)
 };
 
+// AdamW over float32 copies of `params`, which it owns; every name decays except those in no_decay.
+std::unique_ptr<PyAdamW> adamw_over_arrays(const py::dict& params, double lr, std::pair<double, double> betas,
+                                           double eps, double weight_decay, const std::vector<std::string>& no_decay) {
+  auto o = std::make_unique<PyAdamW>();
+  StateDict sd = state_dict_of(params);
+  o->values.reserve(sd.size());
+  o->grads.reserve(sd.size());
+  for (auto& [name, t] : sd) {
+    o->names.push_back(name);
+    o->grads.emplace_back(t.shape());
+    o->values.push_back(std::move(t));
+  }
+  std::vector<Param> ps;
+  for (size_t i = 0; i < o->names.size(); ++i) ps.push_back({o->names[i], &o->values[i], &o->grads[i]});
+  o->opt = std::make_unique<AdamW>(ps, AdamWOptions{lr, betas.first, betas.second, eps, weight_decay},
+                                   [no_decay](const Param& p) {
+                                     return std::find(no_decay.begin(), no_decay.end(), p.name) == no_decay.end();
+                                   });
+  return o;
+}
+
 py::dict stats(const StepStats& s) {
   py::dict d;
   d["loss"] = s.loss, d["lr"] = s.lr, d["grad_norm"] = s.grad_norm;
   return d;
 }
 
-}  // namespace
-
-void bind_gpt(py::module_& m) {
+void bind_tokenizer(py::module_& m) {
   py::class_<CharTokenizer>(m, "CharTokenizer", "One token per Unicode code point; the vocabulary sorted.")
       .def(py::init([](const std::string& text) { return CharTokenizer::from_text(text); }), py::arg("text"),
            "The vocabulary of `text`'s characters.")
@@ -90,12 +92,20 @@ void bind_gpt(py::module_& m) {
       .def("decode", py::overload_cast<const std::vector<int32_t>&>(&CharTokenizer::decode, py::const_), py::arg("ids"))
       .def_property_readonly("vocab", [](const CharTokenizer& t) { return utf8_encode(t.vocab()); })
       .def_property_readonly("vocab_size", &CharTokenizer::vocab_size);
+}
 
+// GPT and gpt_config: the model's methods, its constructor from GptConfig's fields.
+void bind_gpt_model(py::module_& m) {
   m.def("gpt_config", [](const std::string& name) { return fields_dict(gpt_config(name), kGptConfigFields); },
         py::arg("name"),
         "The named configuration (tiny, nanogpt-cpu, gpt2-small) as a dict of GPT's arguments, vocab_size 0.");
 
-  GptConfigInit::def(layer<Gpt>(m, "GPT", "Decoder-only Transformer (nanoGPT's shape) with explicit backward."))
+  // GPT(vocab_size=..., <every GptConfig field>, seed=0), with GptConfig{}'s defaults
+  auto gpt = layer<Gpt>(m, "GPT", "Decoder-only Transformer (nanoGPT's shape) with explicit backward.");
+  py_util::FieldsInit<kGptConfigFields>::def<uint64_t>(
+      gpt, [](const GptConfig& config, uint64_t seed) { return std::make_unique<Gpt>(config, seed); },
+      py::arg("seed") = 0);
+  gpt
       .def_static(
           "load",
           [](const std::string& dir) {
@@ -115,9 +125,7 @@ void bind_gpt(py::module_& m) {
       .def(
           "forward_backward",
           [](Gpt& g, const py::object& idx, const py::object& targets) {
-            auto a = ids_of(idx, "idx"), t = ids_of(targets, "targets");
-            ATTN_CHECK(a.shape(0) == t.shape(0) && a.shape(1) == t.shape(1), "Expected targets of idx's shape (",
-                       a.shape(0), ", ", a.shape(1), "), but got (", t.shape(0), ", ", t.shape(1), ") instead");
+            auto [a, t] = ids_and_targets(idx, targets);
             return locked(&g, [&] { return g.forward_backward(a.data(), t.data(), a.shape(0), a.shape(1)); });
           },
           py::arg("idx"), py::arg("targets"),
@@ -125,8 +133,7 @@ void bind_gpt(py::module_& m) {
       .def(
           "evaluate",
           [](Gpt& g, const py::object& idx, const py::object& targets) {
-            auto a = ids_of(idx, "idx"), t = ids_of(targets, "targets");
-            ATTN_CHECK(a.shape(0) == t.shape(0) && a.shape(1) == t.shape(1), "Expected targets of idx's shape");
+            auto [a, t] = ids_and_targets(idx, targets);
             return locked(&g, [&] { return g.evaluate(a.data(), t.data(), a.shape(0), a.shape(1)); });
           },
           py::arg("idx"), py::arg("targets"), "Mean cross-entropy in eval mode, nothing saved.")
@@ -150,27 +157,11 @@ void bind_gpt(py::module_& m) {
             return out;
           },
           py::arg("idx"), "Per layer, the attention weights (B, H, T, T); eval mode.");
+}
 
+void bind_adamw(py::module_& m) {
   py::class_<PyAdamW>(m, "AdamW", (std::string("torch.optim.AdamW's update on float32 arrays or on a GPT's parameters.") + py_util::kThreadsDoc).c_str())
-      .def(py::init([](const py::dict& params, double lr, std::pair<double, double> betas, double eps,
-                       double weight_decay, const std::vector<std::string>& no_decay) {
-             auto o = std::make_unique<PyAdamW>();
-             StateDict sd = state_dict_of(params);
-             std::vector<Param> ps;
-             o->values.reserve(sd.size());
-             o->grads.reserve(sd.size());
-             for (auto& [name, t] : sd) {
-               o->names.push_back(name);
-               o->grads.emplace_back(t.shape());
-               o->values.push_back(std::move(t));
-             }
-             for (size_t i = 0; i < o->names.size(); ++i) ps.push_back({o->names[i], &o->values[i], &o->grads[i]});
-             o->opt = std::make_unique<AdamW>(ps, AdamWOptions{lr, betas.first, betas.second, eps, weight_decay},
-                                              [no_decay](const Param& p) {
-                                                return std::find(no_decay.begin(), no_decay.end(), p.name) == no_decay.end();
-                                              });
-             return o;
-           }),
+      .def(py::init(&adamw_over_arrays),
            py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::pair{0.9, 0.999}, py::arg("eps") = 1e-8,
            py::arg("weight_decay") = 1e-2, py::arg("no_decay") = std::vector<std::string>{},
            "Owns float32 copies of `params`; every name decays except those in no_decay.")
@@ -211,7 +202,10 @@ void bind_gpt(py::module_& m) {
         return to_numpy(std::move(s));
       }, "exp_avg.<name> and exp_avg_sq.<name>")
       .def_property_readonly("steps", [](PyAdamW& o) { return o.opt->steps(); });
+}
 
+// TrainOptions (its fields from kTrainOptionsFields) and the Trainer.
+void bind_trainer(py::module_& m) {
   py::class_<TrainOptions> opts(m, "TrainOptions", "attn train's options (see include/attn/train.h).");
   opts.def(py::init<>()).def_static("synthetic", &synthetic_defaults);
   std::apply([&](const auto&... f) { (opts.def_readwrite(f.name, f.member), ...); }, kTrainOptionsFields);
@@ -259,4 +253,13 @@ void bind_gpt(py::module_& m) {
       .def_property_readonly("step_count", &Trainer::step_count)
       .def_property_readonly("seq_len", &Trainer::seq_len)
       .def_property_readonly("tokens_per_step", &Trainer::tokens_per_step);
+}
+
+}  // namespace
+
+void bind_gpt(py::module_& m) {
+  bind_tokenizer(m);
+  bind_gpt_model(m);
+  bind_adamw(m);
+  bind_trainer(m);
 }

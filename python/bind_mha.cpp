@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "attn/mha.h"
+#include "bind_fields.h"
 #include "bind_layer.h"
 
 namespace py = pybind11;
@@ -14,17 +15,11 @@ using py_util::to_numpy;
 using py_util::view_of;
 
 void bind_mha(py::module_& m) {
-  layer<MultiheadAttention>(m, "MultiheadAttention")
-      .def(py::init([](int64_t embed_dim, int64_t num_heads, double dropout, bool bias, bool add_bias_kv,
-                       bool add_zero_attn, int64_t kdim, int64_t vdim, bool batch_first, int64_t num_kv_heads,
-                       uint64_t seed) {
-             return MultiheadAttention({embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
-                                        batch_first, num_kv_heads, seed});
-           }),
-           py::arg("embed_dim"), py::arg("num_heads"), py::arg("dropout") = 0.0, py::arg("bias") = true,
-           py::arg("add_bias_kv") = false, py::arg("add_zero_attn") = false, py::arg("kdim") = 0,
-           py::arg("vdim") = 0, py::arg("batch_first") = false, py::arg("num_kv_heads") = 0, py::arg("seed") = 0)
-      .def(
+  m.attr("MHA_DEFAULTS") = py_util::fields_dict(MhaOptions{}, kMhaOptionsFields);
+  auto mha = layer<MultiheadAttention>(m, "MultiheadAttention");
+  // torch.nn.MultiheadAttention's arguments, one per MhaOptions field, its defaults
+  py_util::FieldsInit<kMhaOptionsFields, 2>::def(mha, [](const MhaOptions& o) { return MultiheadAttention(o); });
+  mha.def(
           "forward",
           [](MultiheadAttention& self, py::array& query, py::array& key, py::array& value,
              py::object& key_padding_mask, bool need_weights,

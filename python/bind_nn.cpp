@@ -3,9 +3,25 @@
 #include <pybind11/stl.h>
 
 #include "attn/nn.h"
+#include "bind_fields.h"
 #include "bind_layer.h"
 
 namespace py = pybind11;
+
+// Activation in Python: its name, "relu", "gelu" or "gelu_tanh" (parse_activation refuses others by name).
+namespace pybind11::detail {
+template <>
+struct type_caster<attn::Activation> {
+  PYBIND11_TYPE_CASTER(attn::Activation, const_name("str"));
+  bool load(handle src, bool) {
+    if (!isinstance<str>(src)) return false;
+    value = attn::parse_activation(src.cast<std::string>());
+    return true;
+  }
+  static handle cast(attn::Activation a, return_value_policy, handle) { return str(attn::to_string(a)).release(); }
+};
+}  // namespace pybind11::detail
+
 using namespace attn;
 using py_util::layer;
 using py_util::nn_mask;
@@ -30,26 +46,17 @@ void unary(py::class_<L>& c) {
       }, py::arg("grad_output"));
 }
 
-// py::init of a Transformer layer from torch.nn's constructor arguments (TRANSFORMER_ARGS).
+// A Transformer layer's constructor: torch.nn's arguments, one per TransformerOptions field, its defaults.
 template <class L>
-auto transformer_init() {
-  return py::init([](int64_t d_model, int64_t nhead, int64_t dim_feedforward, double dropout,
-                     const std::string& activation, double layer_norm_eps, bool batch_first, bool norm_first,
-                     bool bias, int64_t num_kv_heads, uint64_t seed) {
-    return std::make_unique<L>(TransformerOptions{d_model, nhead, dim_feedforward, dropout,
-                                                  parse_activation(activation), layer_norm_eps, batch_first,
-                                                  norm_first, bias, num_kv_heads, seed});
-  });
+void transformer_init(py::class_<L>& c) {
+  py_util::FieldsInit<kTransformerOptionsFields, 2>::def(
+      c, [](const TransformerOptions& o) { return std::make_unique<L>(o); });
 }
-
-#define TRANSFORMER_ARGS                                                                                     \
-  py::arg("d_model"), py::arg("nhead"), py::arg("dim_feedforward") = 2048, py::arg("dropout") = 0.1,         \
-      py::arg("activation") = "relu", py::arg("layer_norm_eps") = 1e-5, py::arg("batch_first") = false,     \
-      py::arg("norm_first") = false, py::arg("bias") = true, py::arg("num_kv_heads") = 0, py::arg("seed") = 0
 
 }  // namespace
 
 void bind_nn(py::module_& m) {
+  m.attr("TRANSFORMER_DEFAULTS") = py_util::fields_dict(TransformerOptions{}, kTransformerOptionsFields);
   auto lin = layer<Linear>(m, "Linear");
   lin.def(py::init<int64_t, int64_t, bool, uint64_t>(), py::arg("in_features"), py::arg("out_features"),
           py::arg("bias") = true, py::arg("seed") = 0);
@@ -89,9 +96,9 @@ void bind_nn(py::module_& m) {
          py::arg("bias") = true, py::arg("seed") = 0);
   unary(ff);
 
-  layer<TransformerEncoderLayer>(m, "TransformerEncoderLayer")
-      .def(transformer_init<TransformerEncoderLayer>(), TRANSFORMER_ARGS)
-      .def(
+  auto encoder = layer<TransformerEncoderLayer>(m, "TransformerEncoderLayer");
+  transformer_init(encoder);
+  encoder.def(
           "forward",
           [](TransformerEncoderLayer& self, py::array& src, py::object& src_mask,
              py::object& src_key_padding_mask, bool is_causal) {
@@ -107,9 +114,9 @@ void bind_nn(py::module_& m) {
         return run(&self, [&] { return self.backward(v); });
       }, py::arg("grad_output"));
 
-  layer<TransformerDecoderLayer>(m, "TransformerDecoderLayer")
-      .def(transformer_init<TransformerDecoderLayer>(), TRANSFORMER_ARGS)
-      .def(
+  auto decoder = layer<TransformerDecoderLayer>(m, "TransformerDecoderLayer");
+  transformer_init(decoder);
+  decoder.def(
           "forward",
           [](TransformerDecoderLayer& self, py::array& tgt, py::array& memory, py::object& tgt_mask,
              py::object& memory_mask, py::object& tgt_key_padding_mask,

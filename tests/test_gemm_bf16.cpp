@@ -79,7 +79,7 @@ std::vector<Path> paths() {
   std::vector<Path> out;
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
     out.push_back({t, false});
-    if (cpu_info().bf16 && (t == HWY_AVX3 || t == HWY_AVX3_DL)) out.push_back({t, true});
+    if (cpu_info().bf16 && avx512_target(t)) out.push_back({t, true});
   }
   return out;
 }

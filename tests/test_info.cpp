@@ -78,8 +78,7 @@ TEST(Info, ForcedLowerTargetsAreReportedRefusedByStrictAndStillRight) {
     EXPECT_EQ(runtime_info().simd_target, hwy::TargetName(targets[t]));
     // 1e-5: outputs are weighted means of N(0,1) values; fp32 flash vs fp64 is ~1e-7 on these sizes
     EXPECT_LT(sdpa_error(false), 1e-5);
-    const bool avx512_target = targets[t] & (HWY_AVX3 | HWY_AVX3_DL);
-    const bool fallback = !avx512_target && !(targets[t] == HWY_AVX2 && !cpu_info().avx512);
+    const bool fallback = !avx512_target(targets[t]) && !(targets[t] == HWY_AVX2 && !cpu_info().avx512);
     EXPECT_EQ(simd_fallback().empty(), !fallback) << simd_fallback();
     // the bits: those of every AVX2/AVX-512 CPU exactly where the target has FMA (test_bits.cpp checks them)
     const bool fma = fma_target(targets[t]);

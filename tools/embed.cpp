@@ -27,8 +27,7 @@ CLI::App* add_embed_command(CLI::App& app, EmbedCli& cli) {
   cmd->add_option("--batch", cli.batch, "texts per forward (sorted by length, padded per batch)")
       ->check(number_of<int64_t>())->check(positive());
   add_dtype_options(cmd, cli.dtype, cli.strict);
-  cmd->add_option("--threads", cli.threads, "threads (0: the CPUs this process may use)")->check(number_of<int>())
-      ->check(non_negative());
+  add_threads_flag(cmd, cli.threads);
   return cmd;
 }
 

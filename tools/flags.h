@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "attn/check.h"
+#include "cli.h"  // non_negative
 
 namespace attn {
 
@@ -39,6 +40,14 @@ CLI::Validator number_of() {
         }
       },
       "");  // no type name: CLI11 already prints INT or FLOAT, and the range validators add theirs
+}
+
+inline constexpr const char* kThreadsHelp = "threads (0: the CPUs this process may use)";
+
+// --threads, the same in every subcommand: an int >= 0, 0 for the CPUs this process may use
+// (set_num_threads refuses more than max_threads(), by name). `help` where a subcommand says more.
+inline CLI::Option* add_threads_flag(CLI::App* cmd, int& threads, const std::string& help = kThreadsHelp) {
+  return cmd->add_option("--threads", threads, help)->check(number_of<int>())->check(non_negative());
 }
 
 }  // namespace attn

@@ -26,8 +26,7 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
       ->check(number_of<double>())->check(non_negative());
   cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(number_of<int64_t>())->check(non_negative());
   cmd->add_option("--seed", cli.seed, "sampling seed")->check(number_of<uint64_t>());
-  cmd->add_option("--threads", cli.threads, "threads (0: the CPUs this process may use)")->check(number_of<int>())
-      ->check(non_negative());
+  add_threads_flag(cmd, cli.threads);
   cmd->add_option("--kv-dtype", cli.kv_dtype, "KV cache storage: f32, or f16/bf16 (half the bytes per decode step)")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   add_dtype_options(cmd, cli.dtype, cli.strict);

@@ -165,7 +165,7 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   bind_option(cmd, cli, "--eval-every", &TrainOptions::eval_every, "steps between evaluations and checkpoints (0: end only)");
   bind_option(cmd, cli, "--eval-iters", &TrainOptions::eval_iters, "batches per split per evaluation");
   bind_option(cmd, cli, "--seed", &TrainOptions::seed, "initialisation, data sampling and dropout");
-  bind_option(cmd, cli, "--threads", &TrainOptions::threads, "threads (0: the CPUs this process may use)")->check(non_negative());
+  bind_option(cmd, cli, "--threads", &TrainOptions::threads, kThreadsHelp)->check(non_negative());
   bind_option(cmd, cli, "--dtype", &TrainOptions::dtype, "matmul precision: f32, or bf16 (mixed precision: bf16 "
               "products, fp32 weights, AdamW state and sums; emulated exactly without AVX512_BF16)")
       ->check(CLI::IsMember({"f32", "bf16"}));
@@ -222,21 +222,22 @@ int run_train(TrainCli& cli) {
 
 namespace {
 
-int train_loop(TrainCli& cli, Trainer& trainer) {
-  Trainer* t = &trainer;
-  const TrainOptions& opt = t->options();
-  const GptConfig& c = t->model().config();
-  const Dataset& d = t->data();
+// What the run is, before its first step: memory, model, data, options, what the schedule does that a user
+// would not guess, the data-parallel split.
+void print_plan(Trainer& t) {
+  const TrainOptions& opt = t.options();
+  const GptConfig& c = t.model().config();
+  const Dataset& d = t.data();
   // The Trainer refused (before allocating) a run larger than the machine's memory; say what this one needs.
   std::printf("memory: about %s (parameters, gradients, AdamW state, the activations of batch %lld x %lld and %s "
               "of token ids)\n",
-              bytes_text(gpt_training_bytes_estimate(c, double(opt.batch), double(t->seq_len())) +
+              bytes_text(gpt_training_bytes_estimate(c, double(opt.batch), double(t.seq_len())) +
                          double(d.token_bytes())).c_str(),
-              (long long)opt.batch, (long long)t->seq_len(), bytes_text(double(d.token_bytes())).c_str());
+              (long long)opt.batch, (long long)t.seq_len(), bytes_text(double(d.token_bytes())).c_str());
   std::printf("model %s: %lld layers, %lld heads (%lld kv), embedding %lld, block %lld, vocab %lld, %lld parameters\n",
               opt.config.c_str(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_kv_head,
               (long long)c.n_embd, (long long)c.block_size, (long long)c.vocab_size,
-              (long long)t->model().num_parameters());
+              (long long)t.model().num_parameters());
   if (d.synthetic())
     std::printf("data: the reversal task (%lld letters, '|', the letters reversed; loss on the reversed half)\n",
                 (long long)d.task_length());
@@ -246,27 +247,26 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
   std::printf("training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld, cosine decay "
               "to step %lld), "
               "weight decay %g, grad clip %g, dropout %g, seed %llu, threads %d\n",
-              (long long)opt.steps, (long long)t->step_count(), (long long)opt.batch, (long long)t->seq_len(), opt.lr,
+              (long long)opt.steps, (long long)t.step_count(), (long long)opt.batch, (long long)t.seq_len(), opt.lr,
               opt.min_lr, (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
               (unsigned long long)opt.seed, num_threads());
-  // What the schedule does that a user would not guess: a warmup that outlasts the run, and a resume whose
-  // longer --steps re-planned the decay (the learning rate rises again).
-  const LrSchedule sched = t->schedule();
+  // A warmup that outlasts the run, and a resume whose longer --steps re-planned the decay (the learning
+  // rate rises again).
+  const LrSchedule sched = t.schedule();
   if (opt.warmup >= opt.steps && opt.steps > 0)
     std::printf("warning: --warmup %lld outlasts the run's %lld steps: the learning rate peaks at %.2e, never "
                 "reaching --lr %g (give --warmup below --steps)\n",
                 (long long)opt.warmup, (long long)opt.steps, sched.at(opt.steps - 1), opt.lr);
-  if (const auto& before = t->saved_schedule(); before && before->decay_steps != sched.decay_steps &&
-                                                t->step_count() > 0 && t->step_count() < opt.steps) {
-    const int64_t s = t->step_count();
+  if (const auto& before = t.saved_schedule(); before && before->decay_steps != sched.decay_steps &&
+                                               t.step_count() > 0 && t.step_count() < opt.steps) {
+    const int64_t s = t.step_count();
     std::printf("resume: the cosine decay now ends at step %lld (it ended at %lld): the learning rate goes from "
                 "%.2e at step %lld to %.2e at step %lld, on the new schedule from there (--lr-decay-steps %lld keeps "
                 "the old one)\n",
                 (long long)sched.decay_steps, (long long)before->decay_steps, before->at(s - 1), (long long)s,
                 sched.at(s), (long long)s + 1, (long long)before->decay_steps);
   }
-  GradientSync* sync = t->sync();
-  if (sync) {
+  if (GradientSync* sync = t.sync()) {
     const SyncStats st = sync->stats();
     const int n = sync->size();
     const int64_t lo = opt.batch / n, hi = (opt.batch + n - 1) / n;
@@ -277,106 +277,79 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
                 st.buckets, st.buckets == 1 ? "" : "s");
   }
   std::fflush(stdout);
+}
 
-  // Ctrl-C, SIGTERM, SIGHUP: a checkpoint, then exit 128 + the signal. Under mpirun the terminal's Ctrl-C
-  // reaches mpirun alone, which sends SIGTERM to every process and SIGKILL a second later
-  // (odls_base_sigkill_timeout): after each step the processes add up their flags, so all stop at the same
-  // step and rank 0 saves it within that second.
-  struct sigaction sa = {};
-  sa.sa_handler = on_stop_signal;
-  sa.sa_flags = SA_RESETHAND;
-  sigemptyset(&sa.sa_mask);
-  struct sigaction previous[std::size(kStopSignals)];
-  auto restore_signals = [&] {
-    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous[i], nullptr);
-  };
-  for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &sa, &previous[i]);
-  g_interrupted = 0;
-  auto interrupted = [&] {
-    double any = g_interrupted ? 1 : 0;
-    if (sync) sync->sum(&any, 1);
-    return any > 0;
-  };
+// Ctrl-C, SIGTERM, SIGHUP caught for the guard's life (on_stop_signal: g_interrupted, from 0), the handlers
+// before it put back however the scope ends, an exception included. Under mpirun the terminal's Ctrl-C
+// reaches mpirun alone, which sends SIGTERM to every process and SIGKILL a second later
+// (odls_base_sigkill_timeout): after each step the processes add up their flags, so all stop at the same
+// step and rank 0 saves it within that second.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa = {};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    g_interrupted = 0;
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &sa, &previous_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < std::size(kStopSignals); ++i) sigaction(kStopSignals[i], &previous_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
 
-  profile::reset();
-  profile::enable(cli.profile);  // only the training steps: evaluation and checkpoints are outside "step"
-  const bool tty = !sync && ::isatty(STDOUT_FILENO);  // mpirun hands its processes a pty of its own
-  const int64_t first = t->step_count();
-  const auto t0 = Clock::now();
-  double train_s = 0, last_bar = -1;
-  auto since = [](Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); };
-  auto clear_bar = [&] {
-    if (tty && last_bar >= 0) std::printf("\r\033[K");
-  };
-  auto save = [&](const EvalStats* ev) {
-    try {
-      t->save(cli.out, ev);
-    } catch (const Error& e) {
-      if (sync) throw AgreedError(e.what());  // Trainer::save threw it on every process
-      throw;
-    }
-  };
-  EvalStats ev{};
-  bool have_eval = false;
-  while (t->step_count() < opt.steps) {
-    const auto s0 = Clock::now();
-    StepStats s;
-    {
-      profile::Scope part("step");
-      s = t->step();
-    }
-    train_s += since(s0);
-    const int64_t done = t->step_count() - first, step = t->step_count();
-    const double tok_s = double(done * t->tokens_per_step()) / train_s;
-    const double eta = train_s / double(done) * double(opt.steps - step);
+ private:
+  struct sigaction previous_[std::size(kStopSignals)];
+};
+
+// The progress of the steps: a bar redrawn in place on a terminal (at most every 0.1 s), else a line every
+// --log-every steps.
+class Progress {
+ public:
+  Progress(bool tty, int64_t log_every) : tty_(tty), log_every_(log_every), t0_(Clock::now()) {}
+
+  // stopping: a stop was agreed at this step (its checkpoint follows): no plain line for it.
+  void step(int64_t step, int64_t steps, const StepStats& s, double tok_s, double eta_s, bool stopping) {
     char line[256];
     std::snprintf(line, sizeof line, "step %lld/%lld  loss %.4f  lr %.2e  %s tok/s  ETA %s", (long long)step,
-                  (long long)opt.steps, s.loss, s.lr, rate(tok_s).c_str(), duration(eta).c_str());
-    if (tty) {
-      const double now = since(t0);
-      if (now - last_bar >= 0.1 || step == opt.steps) {
+                  (long long)steps, s.loss, s.lr, rate(tok_s).c_str(), duration(eta_s).c_str());
+    if (tty_) {
+      const double now = std::chrono::duration<double>(Clock::now() - t0_).count();
+      if (now - last_bar_ >= 0.1 || step == steps) {
         std::printf("\r\033[K%s", line);
         std::fflush(stdout);
-        last_bar = now;
+        last_bar_ = now;
       }
-    } else if ((step % cli.log_every == 0 || step == opt.steps) && !g_interrupted) {
-      // not once a stop was asked: under mpirun, mpirun stops reading our stdout while it waits to kill
+    } else if ((step % log_every_ == 0 || step == steps) && !stopping) {
+      // not once a stop is agreed: under mpirun, mpirun stops reading our stdout while it waits to kill
       // us, and a step line into a full pipe would block rank 0 before the agreed stop and its save
       std::printf("%s\n", line);
       std::fflush(stdout);
     }
-    if (interrupted()) {
-      clear_bar();
-      save(have_eval ? &ev : nullptr);
-      const int sig = g_interrupted ? int(g_interrupted) : SIGTERM;  // a rank told by another: mpirun's SIGTERM
-      std::printf("interrupted at step %lld: checkpoint saved in %s (%s; continue with --resume)\n", (long long)step,
-                  cli.out.c_str(), sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
-      std::fflush(stdout);
-      restore_signals();
-      return 128 + sig;
-    }
-    if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < opt.steps) {
-      ev = t->evaluate();
-      have_eval = true;
-      save(&ev);
-      clear_bar();
-      std::printf("step %lld: train loss %.4f, val loss %.4f (checkpoint saved)\n", (long long)step, ev.train_loss,
-                  ev.val_loss);
-      std::fflush(stdout);
-      last_bar = -1;
-    }
   }
-  profile::enable(false);
-  ev = t->evaluate();
-  save(&ev);
-  clear_bar();
-  restore_signals();
-  const int64_t done = t->step_count() - first;
-  std::printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)t->step_count(), ev.train_loss, ev.val_loss);
+  // Before a line of its own: the bar goes, and is drawn afresh at the next step.
+  void clear() {
+    if (tty_ && last_bar_ >= 0) std::printf("\r\033[K");
+    last_bar_ = -1;
+  }
+
+ private:
+  bool tty_;
+  int64_t log_every_;
+  Clock::time_point t0_;
+  double last_bar_ = -1;
+};
+
+// The end of a run: the last evaluation's line, the totals, the all-reduce's cost, the profile.
+void print_summary(Trainer& t, const TrainCli& cli, const EvalStats& ev, int64_t done, double total_s,
+                   double train_s) {
+  std::printf("step %lld: train loss %.4f, val loss %.4f\n", (long long)t.step_count(), ev.train_loss, ev.val_loss);
   std::printf("done: %lld steps in %.1f s (%.1f s training, %s tok/s); checkpoint in %s\n", (long long)done,
-              since(t0), train_s, rate(done > 0 ? double(done * t->tokens_per_step()) / train_s : 0).c_str(),
+              total_s, train_s, rate(done > 0 ? double(done * t.tokens_per_step()) / train_s : 0).c_str(),
               cli.out.c_str());
-  if (sync && done > 0) {
+  if (GradientSync* sync = t.sync(); sync && done > 0) {
     // The sum's own time (after every process reached the end of its backward) apart from the wait for
     // the slowest process, which is load imbalance, not communication.
     const SyncStats st = sync->stats();
@@ -395,6 +368,76 @@ int train_loop(TrainCli& cli, Trainer& trainer) {
     profile::print(table);
     std::fputs(table.str().c_str(), stdout);
   }
+}
+
+// The steps to --steps, an evaluation and a checkpoint every --eval-every and at the end. Ctrl-C, SIGTERM,
+// SIGHUP: a checkpoint at the end of the step, then 128 + the signal.
+int train_loop(TrainCli& cli, Trainer& t) {
+  print_plan(t);
+  const TrainOptions& opt = t.options();
+  GradientSync* sync = t.sync();
+  const StopSignals stop;
+  auto interrupted = [&] {
+    double any = g_interrupted ? 1 : 0;
+    if (sync) sync->sum(&any, 1);
+    return any > 0;
+  };
+  auto save = [&](const EvalStats* ev) {
+    try {
+      t.save(cli.out, ev);
+    } catch (const Error& e) {
+      if (sync) throw AgreedError(e.what());  // Trainer::save threw it on every process
+      throw;
+    }
+  };
+
+  profile::reset();
+  profile::enable(cli.profile);  // only the training steps: evaluation and checkpoints are outside "step"
+  Progress progress(!sync && ::isatty(STDOUT_FILENO), cli.log_every);  // mpirun hands its processes a pty of its own
+  const int64_t first = t.step_count();
+  const auto t0 = Clock::now();
+  double train_s = 0;
+  auto since = [](Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); };
+  EvalStats ev{};
+  bool have_eval = false;
+  while (t.step_count() < opt.steps) {
+    const auto s0 = Clock::now();
+    StepStats s;
+    {
+      profile::Scope part("step");
+      s = t.step();
+    }
+    train_s += since(s0);
+    const int64_t done = t.step_count() - first, step = t.step_count();
+    // agreed before the step's line: a rank whose signal came after another's would print a line for the
+    // step the run stops at (and the checkpoint would not be the step after the last line)
+    const bool stop = interrupted();
+    progress.step(step, opt.steps, s, double(done * t.tokens_per_step()) / train_s,
+                  train_s / double(done) * double(opt.steps - step), stop);
+    if (stop) {
+      progress.clear();
+      save(have_eval ? &ev : nullptr);
+      const int sig = g_interrupted ? int(g_interrupted) : SIGTERM;  // a rank told by another: mpirun's SIGTERM
+      std::printf("interrupted at step %lld: checkpoint saved in %s (%s; continue with --resume)\n", (long long)step,
+                  cli.out.c_str(), sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP");
+      std::fflush(stdout);
+      return 128 + sig;
+    }
+    if (opt.eval_every > 0 && step % opt.eval_every == 0 && step < opt.steps) {
+      ev = t.evaluate();
+      have_eval = true;
+      save(&ev);
+      progress.clear();
+      std::printf("step %lld: train loss %.4f, val loss %.4f (checkpoint saved)\n", (long long)step, ev.train_loss,
+                  ev.val_loss);
+      std::fflush(stdout);
+    }
+  }
+  profile::enable(false);
+  ev = t.evaluate();
+  save(&ev);
+  progress.clear();
+  print_summary(t, cli, ev, t.step_count() - first, since(t0), train_s);
   return 0;
 }
 

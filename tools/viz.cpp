@@ -80,8 +80,7 @@ CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
   cmd->add_option("--png-max-px", cli.png_max_px, "longest side of one head's matrix in the PNGs, pixels")
       ->check(number_of<int>())->check(at_least(16, false));  // write_heatmap_png's smallest
   cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")->check(number_of<double>())->check(positive());
-  cmd->add_option("--threads", cli.threads, "threads for the forward pass (one sequence: 1 is enough)")
-      ->check(number_of<int>())->check(positive());
+  add_threads_flag(cmd, cli.threads, "threads for the forward pass (one sequence: 1 is enough; 0: all CPUs)");
   return cmd;
 }
 

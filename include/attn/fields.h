@@ -9,6 +9,8 @@ namespace attn {
 
 template <class S, class T>
 struct Field {
+  using Struct = S;
+  using Type = T;
   const char* name;  // the key in config.json and the name in Python
   T S::*member;
 };

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/fields.h"
 #include "attn/kernels/problem.h"
 #include "attn/kv_cache.h"
 #include "attn/mask.h"
@@ -43,6 +44,14 @@ struct MhaOptions {
   int64_t num_kv_heads = 0;   // Hkv; 0 = H. GQA when < H, MQA at 1
   uint64_t seed = 0;          // initialisation, and the first dropout seed
 };
+
+// MhaOptions' fields in order, named as torch.nn.MultiheadAttention's arguments: the Python constructor
+// and its defaults are made from this list (python/bind_mha.cpp).
+inline constexpr auto kMhaOptionsFields = std::tuple{
+    ATTN_FIELD(MhaOptions, embed_dim),   ATTN_FIELD(MhaOptions, num_heads),     ATTN_FIELD(MhaOptions, dropout),
+    ATTN_FIELD(MhaOptions, bias),        ATTN_FIELD(MhaOptions, add_bias_kv),   ATTN_FIELD(MhaOptions, add_zero_attn),
+    ATTN_FIELD(MhaOptions, kdim),        ATTN_FIELD(MhaOptions, vdim),          ATTN_FIELD(MhaOptions, batch_first),
+    ATTN_FIELD(MhaOptions, num_kv_heads), ATTN_FIELD(MhaOptions, seed)};
 
 // forward()'s optional arguments, named and defaulted as in PyTorch. Masks are views (no copy is made
 // unless add_bias_kv / add_zero_attn need a padded column). PyTorch's bool masks are Mask::drop

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "attn/fields.h"
 #include "attn/gemm.h"
 #include "attn/gemv.h"
 #include "attn/kv_cache.h"
@@ -234,6 +235,16 @@ struct TransformerOptions {
   int64_t num_kv_heads = 0;                 // GQA for the attention; 0 = nhead
   uint64_t seed = 0;                        // initialisation and dropout
 };
+
+// TransformerOptions' fields in order, named as torch.nn.TransformerEncoderLayer's arguments: the Python
+// constructors and their defaults are made from this list (python/bind_nn.cpp).
+inline constexpr auto kTransformerOptionsFields = std::tuple{
+    ATTN_FIELD(TransformerOptions, d_model),        ATTN_FIELD(TransformerOptions, nhead),
+    ATTN_FIELD(TransformerOptions, dim_feedforward), ATTN_FIELD(TransformerOptions, dropout),
+    ATTN_FIELD(TransformerOptions, activation),     ATTN_FIELD(TransformerOptions, layer_norm_eps),
+    ATTN_FIELD(TransformerOptions, batch_first),    ATTN_FIELD(TransformerOptions, norm_first),
+    ATTN_FIELD(TransformerOptions, bias),           ATTN_FIELD(TransformerOptions, num_kv_heads),
+    ATTN_FIELD(TransformerOptions, seed)};
 
 // Masks as in torch: bool True = masked out (Mask::drop), float = added. They are copied when training.
 struct EncoderArgs {

@@ -17,7 +17,8 @@ std::string simd_fallback();
 // Whether results have the bits every AVX2/AVX-512 CPU gives (every sum one FMA chain in a fixed order, on
 // fixed virtual lanes): in words, for `attn info`. Targets without FMA (SSE4, SCALAR or EMU128) give other bits.
 bool simd_portable_bits();
-bool fma_target(int64_t target);  // a Highway target with FMA (AVX2, AVX-512): the targets of those bits
+bool fma_target(int64_t target);     // a Highway target with FMA (AVX2, AVX-512): the targets of those bits
+bool avx512_target(int64_t target);  // a Highway target with AVX-512 (AVX3, AVX3_DL, ...)
 std::string simd_bits();
 // Throws attn::Error naming the fallback, if any (strict paths: sdpa's strict, `attn info --strict`).
 void check_no_simd_fallback();

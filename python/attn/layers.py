@@ -20,6 +20,10 @@ import _attn
 
 from ._interop import as_array, tensor_dict, torch_io
 
+# The constructors' defaults, from the C++ option structs (include/attn/mha.h, nn.h): written once there.
+_MHA = _attn.MHA_DEFAULTS
+_TRANSFORMER = _attn.TRANSFORMER_DEFAULTS
+
 __all__ = ["MultiheadAttention", "Linear", "LayerNorm", "Dropout", "ReLU", "GELU", "Embedding", "FeedForward",
            "TransformerEncoderLayer", "TransformerDecoderLayer"]
 
@@ -112,8 +116,9 @@ class MultiheadAttention(_Layer):
     below num_heads, multi-query at 1) and seed (initialisation and dropout; None draws one).
     """
 
-    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
-                 kdim=None, vdim=None, batch_first=False, num_kv_heads=None, seed=None):
+    def __init__(self, embed_dim, num_heads, dropout=_MHA["dropout"], bias=_MHA["bias"],
+                 add_bias_kv=_MHA["add_bias_kv"], add_zero_attn=_MHA["add_zero_attn"], kdim=None, vdim=None,
+                 batch_first=_MHA["batch_first"], num_kv_heads=None, seed=None):
         self.seed = _seed(seed)
         self._native = _attn.MultiheadAttention(
             int(embed_dim), int(num_heads), float(dropout), bool(bias), bool(add_bias_kv), bool(add_zero_attn),
@@ -218,15 +223,23 @@ class FeedForward(_Layer):
                                          bool(bias), _seed(seed))
 
 
-def _transformer_args(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
-                      norm_first, bias, num_kv_heads, seed):
-    if not isinstance(activation, str):
-        raise _attn.AttnError(f"Expected activation 'relu' or 'gelu', but got {activation!r} instead")
-    return (int(d_model), int(nhead), int(dim_feedforward), float(dropout), activation, float(layer_norm_eps),
-            bool(batch_first), bool(norm_first), bool(bias), int(num_kv_heads or 0), _seed(seed))
+class _TransformerLayer(_Layer):
+    """The constructor both Transformer layers share: torch.nn's arguments, TransformerOptions' defaults."""
+
+    _NATIVE = None  # the _attn class
+
+    def __init__(self, d_model, nhead, dim_feedforward=_TRANSFORMER["dim_feedforward"],
+                 dropout=_TRANSFORMER["dropout"], activation=_TRANSFORMER["activation"],
+                 layer_norm_eps=_TRANSFORMER["layer_norm_eps"], batch_first=_TRANSFORMER["batch_first"],
+                 norm_first=_TRANSFORMER["norm_first"], bias=_TRANSFORMER["bias"], num_kv_heads=None, seed=None):
+        if not isinstance(activation, str):
+            raise _attn.AttnError(f"Expected activation 'relu' or 'gelu', but got {activation!r} instead")
+        self._native = self._NATIVE(int(d_model), int(nhead), int(dim_feedforward), float(dropout), activation,
+                                    float(layer_norm_eps), bool(batch_first), bool(norm_first), bool(bias),
+                                    int(num_kv_heads or 0), _seed(seed))
 
 
-class TransformerEncoderLayer(_Layer):
+class TransformerEncoderLayer(_TransformerLayer):
     """torch.nn.TransformerEncoderLayer (self-attention, then the feed-forward block), plus num_kv_heads.
 
     src (L, N, E), (N, L, E) with batch_first, or unbatched (L, E); src_mask (L, L) or (N*nhead, L, L),
@@ -234,11 +247,7 @@ class TransformerEncoderLayer(_Layer):
     src_mask. backward(grad_output) -> grad src.
     """
 
-    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
-                 batch_first=False, norm_first=False, bias=True, num_kv_heads=None, seed=None):
-        self._native = _attn.TransformerEncoderLayer(*_transformer_args(
-            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
-            num_kv_heads, seed))
+    _NATIVE = _attn.TransformerEncoderLayer
 
     @torch_io
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
@@ -246,17 +255,13 @@ class TransformerEncoderLayer(_Layer):
                                     _mask(src_key_padding_mask, "src_key_padding_mask"), bool(is_causal))
 
 
-class TransformerDecoderLayer(_Layer):
+class TransformerDecoderLayer(_TransformerLayer):
     """torch.nn.TransformerDecoderLayer (masked self-attention, cross-attention over memory, feed-forward).
 
     backward(grad_output) -> (grad tgt, grad memory).
     """
 
-    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
-                 batch_first=False, norm_first=False, bias=True, num_kv_heads=None, seed=None):
-        self._native = _attn.TransformerDecoderLayer(*_transformer_args(
-            d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, bias,
-            num_kv_heads, seed))
+    _NATIVE = _attn.TransformerDecoderLayer
 
     @torch_io
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,

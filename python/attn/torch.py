@@ -18,6 +18,8 @@ import torch
 
 import _attn
 
+_MHA = _attn.MHA_DEFAULTS  # the constructor's defaults, from MhaOptions (include/attn/mha.h)
+
 from . import functional as _F
 from ._interop import DTYPE_RULE, as_array
 from .layers import _mask
@@ -170,8 +172,9 @@ class MultiheadAttention(torch.nn.Module):
     float32 CPU tensors. The returned weights carry no gradient (attn's backward is for the output).
     """
 
-    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
-                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None, *, num_kv_heads=None):
+    def __init__(self, embed_dim, num_heads, dropout=_MHA["dropout"], bias=_MHA["bias"],
+                 add_bias_kv=_MHA["add_bias_kv"], add_zero_attn=_MHA["add_zero_attn"], kdim=None, vdim=None,
+                 batch_first=_MHA["batch_first"], device=None, dtype=None, *, num_kv_heads=None):
         super().__init__()
         if dtype not in (None, torch.float32) or torch.device(device or "cpu").type != "cpu":
             raise _attn.AttnError(f"Expected dtype float32 on the CPU, but got dtype {dtype}, device {device} instead "

@@ -1,5 +1,5 @@
 // KVCache: per-layer K/V buffers (fp32 or 16-bit), append and views of the filled prefix. No attention
-// math here; the rounding to 16 bits is to_half's (src/kernels/flash_decode_half.cpp).
+// math here; the rounding to 16 bits is to_half's (src/kernels/flash_decode.cpp).
 #include "attn/kv_cache.h"
 
 #include <cstring>

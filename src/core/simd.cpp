@@ -8,6 +8,7 @@
 
 #include "attn/check.h"
 #include "attn/cpu.h"
+#include "hwy_targets.h"  // ATTN_AVX512_TARGET, ATTN_FMA_TARGET
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::simd::HWY_NAMESPACE {
@@ -38,7 +39,7 @@ std::string simd_compiled() {
 std::string simd_fallback() {
   const int64_t t = chosen();
   const bool avx2_or_better = fma_target(t);
-  const bool avx512 = (t & (HWY_AVX3 | HWY_AVX3_DL)) != 0;
+  const bool avx512 = avx512_target(t);
   const CpuInfo& c = cpu_info();
   if (!avx2_or_better && c.avx2 && c.fma)
     return "the CPU has AVX2+FMA, but the kernels run " + simd_target() + " (targets limited)";
@@ -47,7 +48,8 @@ std::string simd_fallback() {
   return "";
 }
 
-bool fma_target(int64_t target) { return (target & (HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL)) != 0; }
+bool fma_target(int64_t target) { return ATTN_FMA_TARGET(target); }
+bool avx512_target(int64_t target) { return ATTN_AVX512_TARGET(target); }
 bool simd_portable_bits() { return fma_target(chosen()); }
 
 std::string simd_bits() {

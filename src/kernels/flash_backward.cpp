@@ -123,7 +123,7 @@ struct Plan {
   }
 };
 
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if ATTN_AVX512_TARGET(HWY_TARGET)
 // (16, wc) floats at src (rows rs apart; rows past nr read as 0) transposed into rows [0, wc) of a (16, 16)
 // panel block at dst (rows 16 apart), times mul: unpack pairs, then quads, then 128-bit lanes twice.
 HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc, float mul, float* dst) {
@@ -157,7 +157,7 @@ HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc
 // problem's time, gathers more), else pack_panels.
 void PanelsOf(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, float mul, float* dst) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if ATTN_AVX512_TARGET(HWY_TARGET)
   if (cs == 1 && N == 16) {
     for (int64_t i0 = 0; i0 < n; i0 += 16, dst += D * 16)
       for (int64_t d0 = 0; d0 < D; d0 += 16)

@@ -1,6 +1,6 @@
 // FlashAttention building blocks shared by the CPU flash kernels (forward and backward): the
-// packing of K (as Kᵀ panels) and V, the register-blocked microkernels for S = Q·Kᵀ and O = α⊙O + P·V,
-// and a vectorized exp2. Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
+// packing of K (as Kᵀ panels) and V, the register-blocked tile products S = Q·Kᵀ and O = α⊙O + P·V (on
+// register_block.h's microkernel, the GEMM's), and a vectorized exp2. Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
 // these over tiles) and not a general GEMM (sizes are those of attention tiles).
 //
 // The target-independent part (packing, constants) is flash_pack.h. This SIMD part
@@ -22,9 +22,10 @@
 #define ATTN_FLASH_COMMON_TOGGLE
 #endif
 
-#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
+
+#include "register_block.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::flash::HWY_NAMESPACE {
@@ -33,16 +34,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// The #pragma GCC unroll on the block loops keeps the accumulators in registers (GCC 12 leaves the
-// array on the stack without it).
-// Register blocking: an (kMR rows) x (kNV vectors) accumulator block, plus kNV loads in flight.
-// AVX-512 has 32 vector registers: 6x4 = 24 accumulators. The 16-register targets: 6x2 = 12.
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-inline constexpr int kNV = 4;
-#else
-inline constexpr int kNV = 2;
-#endif
-inline constexpr int kMR = 6;
+// The register block (kMR rows x kNV vectors), its microkernel FmaBlock, ForBlock, ARows / BRows and the
+// loads: register_block.h, the GEMM's too.
+using namespace regblock::HWY_NAMESPACE;
+using LoadF32 = regblock::HWY_NAMESPACE::LoadU;  // the V rows PVBlock reads: fp32 as stored
 
 // 2^x for x <= 0 (every exponent the online softmax takes: scores minus their running max), 0 for
 // x < -126 (the result would be subnormal: < 2^-126 against a row maximum of 1), NaN stays NaN.
@@ -117,47 +112,18 @@ HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float*
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) acc[r][j] = hn::Zero(d);
-  for (int64_t k = 0; k < D; ++k) {
-    VF b[NV];
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) b[j] = hn::LoadU(d, kt + j * ldp + k * N);
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const VF a = hn::Set(d, q[r * ldq + k]);
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) {
-      float* dst = s + r * lds + j * N;
-      hn::StoreU(add ? hn::Add(acc[r][j], hn::LoadU(d, dst)) : acc[r][j], d, dst);
-    }
-}
-
-// The loads of the V rows PVBlock reads: fp32 as stored (flash_decode_half.cpp's LoadKV also converts
-// fp16/bf16 rows, in registers).
-struct LoadF32 {
-  HWY_INLINE VF operator()(const float* HWY_RESTRICT p) const { return hn::LoadU(DF(), p); }
-};
-
-// The cache lines of `bytes` bytes at byte offset `at` from p, towards L1: a hint, so past the end of
-// the data it does nothing (the address is formed as an integer, never as an out-of-range pointer).
-HWY_INLINE void PrefetchRow(const void* p, int64_t at, int64_t bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + uintptr_t(at);
-  for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(a + uintptr_t(b)));
+  ForBlock<MR, NV>([&](int r, int j) { acc[r][j] = hn::Zero(d); });
+  FmaBlock<MR, NV>(d, acc, ARows<float>{q, ldq, 1}, MR, BRows<float>{kt, N, ldp}, D, LoadF32());
+  ForBlock<MR, NV>([&](int r, int j) {
+    float* dst = s + r * lds + j * N;
+    hn::StoreU(add ? hn::Add(acc[r][j], hn::LoadU(d, dst)) : acc[r][j], d, dst);
+  });
 }
 
 // O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N); α per row, or none (nullptr: α = 1).
 // p: row stride ldp, or with TransA P's transpose stored (n, ldp) (the backward's dQ = dS·K from dSᵀ).
 // v: rows ldv apart, elements E read by load. o: row stride ldo. pf_rows: with each V row s, prefetch
-// the same columns of row s + pf_rows (0: none; decoding streams V from memory).
+// the same columns of row s + pf_rows (FmaBlock's pf).
 template <int MR, int NV, bool TransA = false, typename E = float, class Load = LoadF32>
 HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY_RESTRICT v, int64_t ldv,
                           int64_t n, float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha,
@@ -165,29 +131,13 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) {
-      acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
-      if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
-    }
-  for (int64_t s = 0; s < n; ++s) {
-    if (pf_rows) PrefetchRow(v, (s + pf_rows) * ldv * int64_t(sizeof(E)), NV * N * int64_t(sizeof(E)));
-    VF b[NV];
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) b[j] = load(v + s * ldv + j * N);
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-      const VF a = hn::Set(d, TransA ? p[s * ldp + r] : p[r * ldp + s]);
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) hn::StoreU(acc[r][j], d, o + r * ldo + j * N);
+  ForBlock<MR, NV>([&](int r, int j) {
+    acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
+    if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
+  });
+  const ARows<float> a = TransA ? ARows<float>{p, 1, ldp} : ARows<float>{p, ldp, 1};
+  FmaBlock<MR, NV>(d, acc, a, MR, BRows<E>{v, ldv, N}, n, load, pf_rows);
+  ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, o + r * ldo + j * N); });
 }
 
 // Runtime block sizes (mr <= kMR, nv <= kNV) to the template instance; the tails of a tile use the

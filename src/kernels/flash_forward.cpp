@@ -11,7 +11,7 @@
 //
 // Threads: attn's pool (parallel_items) over independent (batch, KV head, query tile) items, each
 // reduced in a fixed order by one thread, so any thread count gives bitwise the same output. Decoding
-// (few query rows, long S) is flash_decode (flash_decode_half.cpp, the kernel of half-precision K/V
+// (few query rows, long S) is flash_decode (flash_decode.cpp, the kernel of half-precision K/V
 // too): S split into chunks of a fixed size whose (m, l, O) triples are merged in chunk order.
 // SIMD: one copy per Highway target (AVX-512, AVX2, SSE4, scalar), chosen when the program runs.
 #include <algorithm>
@@ -102,8 +102,8 @@ struct Tile {
     buf = attn::allocate_aligned<float>(nq + ns + no + 3 * nr + nqt + nst);
     q = buf.get(), s = q + nq, o = s + ns, m = o + no, l = m + nr, alpha = l + nr, qt = alpha + nr, st = qt + nqt;
   }
-  int64_t row_l(const SdpaProblem<float>& p, int64_t r) const { return l0 + r / p.G; }
-  int64_t row_h(const SdpaProblem<float>& p, int64_t r) const { return p.first_head(kvh) + r % p.G; }
+  int64_t row_l(const SdpaProblem<float>& p, int64_t r) const { return l0 + p.row_position(r); }
+  int64_t row_h(const SdpaProblem<float>& p, int64_t r) const { return p.row_head(kvh, r); }
 };
 
 // Q rows of positions [l0, l0 + nl) for the G heads of KV head kvh, scaled; statistics reset.
@@ -200,8 +200,7 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
       for (int64_t r = r0; r < r0 + nr; ++r) {
         float* row = t.s + r * pl.bc;
         const float m_new = std::max(t.m[r], RowMax(row, nbp));
-        // fully masked so far: m = -inf; use 0 so 2^(-inf - -inf) is not NaN (P = 0 then)
-        const float m_use = m_new == -kInf ? 0.f : m_new;
+        const float m_use = ExpBase(m_new);
         // while m = -inf, O and l are still 0: nothing to rescale; nor when the max did not change
         const float a = t.m[r] == -kInf || t.m[r] == m_new ? 1.f : std::exp2(t.m[r] - m_use);
         t.alpha[r] = a;
@@ -256,34 +255,34 @@ void ForwardTiles(const Plan& pl) {
   const int64_t blocks = (p.S + kPackRows - 1) / kPackRows;
   PerWorker<Tile> tiles;
   for (int64_t first = 0; first < pairs; first += batch) {
-      const int64_t np = std::min(batch, pairs - first);
-      parallel_items(np * blocks, std::min(kPackRows, p.S) * (p.D + p.Dv), [&](int64_t i, int) {
-        const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows;
-        float* kt = pack.get() + (i / blocks) * per_pair;
-        PackKeys(pl, pair / p.Hkv, pair % p.Hkv, s0, std::min(kPackRows, p.S - s0), kt + s0 * p.D,
-                 kt + kt_size + s0 * pl.Dvp);
-      });
-      parallel_items(np * nt, std::min(pl.lq, p.L) * p.G * p.S * (p.D + p.Dv), [&](int64_t i, int worker) {
-        Tile& t = tiles.get(worker, pl);
-        // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
-        const int64_t pair = first + i % np, ti = nt - 1 - i / np;
-        const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv, l0 = ti * pl.lq, nl = std::min(pl.lq, p.L - l0);
-        const float* packed = pack.get() + (i % np) * per_pair;
-        int64_t ldk, ldv;
-        const float* k = KRows(pl, b, kvh, packed, &ldk);
-        const float* v = VRows(pl, b, kvh, packed + kt_size, &ldv);
-        LoadQ(pl, t, b, kvh, l0, nl);
-        ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), k, ldk, v, ldv);
-        for (int64_t r = 0; r < t.rows; ++r)
-          WriteRow(p, b, t.row_h(pl.p, r), t.row_l(pl.p, r), t.o + r * pl.Dvp, t.m[r], t.l[r]);
-      });
+    const int64_t np = std::min(batch, pairs - first);
+    parallel_items(np * blocks, std::min(kPackRows, p.S) * (p.D + p.Dv), [&](int64_t i, int) {
+      const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows;
+      float* kt = pack.get() + (i / blocks) * per_pair;
+      PackKeys(pl, pair / p.Hkv, pair % p.Hkv, s0, std::min(kPackRows, p.S - s0), kt + s0 * p.D,
+               kt + kt_size + s0 * pl.Dvp);
+    });
+    parallel_items(np * nt, std::min(pl.lq, p.L) * p.G * p.S * (p.D + p.Dv), [&](int64_t i, int worker) {
+      Tile& t = tiles.get(worker, pl);
+      // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
+      const int64_t pair = first + i % np, ti = nt - 1 - i / np;
+      const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv, l0 = ti * pl.lq, nl = std::min(pl.lq, p.L - l0);
+      const float* packed = pack.get() + (i % np) * per_pair;
+      int64_t ldk, ldv;
+      const float* k = KRows(pl, b, kvh, packed, &ldk);
+      const float* v = VRows(pl, b, kvh, packed + kt_size, &ldv);
+      LoadQ(pl, t, b, kvh, l0, nl);
+      ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), k, ldk, v, ldv);
+      for (int64_t r = 0; r < t.rows; ++r)
+        WriteRow(p, b, t.row_h(pl.p, r), t.row_l(pl.p, r), t.o + r * pl.Dvp, t.m[r], t.l[r]);
+    });
   }
 }
 
 void FlashForward(const SdpaProblem<float>& p) {
   if (p.B == 0 || p.H == 0 || p.L == 0) return;
   const Plan pl = MakePlan(p);
-  if (pl.decode) flash_decode(p);  // flash_decode_half.cpp's kernel, over fp32 K/V
+  if (pl.decode) flash_decode(p);  // flash_decode.cpp's kernel, over fp32 K/V
   else ForwardTiles(pl);
 }
 

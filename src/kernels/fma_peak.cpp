@@ -14,13 +14,15 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
+
 HWY_BEFORE_NAMESPACE();
 namespace attn::fma::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Chains: more than FMA latency x FMA ports on any x86 core (4 x 2 on Zen 4/5 and Skylake-X), and few
 // enough that the accumulators and the two operands stay in registers (32 with AVX-512, 16 below).
-constexpr int kChains = HWY_TARGET <= HWY_AVX3 ? 16 : 12;
+constexpr int kChains = ATTN_AVX512_TARGET(HWY_TARGET) ? 16 : 12;
 
 double Loop(int64_t iters, float a, float b, int64_t* flops) {
   const hn::ScalableTag<float> d;

@@ -1,7 +1,7 @@
 // attn's dense matrix product: a BLIS-style packed GEMM on Highway microkernels, float and double, one
 // copy per SIMD target (AVX-512, AVX2, SSE4, SCALAR), chosen when the program runs; plus linear and
 // linear_backward on top of it. Not a general BLAS (row-major only, no complex, no batched strides) and
-// not the attention inner loops (those use the flash kernel's own microkernels).
+// not the attention tiles (flash_common.h; both run register_block.h's microkernel).
 //
 // C (M, N) = alpha · op(A) (M, K) · op(B) (K, N) + beta · C, in K blocks of KC:
 //   for each K block [pc, pc + kc):
@@ -17,7 +17,7 @@
 // decide who computes an element and when, never its value. On every target with FMA (AVX2, AVX-512)
 // the bits are those of the scalar loop `c = fma(alpha·a, b, c)`; tests/test_bits.cpp checks it under
 // forced targets and forced cache sizes. Edge tiles run the same code on zero-padded panels (extra
-// zero products leave the sum unchanged) and read/write C through the same vector loads and stores.
+// zero products leave the sum unchanged) and on a copy of their part of C (MicroTile).
 // Blocking as measured on this CPU (attn tune: attn/tune.h) or, where nothing was measured, from cpu_info()
 // at run time: an A panel (kc x MR) fills at most 1/4 of L1d, the B panels of one tile (kc x NT) at most
 // 1/2 of L2, tiles of about 128 rows.
@@ -62,77 +62,77 @@ struct Args {
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "gemm_tile.h"
+#include "gemm_tile.h"  // Start
+#include "register_block.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::gemm_detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Register block: kMR rows x kNV vectors of accumulators, plus kNV B vectors and one broadcast A value.
-// AVX-512 has 32 vector registers: 6 x 4 = 24 accumulators. The 16-register targets: 6 x 2 = 12.
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-constexpr int kNV = 4;
-#else
-constexpr int kNV = 2;
-#endif
-constexpr int kMR = 6;
+// The register block (kMR rows x kNV vectors of accumulators) and its microkernel: register_block.h.
+using namespace regblock::HWY_NAMESPACE;
 
 template <typename T>
 int64_t NR() {
   return kNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>()));
 }
 
-// Where a microkernel reads its kMR rows of alpha·op(A): element (r, k) at a[r·rs + k·ks]. A packed panel
-// (rs 1, ks kMR, alpha folded in), or A itself when packing would not pay (rows in place: rs lda, ks 1;
-// transposed: rs 1, ks lda; alpha = 1).
-template <typename T>
-struct ARows {
-  const T* a;
-  int64_t rs, ks;
+// A microkernel reads its kMR rows of alpha·op(A) as ARows: a packed panel (alpha folded in), or A itself
+// when packing would not pay (alpha = 1).
+
+// The packed B panels are 64-byte aligned.
+struct LoadAligned {
+  template <typename T>
+  HWY_INLINE hn::Vec<hn::ScalableTag<T>> operator()(const T* HWY_RESTRICT p) const {
+    return hn::Load(hn::ScalableTag<T>(), p);
+  }
 };
 
-// C (mr, nr) = C0 + A (kMR, kc) · Bp (kc, NV·N), for mr <= kMR, nr <= NV·N, C0 per `start`. A's rows
-// past mr are read as row 0 (their sums are never stored). bp: element (k, j) at k·ldbp + j. Each
-// accumulator is one FMA chain over k in order, whatever NV is or where A is read from: a narrower block
-// computes its columns exactly as the widest one would.
+// C (kMR, NV·N) = C0 + A (kMR, kc) · Bp (kc, NV·N), C0 per `start`; A's rows past mr are read as row 0.
+// bp: element (k, j) at k·ldbp + j. A whole block of C, read and written by full vectors, nothing
+// conditional around the k loop (GCC 12 kept 4 of the 6 accumulators of NV = 1 on the stack, loaded and
+// stored every k, when the loads and stores of C depended on mr and nr).
 template <typename T, int NV>
-HWY_NOINLINE void Micro(ARows<T> A, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
-                        T* HWY_RESTRICT c, int64_t ldc, int64_t mr, int64_t nr, Start start, T beta) {
+HWY_NOINLINE void Micro(ARows<T> A, int64_t mr, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
+                        T* HWY_RESTRICT c, int64_t ldc, Start start, T beta) {
   const hn::ScalableTag<T> d;
   using V = hn::Vec<decltype(d)>;
   const int64_t N = hn::Lanes(d);
-  const T* arow[kMR];
-#pragma GCC unroll 16
-  for (int r = 0; r < kMR; ++r) arow[r] = A.a + (r < mr ? r : 0) * A.rs;
-  const int64_t ks = A.ks;
   V acc[kMR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < kMR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) {
-      acc[r][j] = hn::Zero(d);
-      if (start == Start::zero || r >= mr || nr <= j * N) continue;
-      acc[r][j] = LoadC(d, c + r * ldc + j * N, nr - j * N);
-      if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(d, beta), acc[r][j]);
-    }
-  for (int64_t k = 0; k < kc; ++k) {
-    V b[NV];
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) b[j] = hn::Load(d, bp + k * ldbp + j * N);
-#pragma GCC unroll 16
-    for (int r = 0; r < kMR; ++r) {
-      const V a = hn::Set(d, arow[r][k * ks]);
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
-    }
+  ForBlock<kMR, NV>([&](int r, int j) {
+    acc[r][j] = start == Start::zero ? hn::Zero(d) : hn::LoadU(d, c + r * ldc + j * N);
+    if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(d, beta), acc[r][j]);
+  });
+  FmaBlock<kMR, NV>(d, acc, A, mr, BRows<T>{bp, ldbp, N}, kc, LoadAligned());
+  ForBlock<kMR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, c + r * ldc + j * N); });
+}
+
+// An edge block, mr <= kMR rows and nr <= NV·N columns of C, through a (kMR, NV·N) copy of its part of C:
+// the same chains on the same values; the copy's extra rows and columns are dropped. Out of line, so
+// the tile loop that calls Micro keeps a small frame.
+template <typename T, int NV>
+HWY_NOINLINE void MicroEdge(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64_t ldbp, int64_t kc, T* c,
+                            int64_t ldc, Start start, T beta) {
+  const hn::ScalableTag<T> d;
+  const int64_t w = NV * static_cast<int64_t>(hn::Lanes(d));
+  HWY_ALIGN T tile[kMR * NV * hn::MaxLanes(d)];  // (kMR, w); not read when the chains start from 0
+  if (start != Start::zero) {
+    std::fill(tile, tile + kMR * w, T(0));
+    for (int64_t r = 0; r < mr; ++r) std::copy(c + r * ldc, c + r * ldc + nr, tile + r * w);
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < kMR; ++r) {
-    if (r >= mr) break;
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j)
-      if (nr > j * N) StoreC(d, acc[r][j], c + r * ldc + j * N, nr - j * N);
-  }
+  Micro<T, NV>(A, mr, bp, ldbp, kc, tile, w, start, beta);
+  for (int64_t r = 0; r < mr; ++r) std::copy(tile + r * w, tile + r * w + nr, c + r * ldc);
+}
+
+// C (mr, nr) = C0 + A · Bp for mr <= kMR, nr <= NV·N: a full block in place, an edge block by MicroEdge.
+// Each accumulator is one FMA chain over k in order, whatever NV is or where A is read from: a narrower
+// or an edge block computes its elements exactly as the widest one would.
+template <typename T, int NV>
+HWY_INLINE void MicroTile(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64_t ldbp, int64_t kc, T* c,
+                          int64_t ldc, Start start, T beta) {
+  if (mr == kMR && nr == NV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
+    return Micro<T, NV>(A, mr, bp, ldbp, kc, c, ldc, start, beta);
+  MicroEdge<T, NV>(A, mr, nr, bp, ldbp, kc, c, ldc, start, beta);
 }
 
 // The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors).
@@ -142,7 +142,7 @@ HWY_INLINE void MicroCols(int64_t nr, ARows<T> a, const T* bp, int64_t ldbp, int
   if constexpr (NV > 1)
     if (nr <= (NV - 1) * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
       return MicroCols<T, NV - 1>(nr, a, bp, ldbp, kc, c, ldc, mr, start, beta);
-  Micro<T, NV>(a, bp, ldbp, kc, c, ldc, mr, nr, start, beta);
+  MicroTile<T, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta);
 }
 
 // Elements from one packed A panel to the next: kc·kMR plus one cache line, so that panels are never a
@@ -248,14 +248,14 @@ void Gemm(const Args<T>& g) {
     // chunk, waking a thread costs more than it saves (and a busy machine may not give it back soon)
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
-     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
-      const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
-      for (int64_t i = i0; i < i1; i += kMR)
-        for (int64_t j = j0; j < j1; j += nr)
-          MicroCols<T>(std::min(nr, j1 - j), a_rows(i), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
-                       std::min<int64_t>(kMR, i1 - i), start, g.beta);
-     }
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
+        const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
+        for (int64_t i = i0; i < i1; i += kMR)
+          for (int64_t j = j0; j < j1; j += nr)
+            MicroCols<T>(std::min(nr, j1 - j), a_rows(i), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
+                         std::min<int64_t>(kMR, i1 - i), start, g.beta);
+      }
     });
   }
 }

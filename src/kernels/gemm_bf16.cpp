@@ -24,6 +24,7 @@
 #include "attn/kernels/half_kv.h"
 #include "attn/threads.h"
 #include "gemm_blocking.h"
+#include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr: DAZ and FTZ for the emulation
@@ -81,10 +82,12 @@ class FlushSubnormals {
 #include <hwy/highway.h>
 
 #include "gemm_tile.h"
+#include "register_block.h"  // ForBlock
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::gemm_detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using regblock::HWY_NAMESPACE::ForBlock;
 
 using DF = hn::ScalableTag<float>;
 using DU = hn::RebindToUnsigned<DF>;
@@ -94,7 +97,7 @@ using VU = hn::Vec<DU>;
 // Register blocks: kMR rows x NV vectors of fp32 accumulators. AVX-512 (32 registers): 6 x 4 with
 // VDPBF16PS (24 accumulators, 4 B vectors), 6 x 3 emulated (each B vector widens to two). The
 // 16-register targets, emulated: 4 x 2 (8 accumulators, 4 widened B vectors, 2 A values).
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if ATTN_AVX512_TARGET(HWY_TARGET)
 constexpr bool kDpTarget = true;
 constexpr int kMR = 6, kNVDp = 4, kNVEmu = 3;
 // acc += a · b pairwise: VDPBF16PS, through the assembler (the compiler is not asked for the feature:
@@ -222,22 +225,19 @@ HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RES
   const DU du;
   const int64_t N = hn::Lanes(df);
   VF acc[kMR][NV];
-#pragma GCC unroll 16
-  for (int r = 0; r < kMR; ++r)
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) {
-      acc[r][j] = hn::Zero(df);
-      if (start == Start::zero || r >= mr || nr <= j * N) continue;
-      acc[r][j] = LoadC(df, c + r * ldc + j * N, nr - j * N);
-      if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(df, beta), acc[r][j]);
-    }
+  ForBlock<kMR, NV>([&](int r, int j) {
+    acc[r][j] = hn::Zero(df);
+    if (start == Start::zero || r >= mr || nr <= j * N) return;
+    acc[r][j] = LoadC(df, c + r * ldc + j * N, nr - j * N);
+    if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(df, beta), acc[r][j]);
+  });
   const VU high = hn::Set(du, 0xFFFF0000u);
   for (int64_t q = 0; q < kc; ++q) {
     VU b[NV];
 #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) b[j] = hn::Load(du, bp + q * ldbp + j * N);
     if constexpr (kDp) {
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if ATTN_AVX512_TARGET(HWY_TARGET)
 #pragma GCC unroll 16
       for (int r = 0; r < kMR; ++r) {
         const VU a = hn::Set(du, ap[q * kMR + r]);
@@ -261,13 +261,9 @@ HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RES
       }
     }
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < kMR; ++r) {
-    if (r >= mr) break;
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j)
-      if (nr > j * N) StoreC(df, acc[r][j], c + r * ldc + j * N, nr - j * N);
-  }
+  ForBlock<kMR, NV>([&](int r, int j) {
+    if (r < mr && nr > j * N) StoreC(df, acc[r][j], c + r * ldc + j * N, nr - j * N);
+  });
 }
 
 // The narrowest instance that covers nr columns.

@@ -13,6 +13,10 @@
 
 namespace attn::flash {
 
+// What a row's scores are exponentiated against: their max m, or 0 when m = -inf (fully masked so far),
+// so that 2^(-inf - -inf) is not NaN (P = 0 then).
+inline float ExpBase(float m) { return m == -std::numeric_limits<float>::infinity() ? 0.f : m; }
+
 // Merge of one row over nc key chunks; chunk c's statistics at m[c·step], l[c·step] and its O at
 // o[c·ostep] (n floats). m = max_c m_c; l = Σ_c 2^(m_c − m)·l_c; O = Σ_c 2^(m_c − m)·O_c, in chunk
 // order, so the result does not depend on which thread computed which chunk. Writes O to out (n).
@@ -20,7 +24,7 @@ inline void MergeChunks(const float* m, const float* l, const float* o, int64_t 
                         int64_t n, float* out, float* m_out, float* l_out) {
   float mm = -std::numeric_limits<float>::infinity(), lsum = 0.f;
   for (int64_t c = 0; c < nc; ++c) mm = std::max(mm, m[c * step]);
-  const float m_use = mm == -std::numeric_limits<float>::infinity() ? 0.f : mm;  // no -inf - -inf
+  const float m_use = ExpBase(mm);
   std::fill(out, out + n, 0.f);
   for (int64_t c = 0; c < nc; ++c) {
     if (l[c * step] == 0.f) continue;  // no live key for this row in chunk c (its O is 0)

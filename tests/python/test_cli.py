@@ -45,6 +45,14 @@ def test_version_and_defaults_in_help():
     assert "--top-k INT:NONNEGATIVE=all up to 64 keys" in run("viz", "--help").stdout  # not =-1
 
 
+@pytest.mark.parametrize("command", ["info", "tune", "bench", "train", "generate", "viz", "embed"])
+def test_threads_is_one_flag_in_every_command(command):
+    # one declaration (tools/flags.h): an int >= 0, 0 for the CPUs this process may use
+    assert re.search(r"--threads INT:NONNEGATIVE=(0|1)\b", run(command, "--help").stdout), command
+    r = run(command, "--threads", "-1")
+    assert r.returncode != 0 and "--threads: Expected a number >= 0, but got -1 instead" in r.stderr, r.stderr
+
+
 def test_generate_prints_its_text_before_its_stats_with_2_to_1(tmp_path):
     out = str(tmp_path / "ck")
     assert run("train", "--out", out, "--steps", "1", "--eval-iters", "1").returncode == 0

@@ -83,3 +83,52 @@ def test_one_dtype_rule_for_every_dict_of_tensors(tmp_path, which):
     for bad in (np.arange(6).reshape(2, 3), np.ones((2, 3), bool)):  # anything else: refused by name
         with pytest.raises(attn.AttnError, match=f"Expected tensor '[\\w.]+' to be a float array, but got {bad.dtype}"):
             take(bad, tmp_path)
+
+
+# ---- MhaOptions and TransformerOptions: defaults written once (include/attn/mha.h, nn.h) ----
+
+def test_option_defaults_are_torch_s_in_every_constructor():
+    """The C++ structs' defaults reach the native constructors and every Python wrapper (through
+    _attn.MHA_DEFAULTS / TRANSFORMER_DEFAULTS), and they are torch.nn's."""
+    import inspect
+
+    import _attn
+    import attn.torch
+    import torch
+
+    assert list(_attn.MHA_DEFAULTS) == ["embed_dim", "num_heads", "dropout", "bias", "add_bias_kv", "add_zero_attn",
+                                        "kdim", "vdim", "batch_first", "num_kv_heads", "seed"]
+    assert list(_attn.TRANSFORMER_DEFAULTS) == ["d_model", "nhead", "dim_feedforward", "dropout", "activation",
+                                                "layer_norm_eps", "batch_first", "norm_first", "bias",
+                                                "num_kv_heads", "seed"]
+    cases = [(attn.MultiheadAttention, torch.nn.MultiheadAttention, _attn.MHA_DEFAULTS),
+             (attn.torch.MultiheadAttention, torch.nn.MultiheadAttention, _attn.MHA_DEFAULTS),
+             (attn.TransformerEncoderLayer, torch.nn.TransformerEncoderLayer, _attn.TRANSFORMER_DEFAULTS),
+             (attn.TransformerDecoderLayer, torch.nn.TransformerDecoderLayer, _attn.TRANSFORMER_DEFAULTS)]
+    for ours, theirs, defaults in cases:
+        mine = inspect.signature(ours).parameters
+        torch_params = inspect.signature(theirs).parameters
+        for name, p in mine.items():
+            if p.default is inspect.Parameter.empty or p.default is None:  # required, or None: derived
+                continue
+            assert p.default == defaults[name], (ours, name)
+            t = torch_params[name].default
+            if isinstance(t, (bool, int, float, str)):  # torch's activation default is F.relu itself
+                assert p.default == t, (ours, name, p.default, t)
+
+
+def test_native_constructors_take_every_option_by_name():
+    import _attn
+
+    mha = _attn.MultiheadAttention(embed_dim=8, num_heads=2, dropout=0.1, bias=False, add_bias_kv=True,
+                                   add_zero_attn=True, kdim=4, vdim=6, batch_first=True, num_kv_heads=1, seed=3)
+    sd = mha.state_dict()
+    assert sd["q_proj_weight"].shape == (8, 8) and sd["k_proj_weight"].shape == (4, 4)  # (Hkv·D, kdim)
+    assert sd["v_proj_weight"].shape == (4, 6) and "bias_k" in sd and "in_proj_bias" not in sd
+    assert "in_proj_bias" in _attn.MultiheadAttention(embed_dim=8, num_heads=2).state_dict()  # bias=True
+    layer = _attn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, activation="gelu", bias=False)
+    assert layer.state_dict()["linear1.weight"].shape == (16, 8) and "linear1.bias" not in layer.state_dict()
+    with pytest.raises(attn.AttnError, match="relu"):
+        _attn.TransformerEncoderLayer(d_model=8, nhead=2, activation="sigmoid")
+    with pytest.raises(TypeError):  # d_model and nhead are required
+        _attn.TransformerEncoderLayer(d_model=8)

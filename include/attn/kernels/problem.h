@@ -121,6 +121,10 @@ struct SdpaProblem {
   // ---- GQA: query head h reads KV head kv_head(h); KV head kvh serves heads [first_head(kvh), + G). ----
   int64_t kv_head(int64_t h) const { return h / G; }
   int64_t first_head(int64_t kvh) const { return kvh * G; }
+  // The flash kernels' tiles put a position's G query heads of one KV head in consecutive rows: row r
+  // (from the tile's first position) is position row_position(r), query head row_head(kvh, r).
+  int64_t row_position(int64_t r) const { return r / G; }
+  int64_t row_head(int64_t kvh, int64_t r) const { return first_head(kvh) + r % G; }
 
   // ---- Causal ----
   // Query l sees keys [0, key_end(l)); S when not causal. Top-left: s <= l. Bottom-right: s <= l + S - L.

@@ -1,9 +1,10 @@
-// Decoding over half-precision (fp16 or bf16) K/V, and the fp32 <-> half conversions: few query rows,
-// long S, so the step is bound by reading K and V, and the kernel is built to read each once. Not the
-// prefill kernel (flash_forward.cpp) and no weights. fp32 K/V run it too: it is flash_forward's decode path.
+// The decode kernel, over K/V stored as fp32, fp16 or bf16 (flash_decode and flash_decode_half), and the
+// fp32 <-> half conversions: few query rows, long S, so the step is bound by reading K and V, and the
+// kernel is built to read each once. Not the prefill kernel (flash_forward.cpp, which hands its decode
+// shapes here) and no weights.
 //
-// Work item = (batch b, KV head kvh, chunk c of kChunk keys); its L·G query rows (row r: position r/G,
-// head first_head(kvh) + r%G, as in flash_forward.cpp) all read the chunk's K and V rows, converted to
+// Work item = (batch b, KV head kvh, chunk c of kChunk keys); its L·G query rows (row r: position
+// row_position(r), head row_head(kvh, r), as in flash_forward.cpp) all read the chunk's K and V rows, converted to
 // fp32 in registers (never through memory) and met by a block of rows there: 4 keys x kQR rows of dot
 // products folded to N sums at once (no horizontal reduction per key), P·V with a kMR x kNV block of O
 // in registers (flash_common.h's PVTile). K and V rows are prefetched kAhead keys on, so the reads overlap the arithmetic and
@@ -21,7 +22,7 @@
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "../src/kernels/flash_decode_half.cpp"  // found through include/
+#define HWY_TARGET_INCLUDE "../src/kernels/flash_decode.cpp"  // found through include/
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
@@ -144,7 +145,7 @@ struct LoadKV {
 // Register blocks of the scores (AVX-512 has 32 vector registers, the others 16): kQR rows x 4 keys x
 // kSumVecs vectors of accumulators (the 16 virtual lanes of each dot product) plus the 4 key vectors.
 // P·V is flash_common.h's PVTile (kMR x kNV).
-#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#if ATTN_AVX512_TARGET(HWY_TARGET)
 constexpr int kQR = 4;
 #else
 constexpr int kQR = 1;
@@ -321,76 +322,93 @@ void Values(const Scratch& sc, int64_t rows, const E* v, int64_t ldv, int64_t n,
            prefetch ? kAhead : 0);
 }
 
+// The sizes of one decode: rows = L·G query rows per (b, kvh) pair (row r: p.row_position(r), p.row_head),
+// nc chunks of kChunk keys per pair, item = pair·nc + chunk.
+struct DecodeShape {
+  int64_t N, rows, Dp, Dvp, pairs, nc;
+  explicit DecodeShape(const SdpaProblem<float>& p)
+      : N(int64_t(hn::Lanes(DF()))), rows(p.L * p.G), Dp(round_up(p.D, N)), Dvp(round_up(p.Dv, N)),
+        pairs(p.B * p.Hkv), nc((p.S + kChunk - 1) / kChunk) {}
+};
+
+// The rows of (b, kvh)'s group from Q, times qscale (scale·log2e: the log2 domain), zero past D: q (rows, Dp).
+void LoadGroupQ(const SdpaProblem<float>& p, const DecodeShape& z, int64_t b, int64_t kvh, float qscale, float* q) {
+  const auto& Q = p.args.q;
+  for (int64_t r = 0; r < z.rows; ++r) {
+    const float* src = Q.data + b * Q.strides[0] + p.row_head(kvh, r) * Q.strides[1] + p.row_position(r) * Q.strides[2];
+    float* dst = q + r * z.Dp;
+    for (int64_t d = 0; d < p.D; ++d) dst[d] = src[d * Q.strides[3]] * qscale;
+    std::fill(dst + p.D, dst + z.Dp, 0.f);
+  }
+}
+
+// The scores of keys [s0, s0 + nv) to P, row by row: + masks, -inf past each row's causal edge (and on the
+// padding to npad); m = rowmax(S); P = 2^(S − m); l = rowsum(P); dropout after l (the sum stays pre-dropout).
+void SoftmaxRows(const SdpaProblem<float>& p, int64_t rows, int64_t b, int64_t kvh, int64_t s0, int64_t nv,
+                 int64_t npad, float* s, float* m, float* l) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * kChunk;
+    const int64_t pos = p.row_position(r), h = p.row_head(kvh, r), end = VisibleKeys(p, pos, s0, nv);
+    std::fill(row + end, row + npad, -kInfF);
+    if (p.has_bias()) AddMaskRow(p, b, h, pos, s0, end, row, 1);
+    m[r] = RowMax(row, npad);
+    l[r] = Exp2Row(row, npad, ExpBase(m[r]));
+    if (p.dropout()) DropRow(p, b, h, pos, s0, end, 1, row);
+  }
+}
+
+// One item: chunk c of pair (b, kvh) to its partial (m, l, O): m, l (rows), o (rows, Dvp).
+template <KvDtype T, typename E>
+void DecodeChunk(const SdpaProblem<float>& p, const Stored<E>& kv, const DecodeShape& z, int64_t pair, int64_t c,
+                 Scratch& sc, float* m, float* l, float* o) {
+  const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv;
+  const int64_t s0 = c * kChunk, n = std::min(kChunk, p.S - s0), npad = round_up(n, z.N);
+  LoadGroupQ(p, z, b, kvh, float(p.scale) * kLog2e, sc.q);
+  std::fill(o, o + z.rows * z.Dvp, 0.f);
+  // keys visible to some row: [s0, s_end); the last row (last query) sees the most
+  const int64_t s_end = std::min(s0 + n, std::max(s0, p.key_end(p.L - 1))), nv = s_end - s0;
+  const E* kb = kv.k + b * kv.ks[0] + kvh * kv.ks[1] + s0 * kv.ks[2];
+  const E* vb = kv.v + b * kv.vs[0] + kvh * kv.vs[1] + s0 * kv.vs[2];
+  // S = Q·Kᵀ: each K vector read and converted once per kQR rows, in registers
+  if (Direct(kv.ks, p.D, z.N)) {
+    Scores<T>(sc, z.rows, z.Dp, kb, kv.ks[2], nv, p.D, true);
+  } else {
+    float* kp = Scratch::Packed(sc.kp, z.Dp);
+    for (int64_t s = 0; s < nv; ++s) PromoteRow<T>(kb + s * kv.ks[2], kv.ks[3], p.D, kp + s * z.Dp);
+    Scores<KvDtype::f32>(sc, z.rows, z.Dp, static_cast<const float*>(kp), z.Dp, nv, z.Dp, false);
+  }
+  SoftmaxRows(p, z.rows, b, kvh, s0, nv, npad, sc.s, m, l);
+  // O = P·V: each V vector read and converted once per kMR rows, in registers
+  if (Direct(kv.vs, p.Dv, z.N)) {
+    Values<T>(sc, z.rows, vb, kv.vs[2], nv, z.Dvp, o, true);
+  } else {
+    float* vp = Scratch::Packed(sc.vp, z.Dvp);
+    for (int64_t s = 0; s < nv; ++s) PromoteRow<T>(vb + s * kv.vs[2], kv.vs[3], p.Dv, vp + s * z.Dvp);
+    Values<KvDtype::f32>(sc, z.rows, static_cast<const float*>(vp), z.Dvp, nv, z.Dvp, o, false);
+  }
+}
+
+// Every (pair, chunk) item in parallel, then per row the merge in chunk order and out = O/l (softmax.h).
 template <KvDtype T, typename E>
 void DecodeT(const SdpaProblem<float>& p, const Stored<E>& kv) {
-  const DF df;
-  const int64_t N = hn::Lanes(df);
-  const int64_t rows = p.L * p.G, Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
-  const int64_t pairs = p.B * p.Hkv, nc = (p.S + kChunk - 1) / kChunk;
-  const float qscale = float(p.scale) * kLog2e;
-  const bool k_direct = Direct(kv.ks, p.D, N), v_direct = Direct(kv.vs, p.Dv, N);
-  auto part_m = attn::allocate_aligned<float>(std::max<int64_t>(1, pairs * nc * rows));
-  auto part_l = attn::allocate_aligned<float>(std::max<int64_t>(1, pairs * nc * rows));
-  auto part_o = attn::allocate_aligned<float>(std::max<int64_t>(1, pairs * nc * rows * Dvp));
+  const DecodeShape z(p);
+  const int64_t items = z.pairs * z.nc;
+  auto part_m = attn::allocate_aligned<float>(std::max<int64_t>(1, items * z.rows));  // (pairs, nc, rows)
+  auto part_l = attn::allocate_aligned<float>(std::max<int64_t>(1, items * z.rows));
+  auto part_o = attn::allocate_aligned<float>(std::max<int64_t>(1, items * z.rows * z.Dvp));  // (pairs, nc, rows, Dvp)
   PerWorker<Scratch> scratch;
-  parallel_items(pairs * nc, rows * std::min(p.S, kChunk) * (p.D + p.Dv), [&](int64_t item, int worker) {
-    Scratch& sc = scratch.get(worker, rows, Dp);
-    const int64_t pair = item / nc, c = item % nc, b = pair / p.Hkv, kvh = pair % p.Hkv;
-    const int64_t s0 = c * kChunk, n = std::min(kChunk, p.S - s0), npad = round_up(n, N);
-    // Q rows of the group, scaled into the log2 domain, zero past D
-    const auto& Q = p.args.q;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* src = Q.data + b * Q.strides[0] + (p.first_head(kvh) + r % p.G) * Q.strides[1] + (r / p.G) * Q.strides[2];
-      float* dst = sc.q + r * Dp;
-      for (int64_t d = 0; d < p.D; ++d) dst[d] = src[d * Q.strides[3]] * qscale;
-      std::fill(dst + p.D, dst + Dp, 0.f);
-    }
-    float* o = part_o.get() + item * rows * Dvp;  // (rows, Dvp)
-    std::fill(o, o + rows * Dvp, 0.f);
-    // keys visible to some row: [s0, s_end); the last row (last query) sees the most
-    const int64_t s_end = std::min(s0 + n, std::max(s0, p.key_end(p.L - 1))), nv = s_end - s0;
-    const E* kb = kv.k + b * kv.ks[0] + kvh * kv.ks[1] + s0 * kv.ks[2];
-    const E* vb = kv.v + b * kv.vs[0] + kvh * kv.vs[1] + s0 * kv.vs[2];
-    // S = Q·Kᵀ: each K vector read and converted once per kQR rows, in registers
-    if (k_direct) {
-      Scores<T>(sc, rows, Dp, kb, kv.ks[2], nv, p.D, true);
-    } else {
-      float* kp = Scratch::Packed(sc.kp, Dp);
-      for (int64_t s = 0; s < nv; ++s) PromoteRow<T>(kb + s * kv.ks[2], kv.ks[3], p.D, kp + s * Dp);
-      Scores<KvDtype::f32>(sc, rows, Dp, static_cast<const float*>(kp), Dp, nv, Dp, false);
-    }
-    // + masks, -inf past each row's causal edge; m = rowmax(S); P = 2^(S − m); l = rowsum(P)
-    float* pm = part_m.get() + item * rows;
-    float* pls = part_l.get() + item * rows;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = sc.s + r * kChunk;
-      const int64_t l = r / p.G, h = p.first_head(kvh) + r % p.G, end = VisibleKeys(p, l, s0, nv);
-      std::fill(row + end, row + npad, -kInfF);
-      if (p.has_bias()) AddMaskRow(p, b, h, l, s0, end, row, 1);
-      const float m = RowMax(row, npad);
-      const float m_use = m == -kInfF ? 0.f : m;  // fully masked so far: P = 0, not NaN
-      pm[r] = m;
-      pls[r] = Exp2Row(row, npad, m_use);
-      if (p.dropout()) DropRow(p, b, h, l, s0, end, 1, row);  // after l: the sum stays pre-dropout
-    }
-    // O = P·V: each V vector read and converted once per kMR rows, in registers
-    if (v_direct) {
-      Values<T>(sc, rows, vb, kv.vs[2], nv, Dvp, o, true);
-    } else {
-      float* vp = Scratch::Packed(sc.vp, Dvp);
-      for (int64_t s = 0; s < nv; ++s) PromoteRow<T>(vb + s * kv.vs[2], kv.vs[3], p.Dv, vp + s * Dvp);
-      Values<KvDtype::f32>(sc, rows, static_cast<const float*>(vp), Dvp, nv, Dvp, o, false);
-    }
+  parallel_items(items, z.rows * std::min(p.S, kChunk) * (p.D + p.Dv), [&](int64_t item, int worker) {
+    DecodeChunk<T>(p, kv, z, item / z.nc, item % z.nc, scratch.get(worker, z.rows, z.Dp),
+                   part_m.get() + item * z.rows, part_l.get() + item * z.rows, part_o.get() + item * z.rows * z.Dvp);
   });
-  // merge per row in chunk order, then out = O/l (softmax.h)
   PerWorker<std::vector<float>> row_o;
-  parallel_items(pairs * rows, nc * Dvp, [&](int64_t j, int worker) {
-    const int64_t pair = j / rows, r = j % rows;
-    float* o = row_o.get(worker, size_t(Dvp)).data();  // (Dvp,)
+  parallel_items(z.pairs * z.rows, z.nc * z.Dvp, [&](int64_t j, int worker) {
+    const int64_t pair = j / z.rows, r = j % z.rows, first = pair * z.nc * z.rows + r;
+    float* o = row_o.get(worker, size_t(z.Dvp)).data();  // (Dvp,)
     float m, lsum;
-    MergeChunks(part_m.get() + pair * nc * rows + r, part_l.get() + pair * nc * rows + r,
-                part_o.get() + (pair * nc * rows + r) * Dvp, nc, rows, rows * Dvp, Dvp, o, &m, &lsum);
-    WriteRow(p, pair / p.Hkv, p.first_head(pair % p.Hkv) + r % p.G, r / p.G, o, m, lsum);
+    MergeChunks(part_m.get() + first, part_l.get() + first, part_o.get() + first * z.Dvp, z.nc, z.rows,
+                z.rows * z.Dvp, z.Dvp, o, &m, &lsum);
+    WriteRow(p, pair / p.Hkv, p.row_head(pair % p.Hkv, r), p.row_position(r), o, m, lsum);
   });
 }
 

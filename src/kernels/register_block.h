@@ -1,0 +1,108 @@
+// The register-blocked FMA microkernel of every product attn computes on the CPU, written once: attn's
+// GEMM (gemm.cpp's Micro) and the flash kernels' tile products (flash_common.h's S = Q·Kᵀ and
+// O = α⊙O + P·V, forward, backward and decode) run this loop on this block. Not a GEMM (no packing, no
+// cache blocking: gemm.cpp) and not a block's start or end (each caller loads and stores its own
+// accumulators: zero, β·C, α⊙O; masked columns, a bias added after the sum).
+//
+// Per-target header: include it after <hwy/highway.h> in a translation unit that re-includes itself
+// through <hwy/foreach_target.h>; it defines attn::regblock::HWY_NAMESPACE.
+//
+// Bits: each accumulator is ONE chain of FMAs over k in order, acc = fma(a(r, k), b(k, j), acc), from
+// whatever the caller put in it. The block size, the strides, the row clamp and the SIMD width (each
+// lane is its own element) decide who computes an element and when, never its value.
+#include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
+
+#if defined(ATTN_REGISTER_BLOCK_TOGGLE) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTN_REGISTER_BLOCK_TOGGLE
+#undef ATTN_REGISTER_BLOCK_TOGGLE
+#else
+#define ATTN_REGISTER_BLOCK_TOGGLE
+#endif
+
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace attn::regblock::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Register block: kMR rows x kNV vectors of accumulators, plus kNV B vectors and one broadcast A value.
+// AVX-512 has 32 vector registers: 6 x 4 = 24 accumulators. The 16-register targets: 6 x 2 = 12.
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+inline constexpr int kNV = 4;
+#else
+inline constexpr int kNV = 2;
+#endif
+inline constexpr int kMR = 6;
+
+// Where a block reads its rows of A: element (r, k) at a[r·rs + k·ks]. Rows in place (rs = lda, ks = 1),
+// transposed (rs = 1, ks = lda), or a packed panel (rs = 1, ks = kMR).
+template <typename T>
+struct ARows {
+  const T* a;
+  int64_t rs, ks;
+};
+
+// Where it reads B: the vector (k, j), j < NV, at b + k·ks + j·js (a packed panel row: ks = the row
+// length, js = the lanes; Kᵀ panels: ks = the lanes, js = one panel).
+template <typename E>
+struct BRows {
+  const E* b;
+  int64_t ks, js;
+};
+
+// B's vectors as stored (unaligned). A caller with other element types passes a load that converts
+// (flash_decode.cpp's LoadKV: fp16/bf16 in registers), or one that knows the alignment (gemm.cpp).
+struct LoadU {
+  template <typename T>
+  HWY_INLINE hn::Vec<hn::ScalableTag<T>> operator()(const T* HWY_RESTRICT p) const {
+    return hn::LoadU(hn::ScalableTag<T>(), p);
+  }
+};
+
+// The cache lines of `bytes` bytes at byte offset `at` from p, towards L1: a hint, so past the end of
+// the data it does nothing (the address is formed as an integer, never as an out-of-range pointer).
+HWY_INLINE void PrefetchRow(const void* p, int64_t at, int64_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p) + uintptr_t(at);
+  for (int64_t b = 0; b < bytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(a + uintptr_t(b)));
+}
+
+// f(r, j) for every accumulator of an (MR, NV) block, unrolled: the #pragma GCC unroll keeps the
+// accumulators in registers (GCC 12 leaves the array on the stack without it).
+template <int MR, int NV, class F>
+HWY_INLINE void ForBlock(F&& f) {
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) f(r, j);
+}
+
+// The microkernel: acc[r][j] = fma(a(r, k), b(k, j), acc[r][j]) for k = 0 … n-1 in order, a(r, k)
+// broadcast to every lane. Rows r >= rows read row 0 (a short block's extra sums, never stored; a
+// caller that instantiates MR = rows passes MR). pf: with each k, prefetch the NV·js elements of B's
+// row k + pf (0: none; decoding streams V from memory).
+template <int MR, int NV, class D, typename T, typename E, class Load>
+HWY_INLINE void FmaBlock(D d, hn::Vec<D> (&acc)[MR][NV], ARows<T> A, int64_t rows, BRows<E> B, int64_t n,
+                         Load load, int64_t pf = 0) {
+  const T* arow[MR];
+#pragma GCC unroll 16
+  for (int r = 0; r < MR; ++r) arow[r] = A.a + (r < rows ? r : 0) * A.rs;
+  const int64_t ks = A.ks;
+  for (int64_t k = 0; k < n; ++k) {
+    if (pf) PrefetchRow(B.b, (k + pf) * B.ks * int64_t(sizeof(E)), NV * B.js * int64_t(sizeof(E)));
+    hn::Vec<D> b[NV];
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) b[j] = load(B.b + k * B.ks + j * B.js);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+      const hn::Vec<D> a = hn::Set(d, arow[r][k * ks]);
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(a, b[j], acc[r][j]);
+    }
+  }
+}
+
+}  // namespace attn::regblock::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTN_REGISTER_BLOCK_TOGGLE
