@@ -221,13 +221,15 @@ def test_ctrl_c_under_mpirun_saves_the_step_every_rank_reached(tmp_path):
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    # The checkpoint is the step every rank reached: the one after the last step line (the ranks print none
-    # once a stop is asked). mpirun stops forwarding output while it waits to kill the ranks, so the
-    # "interrupted at step N" line may not get through; when it does, it names that step.
+    # The checkpoint is the step every rank reached: after the last step line (a line is printed once the
+    # ranks agreed to go on, so every printed step was followed by another on every rank). mpirun stops
+    # forwarding output while it waits to kill the ranks, and lines in flight then may be lost (seen: the
+    # checkpoint at 280 after a last line of 278), so the lines read are a prefix of those printed; the
+    # "interrupted at step N" line may not get through either; when it does, it names that step.
     assert (ck / "config.json").is_file(), out[-2000:] + err[-2000:]
     step = json.loads((ck / "config.json").read_text())["step"]
     last = max([5] + [int(x) for x in re.findall(r"^step (\d+)/", out, re.M)])  # step 5 was read above
-    assert step == last + 1 and step >= 5, (step, last)
+    assert step > last and step >= 5, (step, last)
     m = re.search(r"interrupted at step (\d+): checkpoint saved", out)
     assert m is None or int(m.group(1)) == step, out[-2000:]
     attn.GPT.load(str(ck))
