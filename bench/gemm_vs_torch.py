@@ -72,28 +72,19 @@ def main():
             flops = 2.0 * M * N * K
             reps = max(1, int(3e9 / flops / t))  # ~30 ms of work per timing
 
-            def run_attn():
-                for _ in range(reps):
-                    attn.gemm(a, b, c, trans_a=ta, trans_b=tb)
+            def repeated(f):  # one timing: reps calls
+                return lambda: [f() for _ in range(reps)]
 
-            def run_torch():
-                for _ in range(reps):
-                    torch.mm(opa, opb, out=tc)
-
+            run_attn = repeated(lambda: attn.gemm(a, b, c, trans_a=ta, trans_b=tb))
+            run_torch = repeated(lambda: torch.mm(opa, opb, out=tc))
             runs = {"attn": run_attn, "torch": run_torch}
             if args.dtype == "bf16":
                 a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
                 opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
                 na16, nb16 = a16.view(torch.int16).numpy(), b16.view(torch.int16).numpy()
                 c16, tc16 = np.empty((M, N), np.float32), torch.empty(M, N, dtype=torch.bfloat16)
-
-                def run_attn16():
-                    for _ in range(reps):
-                        attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb)
-
-                def run_torch16():
-                    for _ in range(reps):
-                        torch.mm(opa16, opb16, out=tc16)
+                run_attn16 = repeated(lambda: attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb))
+                run_torch16 = repeated(lambda: torch.mm(opa16, opb16, out=tc16))
 
                 runs = {"attn16": run_attn16, "attn": run_attn, "torch": run_torch16}
                 run_attn16(), run_torch16()
