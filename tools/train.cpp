@@ -110,7 +110,6 @@ std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads, 
     if (std::string name = f(o); !name.empty()) given.push_back(name);
   if (cli.untied) o.tie_weights = false, given.push_back("--untied");
   if (cli.no_decay_embeddings) o.decay_embeddings = false, given.push_back("--no-decay-embeddings");
-  dtype_of(o.dtype, cli.strict);  // --strict: bf16 only where the CPU has it (a resumed run: its own dtype, below)
 
   // --out is checked (and its folder created) now, not at the first save after the training work, and
   // locked before it is read: a second run on it would overwrite this one's checkpoints.
@@ -125,11 +124,12 @@ std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads, 
     const bool steps_given = std::find(given.begin(), given.end(), "--steps") != given.end();
     const bool decay_given = std::find(given.begin(), given.end(), "--lr-decay-steps") != given.end();
     t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0, decay_given ? o.lr_decay_steps : 0);
-    dtype_of(t->options().dtype, cli.strict);
+    dtype_of(t->options().dtype, cli.strict);  // --strict: the resumed run's own dtype
     if (std::find(given.begin(), given.end(), "--threads") != given.end()) set_num_threads(threads = o.threads);
   } else {
     ATTN_CHECK(!holds_checkpoint(cli.out), "Expected a new or empty --out directory (or --resume to continue), but ",
                "got '", cli.out, "' holding a checkpoint instead");
+    dtype_of(o.dtype, cli.strict);  // --strict: bf16 only where the CPU has it
     Dataset d = cli.data.empty() ? Dataset::reverse_task() : Dataset::text_file(cli.data);
     t = std::make_unique<Trainer>(o, std::move(d));
   }

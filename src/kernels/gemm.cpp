@@ -107,32 +107,19 @@ HWY_NOINLINE void Micro(ARows<T> A, int64_t mr, const T* HWY_RESTRICT bp, int64_
   ForBlock<kMR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, c + r * ldc + j * N); });
 }
 
-// An edge block, mr <= kMR rows and nr <= NV·N columns of C, through a (kMR, NV·N) copy of its part of C:
-// the same chains on the same values; the copy's extra rows and columns are dropped. Out of line, so
-// the tile loop that calls Micro keeps a small frame.
-template <typename T, int NV>
-HWY_NOINLINE void MicroEdge(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64_t ldbp, int64_t kc, T* c,
-                            int64_t ldc, Start start, T beta) {
-  const hn::ScalableTag<T> d;
-  const int64_t w = NV * static_cast<int64_t>(hn::Lanes(d));
-  HWY_ALIGN T tile[kMR * NV * hn::MaxLanes(d)];  // (kMR, w); not read when the chains start from 0
-  if (start != Start::zero) {
-    std::fill(tile, tile + kMR * w, T(0));
-    for (int64_t r = 0; r < mr; ++r) std::copy(c + r * ldc, c + r * ldc + nr, tile + r * w);
-  }
-  Micro<T, NV>(A, mr, bp, ldbp, kc, tile, w, start, beta);
-  for (int64_t r = 0; r < mr; ++r) std::copy(tile + r * w, tile + r * w + nr, c + r * ldc);
-}
-
-// C (mr, nr) = C0 + A · Bp for mr <= kMR, nr <= NV·N: a full block in place, an edge block by MicroEdge.
+// C (mr, nr) = C0 + A · Bp for mr <= kMR, nr <= NV·N: a full block in place, an edge block through a copy
+// (gemm_tile.h's EdgeThroughCopy).
 // Each accumulator is one FMA chain over k in order, whatever NV is or where A is read from: a narrower
 // or an edge block computes its elements exactly as the widest one would.
 template <typename T, int NV>
 HWY_INLINE void MicroTile(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64_t ldbp, int64_t kc, T* c,
                           int64_t ldc, Start start, T beta) {
-  if (mr == kMR && nr == NV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
-    return Micro<T, NV>(A, mr, bp, ldbp, kc, c, ldc, start, beta);
-  MicroEdge<T, NV>(A, mr, nr, bp, ldbp, kc, c, ldc, start, beta);
+  const hn::ScalableTag<T> d;
+  const int64_t w = NV * static_cast<int64_t>(hn::Lanes(d));
+  if (mr == kMR && nr == w) return Micro<T, NV>(A, mr, bp, ldbp, kc, c, ldc, start, beta);
+  EdgeThroughCopy<T, kMR * NV * hn::MaxLanes(d)>(c, ldc, mr, nr, kMR, w, start, [&](T* tile, int64_t ldt) {
+    Micro<T, NV>(A, mr, bp, ldbp, kc, tile, ldt, start, beta);
+  });
 }
 
 // The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors).
@@ -283,16 +270,6 @@ namespace gemm_detail {
 HWY_EXPORT(GemmF32);
 HWY_EXPORT(GemmF64);
 HWY_EXPORT(Describe);
-
-// C = beta·C where there is nothing to multiply (K == 0 or alpha == 0); beta == 0 writes zeros.
-template <typename T>
-void scale_c(const Args<T>& g) {
-  for (int64_t i = 0; i < g.M; ++i)
-    for (int64_t j = 0; j < g.N; ++j) {
-      T& c = g.C[i * g.ldc + j];
-      c = g.beta == T(0) ? T(0) : g.beta * c;
-    }
-}
 }  // namespace gemm_detail
 
 std::string gemm_kernel() {
@@ -306,7 +283,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const gemm_detail::Args<float> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
   if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.f) return gemm_detail::scale_c(g);
+  if (K <= 0 || alpha == 0.f) return gemm_detail::scale_c(M, N, beta, C, ldc);
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
 }
 
@@ -314,7 +291,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
           const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   const gemm_detail::Args<double> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
   if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.0) return gemm_detail::scale_c(g);
+  if (K <= 0 || alpha == 0.0) return gemm_detail::scale_c(M, N, beta, C, ldc);
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
 }
 
@@ -330,10 +307,6 @@ Precision parse_precision(const std::string& s) {
   return Precision::f32;
 }
 Precision matmul_precision() { return t_precision; }
-void check_bf16_native() {
-  ATTN_CHECK(gemm_bf16_kernel().rfind("VDPBF16PS", 0) == 0, "Expected a CPU with AVX512_BF16 for bf16 under --strict, ",
-             "but got ", gemm_bf16_kernel(), " instead");
-}
 Autocast::Autocast(Precision p) : saved_(t_precision) { t_precision = p; }
 Autocast::~Autocast() { t_precision = saved_; }
 

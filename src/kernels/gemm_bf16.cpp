@@ -20,6 +20,7 @@
 #include <cstring>
 #include <string>
 
+#include "attn/check.h"
 #include "attn/cpu.h"
 #include "attn/kernels/half_kv.h"
 #include "attn/threads.h"
@@ -215,20 +216,19 @@ void PackA(const Bf16Args& g, int64_t b, int64_t e, int64_t q0, int64_t kc, uint
   }
 }
 
-// C (mr, nr) = C0 + A (kMR, kc pairs) · Bp (kc pairs, NV·N), for mr <= kMR, nr <= NV·N, C0 per `start`;
-// ap: the packed A panel (word (q, r) at q·kMR + r), bp: word (q, j) at q·ldbp + j. Each accumulator is
-// one chain over the pairs in order, odd k then even k, whichever microkernel runs.
+// C (kMR, NV·N) = C0 + A (kMR, kc pairs) · Bp (kc pairs, NV·N), C0 per `start`: a whole block of C, read
+// and written by full vectors (edges: EdgeThroughCopy). ap: the packed A panel (word (q, r) at q·kMR + r),
+// bp: word (q, j) at q·ldbp + j. Each accumulator is one chain over the pairs in order, odd k then even
+// k, whichever microkernel runs.
 template <int NV, bool kDp>
 HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
-                        float* HWY_RESTRICT c, int64_t ldc, int64_t mr, int64_t nr, Start start, float beta) {
+                        float* HWY_RESTRICT c, int64_t ldc, Start start, float beta) {
   const DF df;
   const DU du;
   const int64_t N = hn::Lanes(df);
   VF acc[kMR][NV];
   ForBlock<kMR, NV>([&](int r, int j) {
-    acc[r][j] = hn::Zero(df);
-    if (start == Start::zero || r >= mr || nr <= j * N) return;
-    acc[r][j] = LoadC(df, c + r * ldc + j * N, nr - j * N);
+    acc[r][j] = start == Start::zero ? hn::Zero(df) : hn::LoadU(df, c + r * ldc + j * N);
     if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(df, beta), acc[r][j]);
   });
   const VU high = hn::Set(du, 0xFFFF0000u);
@@ -261,19 +261,22 @@ HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RES
       }
     }
   }
-  ForBlock<kMR, NV>([&](int r, int j) {
-    if (r < mr && nr > j * N) StoreC(df, acc[r][j], c + r * ldc + j * N, nr - j * N);
-  });
+  ForBlock<kMR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], df, c + r * ldc + j * N); });
 }
 
-// The narrowest instance that covers nr columns.
+// The narrowest instance that covers nr columns; an edge block (mr < kMR or a partial last vector)
+// through a copy of its part of C.
 template <bool kDp, int NV>
 HWY_INLINE void MicroCols(int64_t nr, const uint32_t* ap, const uint32_t* bp, int64_t ldbp, int64_t kc, float* c,
                           int64_t ldc, int64_t mr, Start start, float beta) {
+  const int64_t w = NV * static_cast<int64_t>(hn::Lanes(DF()));
   if constexpr (NV > 1)
-    if (nr <= (NV - 1) * static_cast<int64_t>(hn::Lanes(DF())))
+    if (nr <= w - static_cast<int64_t>(hn::Lanes(DF())))
       return MicroCols<kDp, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, start, beta);
-  Micro<NV, kDp>(ap, bp, ldbp, kc, c, ldc, mr, nr, start, beta);
+  if (mr == kMR && nr == w) return Micro<NV, kDp>(ap, bp, ldbp, kc, c, ldc, start, beta);
+  EdgeThroughCopy<float, kMR * NV * hn::MaxLanes(DF())>(c, ldc, mr, nr, kMR, w, start, [&](float* tile, int64_t ldt) {
+    Micro<NV, kDp>(ap, bp, ldbp, kc, tile, ldt, start, beta);
+  });
 }
 
 bool UseDp() { return kDpTarget && cpu_info().bf16; }
@@ -338,22 +341,21 @@ namespace attn {
 namespace gemm_detail {
 HWY_EXPORT(GemmBf16);
 HWY_EXPORT(DescribeBf16);
+HWY_EXPORT(UseDp);
 
 void run_bf16(const Bf16Args& g) {
   if (g.M <= 0 || g.N <= 0) return;
-  if (g.K <= 0) {  // nothing to multiply: C = beta·C (beta == 0 writes zeros)
-    for (int64_t i = 0; i < g.M; ++i)
-      for (int64_t j = 0; j < g.N; ++j) {
-        float& c = g.C[i * g.ldc + j];
-        c = g.beta == 0.f ? 0.f : g.beta * c;
-      }
-    return;
-  }
+  if (g.K <= 0) return scale_c(g.M, g.N, g.beta, g.C, g.ldc);
   HWY_DYNAMIC_DISPATCH(GemmBf16)(g);
 }
 }  // namespace gemm_detail
 
 std::string gemm_bf16_kernel() { return HWY_DYNAMIC_DISPATCH(gemm_detail::DescribeBf16)(); }
+
+void check_bf16_native() {
+  ATTN_CHECK(HWY_DYNAMIC_DISPATCH(gemm_detail::UseDp)(), "Expected a CPU with AVX512_BF16 for bf16 under --strict, ",
+             "but got ", gemm_bf16_kernel(), " instead");
+}
 
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B,
                int64_t ldb, float beta, float* C, int64_t ldc) {

@@ -1,5 +1,6 @@
 // The blocking of attn's packed GEMMs (gemm.cpp: float and double; gemm_bf16.cpp: bf16 pairs), derived
-// from the caches and the register block, or as attn tune measured; and their per-thread scratch. Internal
+// from the caches and the register block, or as attn tune measured; their per-thread scratch; and C = beta·C
+// where a product has nothing to multiply. Internal
 // to src/kernels. None of it decides a bit of a result, only who computes it and when.
 #pragma once
 #include <algorithm>
@@ -72,6 +73,17 @@ inline void* scratch(int which, size_t bytes) {
     b.n = bytes;
   }
   return b.p;
+}
+
+// C (M, N) = beta·C where there is nothing to multiply (K == 0, or alpha == 0); beta == 0 writes zeros
+// (C is not read).
+template <typename T>
+void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      T& c = C[i * ldc + j];
+      c = beta == T(0) ? T(0) : beta * c;
+    }
 }
 
 }  // namespace attn::gemm_detail
