@@ -1,4 +1,5 @@
-// Python binding of sdpa(): numpy in, numpy out, float32 or float64, no copies of the inputs.
+// Python binding of sdpa(): numpy in, numpy out, float32 or float64, no copies of the inputs; products in
+// fp32 or bf16 (dtype).
 #include <pybind11/stl.h>
 
 #include "attn/sdpa.h"
@@ -41,8 +42,8 @@ void bind_sdpa(py::module_& m) {
          const std::string& mask_kind, std::optional<py::array>& key_padding,
          const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
          double dropout_p, uint64_t seed, bool want_weights, bool want_lse, const std::string& backend,
-         bool strict, bool explain_only) {
-        SdpaOptions opt{parse_backend(backend), strict};
+         bool strict, bool explain_only, const std::string& dtype) {
+        SdpaOptions opt{parse_backend(backend), strict, parse_precision(dtype)};
         if (q.dtype().is(py::dtype::of<double>()))
           return run(make_args<double>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale,
                                        dropout_p, seed),
@@ -56,6 +57,7 @@ void bind_sdpa(py::module_& m) {
       py::arg("causal") = "none", py::arg("scale") = py::none(), py::arg("dropout_p") = 0.0,
       py::arg("seed") = 0, py::arg("want_weights") = false, py::arg("want_lse") = false,
       py::arg("backend") = "auto", py::arg("strict") = false, py::arg("explain_only") = false,
+      py::arg("dtype") = "f32",
       "Rank-4 SDPA on numpy arrays: returns (out, weights or None, lse or None), or with explain_only the\n"
-      "(backend, reason) it would run.");
+      "(backend, reason) it would run. dtype: what the flash forward multiplies in, f32 or bf16.");
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attn/precision.h"
 #include "attn/tensor.h"
 
 namespace attn {
@@ -40,28 +41,11 @@ std::string gemm_bf16_kernel();
 // Changes with the SIMD target Highway chooses.
 std::string gemm_kernel();
 
-// What linear() and linear_backward() multiply in, as torch.autocast does for its matmuls: f32, or bf16
-// products with fp32 sums (gemm_bf16: x, W and dy rounded to bf16 as they are packed; weights, outputs,
-// gradients and bias stay fp32). Per thread, f32 unless an Autocast is alive on it; double is always
-// double.
-enum class Precision { f32, bf16 };
-const char* to_string(Precision p);
-// "f32"/"float32" or "bf16"/"bfloat16"; an Error naming anything else.
-Precision parse_precision(const std::string& s);
-Precision matmul_precision();
+// What linear() and linear_backward() multiply in: matmul_precision() (attn/precision.h), f32 unless an
+// Autocast(Precision::bf16) is alive on the thread: then gemm_bf16, x, W and dy rounded to bf16 as they are
+// packed (weights, outputs, gradients and bias stay fp32).
 // Throws attn::Error if bf16 products would run emulated here (no AVX512_BF16): --strict's refusal.
 void check_bf16_native();
-
-class Autocast {
- public:
-  explicit Autocast(Precision p);  // for this scope, on this thread
-  ~Autocast();
-  Autocast(const Autocast&) = delete;
-  Autocast& operator=(const Autocast&) = delete;
-
- private:
-  Precision saved_;
-};
 
 // y (N, out) = x (N, in) · Wᵀ (in, out) + bias (out): torch.nn.functional.linear. x and y may have
 // any row stride (a column slice of a wider matrix) but unit column stride; bias may be empty.

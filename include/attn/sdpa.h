@@ -7,6 +7,7 @@
 
 #include "attn/kernels/half_kv.h"
 #include "attn/kernels/problem.h"
+#include "attn/precision.h"
 
 namespace attn {
 
@@ -19,6 +20,11 @@ Backend parse_backend(const std::string& s);   // the inverse; an Error naming t
 struct SdpaOptions {
   Backend backend = Backend::automatic;
   bool strict = false;  // an automatic choice that is not the fastest backend, or a SIMD fallback (simd.h), becomes an error
+  // What the flash forward's Q·Kᵀ and P·V multiply in (attn/precision.h): the thread's Autocast, as
+  // linear() follows it. bf16 applies to float32 without weights on the flash kernel (flash_forward);
+  // weights, the reference, decoding shapes and the backward stay fp32; under strict, bf16 emulated
+  // (no AVX512_BF16) is an error.
+  Precision precision = matmul_precision();
 };
 
 struct BackendChoice {

@@ -11,7 +11,7 @@ from ._interop import as_array, torch_io
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, *, causal_alignment="top_left",
                                  return_weights=False, return_lse=False, seed=0, backend="auto",
-                                 strict=False, explain=False):
+                                 strict=False, explain=False, dtype="float32"):
     """softmax(query @ key^T * scale + mask) @ value over the last two dims; leading dims are batch.
 
     attn_mask: bool (True = may attend, PyTorch's convention for this function) or float (added),
@@ -24,13 +24,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     or "flash";
     strict=True turns an automatic fallback to the reference into an error. explain=True runs nothing
     and returns (backend, reason): what this call would run, and why.
+    dtype: what Q·Kᵀ and P·V multiply in, "float32" or "bfloat16" (query, key, value and the softmax's
+    probabilities rounded to bf16; sums, softmax and output fp32; the flash forward without weights only,
+    float32 elsewhere); with strict, bfloat16 without AVX512_BF16 (emulated) is an error.
     """
     (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
     lead = query.shape[:-3]  # folded into B; dim -3 is the head dim
     causal = causal_alignment if is_causal else "none"
     result = _attn.sdpa(_as4(query), _as4(key), _as4(value), mask, kind, None, "drop", causal, scale,
                         float(dropout_p), int(seed), bool(return_weights), bool(return_lse), backend,
-                        bool(strict), bool(explain))
+                        bool(strict), bool(explain), dtype)
     if explain:
         return result  # (backend, reason)
     out, weights, lse = result

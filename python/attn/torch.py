@@ -6,8 +6,9 @@
 
 Forward and backward are attn's C++ kernels (sdpa / sdpa_backward, MultiheadAttention.forward/backward);
 everything around them stays torch's. Not a GPU path. bfloat16 query/key/value are accepted by
-scaled_dot_product_attention (computed in fp32, returned in bfloat16, as torch's CPU math does; not yet
-faster than fp32); float16 is refused by name, as is bfloat16 in MultiheadAttention.
+scaled_dot_product_attention: the forward multiplies in bf16 (VDPBF16PS, or its exact emulation) with fp32
+sums and softmax, as torch's CPU flash kernel does, and returns bfloat16; the backward computes in fp32.
+float16 is refused by name, as is bfloat16 in MultiheadAttention.
 Importing this module imports torch; `import attn` does not.
 """
 
@@ -67,7 +68,7 @@ def _sdpa_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_m
     q, k, v = (as_array(_widened(t, half), n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
     out, lse = _F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
-                                               return_lse=True, seed=seed)
+                                               return_lse=True, seed=seed, dtype="bfloat16" if half else "float32")
     return _narrowed(torch.from_numpy(out), half), torch.from_numpy(lse)
 
 
@@ -125,7 +126,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
 
-    float32 or float64 CPU tensors, or bfloat16 (computed in fp32, returned in bfloat16); attn_mask bool (True = may attend) or float (added; a float mask that
+    float32 or float64 CPU tensors, or bfloat16 (bf16 products, fp32 softmax, returned in bfloat16); attn_mask bool (True = may attend) or float (added; a float mask that
     requires grad gets its gradient, reduced over the dims it broadcasts, as torch gives it). First
     derivatives only: double backward (create_graph=True, then backward again) is not supported. One
     difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded

@@ -388,7 +388,9 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
                      training_ ? lse.view() : View<float>{}};
   {
     profile::Scope p("sdpa kernel");
-    sdpa(args, out);
+    SdpaOptions opt;  // the thread's precision; training stays fp32: the flash backward has no bf16 products
+    if (training_) opt.precision = Precision::f32;
+    sdpa(args, out, opt);
   }
 
   // 5. Output projection, into PyTorch's layout.

@@ -4,6 +4,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "attn/gemm.h"  // check_bf16_native, gemm_bf16_kernel
 #include "attn/simd.h"
 
 namespace attn {
@@ -64,6 +65,11 @@ BackendChoice choose(const SdpaProblem<T>& p, const SdpaOptions& options) {
     return {Backend::flash, "flash requested"};
   }
   if (options.strict) check_no_simd_fallback();
+  if (!fp64 && !weights && options.precision == Precision::bf16) {
+    if (options.strict) check_bf16_native();
+    return {Backend::flash, "float32 without weights runs on the flash kernel, its products in bf16 (" +
+                                gemm_bf16_kernel() + ")"};
+  }
   if (!fp64 && !weights) return {Backend::flash, "float32 without weights runs on the flash kernel"};
   if (!fp64 && !strided)
     return {Backend::flash, "float32 with weights: flash for the output and LSE, the weights from the LSE"};
@@ -85,7 +91,7 @@ void sdpa(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& opt
   const Backend backend = choose(p, options).backend;  // throws where explicit flash or strict refuse fp64
   if (no_queries(p)) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (backend == Backend::flash && p.out.weights.empty()) return flash_forward(p);
+    if (backend == Backend::flash && p.out.weights.empty()) return flash_forward(p, options.precision);
     if (backend == Backend::flash) {  // flash never holds a row of weights: its LSE gives them
       SdpaProblem<float> f = p;
       f.out.weights = {};

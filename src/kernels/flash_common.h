@@ -1,6 +1,7 @@
 // FlashAttention building blocks shared by the CPU flash kernels (forward and backward): the
 // packing of K (as Kᵀ panels) and V, the register-blocked tile products S = Q·Kᵀ and O = α⊙O + P·V (on
-// register_block.h's microkernel, the GEMM's), and a vectorized exp2. Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
+// register_block.h's microkernel, the GEMM's; in fp32, or over bf16 pairs on its DpBlock), and a
+// vectorized exp2 (which can write P as bf16 pairs). Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
 // these over tiles) and not a general GEMM (sizes are those of attention tiles).
 //
 // The target-independent part (packing, constants) is flash_pack.h. This SIMD part
@@ -84,14 +85,60 @@ HWY_INLINE float SumLanes(const VF* acc) {
   return lane[0];
 }
 
+// ---- bf16 pairs (pairs.h's layout) in registers ----
+using DU = hn::RebindToUnsigned<DF>;
+using VU = hn::Vec<DU>;
+
+// x rounded to bf16 in each lane's high half: nearest even, a NaN truncated so it stays NaN (the rounding
+// of to_half, half_kv.h).
+HWY_INLINE VU RoundedBf16(VF x) {
+  const DU du;
+  const VU bits = hn::BitCast(du, x);
+  const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u))));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), bits, rounded);
+}
+
+// The N pair words of 2N consecutive floats, a then b: word q = bf16(element 2q) | bf16(element 2q + 1) << 16.
+HWY_INLINE VU PairWords(VF a, VF b) {
+  const DU du;
+#if HWY_TARGET == HWY_SCALAR
+  return hn::Set(du, hn::GetLane(hn::ShiftRight<16>(RoundedBf16(a))) | (hn::GetLane(RoundedBf16(b)) & 0xFFFF0000u));
+#else
+  const hn::Repartition<uint16_t, DF> d16;  // the odd halves of each lane are the bf16 values, in order
+  return hn::BitCast(du, hn::ConcatOdd(d16, hn::BitCast(d16, RoundedBf16(b)), hn::BitCast(d16, RoundedBf16(a))));
+#endif
+}
+
+// words[q] for the elements of row [0, n), n a multiple of the lanes: ceil(n/2N)·N words (an odd last
+// vector is paired with zeros).
+HWY_INLINE void PairRow(const float* HWY_RESTRICT row, int64_t n, uint32_t* HWY_RESTRICT words) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  for (int64_t j = 0; j < n; j += 2 * N)
+    hn::StoreU(PairWords(hn::LoadU(d, row + j), j + N < n ? hn::LoadU(d, row + j + N) : hn::Zero(d)), DU(), words + j / 2);
+}
+
 // row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes); returns the sum of the new row over the
-// virtual lanes (SumLanes).
-HWY_INLINE float Exp2Row(float* HWY_RESTRICT row, int64_t n, float m) {
+// virtual lanes (SumLanes). With words (bf16): the new row goes to words as PairRow writes it, not to row.
+HWY_INLINE float Exp2Row(float* HWY_RESTRICT row, int64_t n, float m, uint32_t* HWY_RESTRICT words = nullptr) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const VF vm = hn::Set(d, m);
   VF sum[kSumVecs];
   for (int64_t v = 0; v < kSumVecs; ++v) sum[v] = hn::Zero(d);
+  if (words) {  // vector i of the row goes to virtual lanes i % kSumVecs, in order, as below
+    for (int64_t j = 0; j < n; j += 2 * N) {
+      const VF p0 = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+      VF p1 = hn::Zero(d);
+      sum[(j / N) % kSumVecs] = hn::Add(sum[(j / N) % kSumVecs], p0);
+      if (j + N < n) {
+        p1 = Exp2(d, hn::Sub(hn::LoadU(d, row + j + N), vm));
+        sum[(j / N + 1) % kSumVecs] = hn::Add(sum[(j / N + 1) % kSumVecs], p1);
+      }
+      hn::StoreU(PairWords(p0, p1), DU(), words + j / 2);
+    }
+    return SumLanes(sum);
+  }
   for (int64_t j0 = 0; j0 < n; j0 += kSumLanes)
 #pragma GCC unroll 16
     for (int64_t v = 0; v < kSumVecs; ++v) {
@@ -140,42 +187,90 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY
   ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, o + r * ldo + j * N); });
 }
 
-// Runtime block sizes (mr <= kMR, nv <= kNV) to the template instance; the tails of a tile use the
-// smaller ones.
-template <int NV, int MR = kMR, class... Args>
-HWY_INLINE void QKRows(int64_t mr, Args... args) {
-  if constexpr (MR > 1)
-    if (mr < MR) return QKRows<NV, MR - 1>(mr, args...);
-  QKBlock<MR, NV>(args...);
+// S (MR, NV·N) = qscale · (Q (MR, D2) · Kᵀ (D2, NV·N)) over bf16 pairs (DpBlock), plus what S holds already
+// if `add` (the mask bias): q: MR rows of D2 pair words, ldq apart; kt: NV consecutive Kᵀ pair panels
+// ((D2, N) words), ldp words apart. The scale is applied to the fp32 sum, as torch's bf16 SDPA does.
+template <bool kDp, int MR, int NV>
+HWY_NOINLINE void QK16Block(const uint32_t* HWY_RESTRICT q, int64_t ldq, const uint32_t* HWY_RESTRICT kt,
+                            int64_t ldp, int64_t D2, float qscale, float* HWY_RESTRICT s, int64_t lds, bool add) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  VF acc[MR][NV];
+  ForBlock<MR, NV>([&](int r, int j) { acc[r][j] = hn::Zero(d); });
+  DpBlock<kDp, MR, NV>(d, acc, ARows<uint32_t>{q, ldq, 1}, MR, BRows<uint32_t>{kt, N, ldp}, D2);
+  const VF vs = hn::Set(d, qscale);
+  ForBlock<MR, NV>([&](int r, int j) {
+    float* dst = s + r * lds + j * N;
+    hn::StoreU(add ? hn::MulAdd(acc[r][j], vs, hn::LoadU(d, dst)) : hn::Mul(acc[r][j], vs), d, dst);
+  });
 }
+
+// O (MR, NV·N) = α ⊙ O + P (MR, n2) · V (n2, NV·N) over bf16 pairs (DpBlock); α per row, or none.
+// p: MR rows of n2 pair words (keys 2q, 2q + 1), ldp apart; v: pair rows of V (keys 2q, 2q + 1 of each
+// column), ldv words apart. o: row stride ldo.
+template <bool kDp, int MR, int NV>
+HWY_NOINLINE void PV16Block(const uint32_t* HWY_RESTRICT p, int64_t ldp, const uint32_t* HWY_RESTRICT v,
+                            int64_t ldv, int64_t n2, float* HWY_RESTRICT o, int64_t ldo,
+                            const float* HWY_RESTRICT alpha) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  VF acc[MR][NV];
+  ForBlock<MR, NV>([&](int r, int j) {
+    acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
+    if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
+  });
+  DpBlock<kDp, MR, NV>(d, acc, ARows<uint32_t>{p, ldp, 1}, MR, BRows<uint32_t>{v, ldv, N}, n2);
+  ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, o + r * ldo + j * N); });
+}
+
+// The (mr, nv) instance of Op::Run, mr <= MR and nv <= NV: the tails of a tile run the smaller blocks.
+template <class Op, int MR = kMR, int NV = kNV, class... Args>
+HWY_INLINE void RunBlock(int64_t mr, int64_t nv, Args... args) {
+  if constexpr (NV > 1)
+    if (nv < NV) return RunBlock<Op, MR, NV - 1>(mr, nv, args...);
+  if constexpr (MR > 1)
+    if (mr < MR) return RunBlock<Op, MR - 1, NV>(mr, nv, args...);
+  Op::template Run<MR, NV>(args...);
+}
+struct QKOp {
+  template <int MR, int NV, class... Args>
+  static HWY_INLINE void Run(Args... args) { QKBlock<MR, NV>(args...); }
+};
+template <bool TransA>
+struct PVOp {
+  template <int MR, int NV, class... Args>
+  static HWY_INLINE void Run(Args... args) { PVBlock<MR, NV, TransA>(args...); }
+};
+template <bool kDp>
+struct QK16Op {
+  template <int MR, int NV, class... Args>
+  static HWY_INLINE void Run(Args... args) { QK16Block<kDp, MR, NV>(args...); }
+};
+template <bool kDp>
+struct PV16Op {
+  template <int MR, int NV, class... Args>
+  static HWY_INLINE void Run(Args... args) { PV16Block<kDp, MR, NV>(args...); }
+};
 template <int NV = kNV, class... Args>
-HWY_INLINE void QK(int64_t mr, int64_t nv, Args... args) {
-  if constexpr (NV > 1)
-    if (nv < NV) return QK<NV - 1>(mr, nv, args...);
-  QKRows<NV>(mr, args...);
-}
-template <int NV, int MR = kMR, bool TransA = false, class... Args>
-HWY_INLINE void PVRows(int64_t mr, Args... args) {
-  if constexpr (MR > 1)
-    if (mr < MR) return PVRows<NV, MR - 1, TransA>(mr, args...);
-  PVBlock<MR, NV, TransA>(args...);
-}
+HWY_INLINE void QK(int64_t mr, int64_t nv, Args... args) { RunBlock<QKOp, kMR, NV>(mr, nv, args...); }
 template <int NV = kNV, bool TransA = false, class... Args>
-HWY_INLINE void PV(int64_t mr, int64_t nv, Args... args) {
-  if constexpr (NV > 1)
-    if (nv < NV) return PV<NV - 1, TransA>(mr, nv, args...);
-  PVRows<NV, kMR, TransA>(mr, args...);
+HWY_INLINE void PV(int64_t mr, int64_t nv, Args... args) { RunBlock<PVOp<TransA>, kMR, NV>(mr, nv, args...); }
+
+// f(r, c, mr, nv) for the kMR x kNV blocks of a (rows, nvec vectors) tile: vectors [c, c + nv) of rows
+// [r, r + mr), column blocks outer.
+template <class F>
+HWY_INLINE void ForTile(int64_t rows, int64_t nvec, F&& f) {
+  for (int64_t c = 0; c < nvec; c += kNV)
+    for (int64_t r = 0; r < rows; r += kMR) f(r, c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(kNV, nvec - c));
 }
 
 // S (rows, lds) = Q (rows, D) · Kᵀ over np panels (+ S if add), blocked kMR x kNV.
 HWY_INLINE void QKTile(const float* q, int64_t rows, int64_t D, const float* kt, int64_t np, float* s,
                        int64_t lds, bool add) {
   const int64_t N = hn::Lanes(DF());
-  for (int64_t j = 0; j < np; j += kNV) {
-    const int64_t nv = np - j < kNV ? np - j : kNV;
-    for (int64_t r = 0; r < rows; r += kMR)
-      QK(rows - r < kMR ? rows - r : kMR, nv, q + r * D, D, kt + j * D * N, D * N, D, s + r * lds + j * N, lds, add);
-  }
+  ForTile(rows, np, [&](int64_t r, int64_t j, int64_t mr, int64_t nv) {
+    QK(mr, nv, q + r * D, D, kt + j * D * N, D * N, D, s + r * lds + j * N, lds, add);
+  });
 }
 
 // O (rows, Dvp) = α ⊙ O + P (rows, n) · V (n, Dvp), blocked kMR x kNV; alpha may be nullptr. V's elements
@@ -184,13 +279,32 @@ template <typename E = float, class Load = LoadF32>
 HWY_INLINE void PVTile(const float* p, int64_t rows, int64_t ldp, const E* v, int64_t ldv, int64_t n,
                        float* o, int64_t Dvp, const float* alpha, Load load = Load(), int64_t pf_rows = 0) {
   const int64_t N = hn::Lanes(DF());
-  const int64_t nvec = Dvp / N;
-  for (int64_t c = 0; c < nvec; c += kNV) {
-    const int64_t nv = nvec - c < kNV ? nvec - c : kNV;
-    for (int64_t r = 0; r < rows; r += kMR)
-      PV(rows - r < kMR ? rows - r : kMR, nv, p + r * ldp, ldp, v + c * N, ldv, n, o + r * Dvp + c * N, Dvp,
-         alpha ? alpha + r : nullptr, load, r == 0 ? pf_rows : 0);
-  }
+  ForTile(rows, Dvp / N, [&](int64_t r, int64_t c, int64_t mr, int64_t nv) {
+    PV(mr, nv, p + r * ldp, ldp, v + c * N, ldv, n, o + r * Dvp + c * N, Dvp, alpha ? alpha + r : nullptr, load,
+       r == 0 ? pf_rows : 0);
+  });
+}
+
+// QKTile over bf16 pairs: S (rows, lds) = qscale · Q (rows, D2 pairs) · Kᵀ pair panels (+ S if add).
+template <bool kDp>
+HWY_INLINE void QK16Tile(const uint32_t* q, int64_t rows, int64_t D2, const uint32_t* kt, int64_t np, float qscale,
+                         float* s, int64_t lds, bool add) {
+  const int64_t N = hn::Lanes(DF());
+  ForTile(rows, np, [&](int64_t r, int64_t j, int64_t mr, int64_t nv) {
+    RunBlock<QK16Op<kDp>>(mr, nv, q + r * D2, D2, kt + j * D2 * N, D2 * N, D2, qscale, s + r * lds + j * N, lds,
+                          add);
+  });
+}
+
+// PVTile over bf16 pairs: O (rows, Dvp) = α ⊙ O + P (rows, n2 pairs, ldp apart) · V pair rows (ldv = Dvp).
+template <bool kDp>
+HWY_INLINE void PV16Tile(const uint32_t* p, int64_t rows, int64_t ldp, const uint32_t* v, int64_t n2, float* o,
+                         int64_t Dvp, const float* alpha) {
+  const int64_t N = hn::Lanes(DF());
+  ForTile(rows, Dvp / N, [&](int64_t r, int64_t c, int64_t mr, int64_t nv) {
+    RunBlock<PV16Op<kDp>>(mr, nv, p + r * ldp, ldp, v + c * N, Dvp, n2, o + r * Dvp + c * N, Dvp,
+                          alpha ? alpha + r : nullptr);
+  });
 }
 
 }  // namespace attn::flash::HWY_NAMESPACE

@@ -295,21 +295,6 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
 }
 
-namespace {
-thread_local Precision t_precision = Precision::f32;
-}  // namespace
-
-const char* to_string(Precision p) { return p == Precision::bf16 ? "bf16" : "f32"; }
-Precision parse_precision(const std::string& s) {
-  if (s == "f32" || s == "float32") return Precision::f32;
-  if (s == "bf16" || s == "bfloat16") return Precision::bf16;
-  ATTN_CHECK(false, "Expected a dtype f32 (float32) or bf16 (bfloat16), but got '", s, "' instead");
-  return Precision::f32;
-}
-Precision matmul_precision() { return t_precision; }
-Autocast::Autocast(Precision p) : saved_(t_precision) { t_precision = p; }
-Autocast::~Autocast() { t_precision = saved_; }
-
 template <typename T>
 void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
   const int64_t n = x.size(0), in = x.size(1), out = w.size(0);

@@ -25,11 +25,8 @@
 #include "attn/kernels/half_kv.h"
 #include "attn/threads.h"
 #include "gemm_blocking.h"
+#include "pairs.h"
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr: DAZ and FTZ for the emulation
-#endif
 
 #ifndef ATTN_GEMM_BF16_ONCE
 #define ATTN_GEMM_BF16_ONCE
@@ -50,30 +47,6 @@ struct Bf16Args {
   int64_t ldc;
 };
 
-// MXCSR with DAZ (bit 6) and FTZ (bit 15) set while alive, where asked: the emulation's fp32 FMAs then
-// flush as VDPBF16PS does. Per thread: set inside each parallel_for body.
-class FlushSubnormals {
- public:
-  explicit FlushSubnormals(bool on) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (on) saved_ = _mm_getcsr(), _mm_setcsr(saved_ | 0x8040u), on_ = true;
-#else
-    (void)on;
-#endif
-  }
-  ~FlushSubnormals() {
-#if defined(__x86_64__) || defined(__i386__)
-    if (on_) _mm_setcsr(saved_);
-#endif
-  }
-  FlushSubnormals(const FlushSubnormals&) = delete;
-  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
-
- private:
-  unsigned saved_ = 0;
-  bool on_ = false;
-};
-
 }  // namespace attn::gemm_detail
 #endif  // ATTN_GEMM_BF16_ONCE
 
@@ -83,17 +56,19 @@ class FlushSubnormals {
 #include <hwy/highway.h>
 
 #include "gemm_tile.h"
-#include "register_block.h"  // ForBlock
+#include "register_block.h"  // ForBlock, DpBlock
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::gemm_detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using regblock::HWY_NAMESPACE::ARows;
+using regblock::HWY_NAMESPACE::BRows;
+using regblock::HWY_NAMESPACE::DpBlock;
 using regblock::HWY_NAMESPACE::ForBlock;
+using namespace attn::pairs;
 
 using DF = hn::ScalableTag<float>;
-using DU = hn::RebindToUnsigned<DF>;
 using VF = hn::Vec<DF>;
-using VU = hn::Vec<DU>;
 
 // Register blocks: kMR rows x NV vectors of fp32 accumulators. AVX-512 (32 registers): 6 x 4 with
 // VDPBF16PS (24 accumulators, 4 B vectors), 6 x 3 emulated (each B vector widens to two). The
@@ -101,12 +76,6 @@ using VU = hn::Vec<DU>;
 #if ATTN_AVX512_TARGET(HWY_TARGET)
 constexpr bool kDpTarget = true;
 constexpr int kMR = 6, kNVDp = 4, kNVEmu = 3;
-// acc += a · b pairwise: VDPBF16PS, through the assembler (the compiler is not asked for the feature:
-// this runs only where cpu_info().bf16 says the CPU has it).
-HWY_INLINE VF Dp(VF acc, VU a, VU b) {
-  asm("vdpbf16ps %2, %1, %0" : "+v"(acc.raw) : "v"(a.raw), "v"(b.raw));
-  return acc;
-}
 #else
 constexpr bool kDpTarget = false;
 constexpr int kMR = 4, kNVDp = 1, kNVEmu = 2;
@@ -114,39 +83,6 @@ constexpr int kMR = 4, kNVDp = 1, kNVEmu = 2;
 
 // Pair words from one packed A panel to the next: kc·kMR plus one cache line (gemm.cpp's PanelStride).
 inline int64_t PanelStride(int64_t kc) { return kc * kMR + 16; }
-
-// n elements of a row as bf16 bits: fp32 rounded to nearest even by to_half (half_kv.h: the rounding of
-// every fp32 -> bf16 conversion in attn), bf16 copied.
-inline void Row16(const float* src, int64_t n, uint16_t* dst) { to_half(KvDtype::bf16, src, n, dst); }
-inline void Row16(const uint16_t* src, int64_t n, uint16_t* dst) { std::memcpy(dst, src, size_t(n) * 2); }
-
-constexpr int64_t kRun = 512;  // elements converted at a time (a stack buffer)
-
-// The pair words of one row of op(X) where k runs along the row (2·kc elements from src, k past `valid`
-// zero): out[q] = bf16(src[2q]) | bf16(src[2q + 1]) << 16, the row's bf16 bits seen as 32-bit words.
-// kc <= kRun / 2.
-template <typename S>
-HWY_INLINE void PairsAlongRow(const S* src, int64_t kc, int64_t valid, uint32_t* HWY_RESTRICT out) {
-  uint16_t halves[kRun];
-  const int64_t n = std::min(2 * kc, valid);
-  Row16(src, n, halves);
-  if (n < 2 * kc) halves[n] = 0;  // K odd: a zero pairs the last k
-  std::memcpy(out, halves, size_t(kc) * sizeof(uint32_t));  // little-endian: element 2q is word q's low half
-}
-
-// The pair words of two rows of op(X) where k runs across rows (row k and row k + 1; hi null: a zero
-// row): out[j] = bf16(lo[j]) | bf16(hi[j]) << 16, j < n.
-template <typename S>
-HWY_INLINE void PairsAcrossRows(const S* lo, const S* hi, int64_t n, uint32_t* HWY_RESTRICT out) {
-  uint16_t l[kRun], h[kRun];
-  for (int64_t j0 = 0; j0 < n; j0 += kRun) {
-    const int64_t m = std::min(kRun, n - j0);
-    Row16(lo + j0, m, l);
-    if (hi) Row16(hi + j0, m, h);
-    else std::fill(h, h + m, uint16_t(0));
-    for (int64_t j = 0; j < m; ++j) out[j0 + j] = uint32_t(l[j]) | uint32_t(h[j]) << 16;
-  }
-}
 
 // op(B) pairs [q0, q0 + kc) x columns [j0, j0 + nr) -> (kc, nr) words (2p low, 2p+1 high); columns past
 // N and a k past K are 0.
@@ -224,43 +160,13 @@ template <int NV, bool kDp>
 HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
                         float* HWY_RESTRICT c, int64_t ldc, Start start, float beta) {
   const DF df;
-  const DU du;
   const int64_t N = hn::Lanes(df);
   VF acc[kMR][NV];
   ForBlock<kMR, NV>([&](int r, int j) {
     acc[r][j] = start == Start::zero ? hn::Zero(df) : hn::LoadU(df, c + r * ldc + j * N);
     if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(df, beta), acc[r][j]);
   });
-  const VU high = hn::Set(du, 0xFFFF0000u);
-  for (int64_t q = 0; q < kc; ++q) {
-    VU b[NV];
-#pragma GCC unroll 16
-    for (int j = 0; j < NV; ++j) b[j] = hn::Load(du, bp + q * ldbp + j * N);
-    if constexpr (kDp) {
-#if ATTN_AVX512_TARGET(HWY_TARGET)
-#pragma GCC unroll 16
-      for (int r = 0; r < kMR; ++r) {
-        const VU a = hn::Set(du, ap[q * kMR + r]);
-#pragma GCC unroll 16
-        for (int j = 0; j < NV; ++j) acc[r][j] = Dp(acc[r][j], a, b[j]);
-      }
-#endif
-    } else {
-      VF odd[NV], even[NV];
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) {
-        odd[j] = hn::BitCast(df, hn::And(b[j], high));
-        even[j] = hn::BitCast(df, hn::ShiftLeft<16>(b[j]));
-      }
-#pragma GCC unroll 16
-      for (int r = 0; r < kMR; ++r) {
-        const VU a = hn::Set(du, ap[q * kMR + r]);
-        const VF ao = hn::BitCast(df, hn::And(a, high)), ae = hn::BitCast(df, hn::ShiftLeft<16>(a));
-#pragma GCC unroll 16
-        for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(ae, even[j], hn::MulAdd(ao, odd[j], acc[r][j]));
-      }
-    }
-  }
+  DpBlock<kDp, kMR, NV>(df, acc, ARows<uint32_t>{ap, 1, kMR}, kMR, BRows<uint32_t>{bp, ldbp, N}, kc);
   ForBlock<kMR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], df, c + r * ldc + j * N); });
 }
 

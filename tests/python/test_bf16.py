@@ -97,3 +97,31 @@ def test_bf16_decoder_logits_are_near_fp32_and_generate_runs_in_bf16(tmp_path):
                 "8", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode() == bf16.tokenizer.decode(prompt + new) + "\n"
+
+
+def test_bf16_sdpa_multiplies_in_bf16_near_torchs_bf16_flash_kernel():
+    """attn.torch on bfloat16 tensors runs the bf16 flash forward (dtype="bfloat16" in attn's own API, the same
+    numbers): an error of bf16's size against fp64 (far above fp32's), as close to the truth as torch's own
+    bf16 SDPA (its CPU flash kernel, bf16 products and fp32 softmax too), on causal GQA shapes with odd sizes."""
+    import torch
+    import attn.torch
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 300, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, 2, 301, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    args = dict(is_causal=True, enable_gqa=True)
+    ours = attn.torch.scaled_dot_product_attention(q, k, v, **args)
+    with torch.no_grad():
+        theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, **args)
+    truth = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), **args)
+    q32, k32, v32 = (t.float().numpy() for t in (q, k, v))
+    direct = attn.scaled_dot_product_attention(q32, k32, v32, dtype="bfloat16", **args)
+    f32 = attn.scaled_dot_product_attention(q32, k32, v32, **args)
+    assert ours.dtype == torch.bfloat16
+    np.testing.assert_array_equal(ours.float().numpy(), torch.from_numpy(direct).to(torch.bfloat16).float().numpy())
+    err = lambda x: float((torch.as_tensor(x).double() - truth).abs().max())  # noqa: E731
+    assert err(direct) > 20 * err(f32), (err(direct), err(f32))  # the products were bf16
+    assert err(ours.float()) <= 1.2 * err(theirs.float()), (err(ours.float()), err(theirs.float()))  # bf16 out both
+    reason = attn.scaled_dot_product_attention(q32, k32, v32, dtype="bfloat16", explain=True, **args)[1]
+    assert "bf16" in reason, reason
+    with pytest.raises(attn.AttnError, match="Expected a dtype f32"):
+        attn.scaled_dot_product_attention(q32, k32, v32, dtype="half", **args)

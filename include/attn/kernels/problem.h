@@ -23,6 +23,7 @@
 
 #include "attn/check.h"
 #include "attn/mask.h"
+#include "attn/precision.h"
 #include "attn/rng.h"
 #include "attn/tensor.h"
 
@@ -198,8 +199,11 @@ SdpaProblem<T> make_problem(const SdpaArgs<T>& args, const SdpaOut<T>& out);
 template <typename T>
 void reference_forward(const SdpaProblem<T>& p);
 // FlashAttention-2 forward, fp32 only: never materializes the weights (p.out.weights must be empty),
-// writes out and, if requested, LSE. Same result for any thread count.
-void flash_forward(const SdpaProblem<float>& p);
+// writes out and, if requested, LSE. Same result for any thread count. precision bf16: Q·Kᵀ and P·V over
+// bf16 pairs (Q, K, V and P rounded to bf16, fp32 sums, scale, softmax state and output; VDPBF16PS or its
+// exact emulation, the same bits on every FMA CPU); decoding shapes (flash_decode) stay fp32.
+void flash_forward(const SdpaProblem<float>& p, Precision precision);
+inline void flash_forward(const SdpaProblem<float>& p) { flash_forward(p, Precision::f32); }
 // The weights p.out.weights (B, H, L, S) of a forward whose p.out.lse is written (flash_forward's):
 // keep ∘ exp(Q·Kᵀ·scale + bias − lse), one GEMM per head. Needs unit column strides of Q, K and weights.
 void weights_from_lse(const SdpaProblem<float>& p);

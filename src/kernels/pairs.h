@@ -1,0 +1,76 @@
+// bf16 pairs: the operand layout of AVX512_BF16's VDPBF16PS, shared by the bf16 GEMM (gemm_bf16.cpp) and
+// the bf16 flash forward (flash_forward.cpp). A 32-bit word holds two bf16 of consecutive k: k = 2q in
+// the low half, 2q + 1 in the high half. fp32 is rounded to bf16 by to_half (half_kv.h: round to nearest
+// even, the rounding of every fp32 -> bf16 conversion in attn). Plain C++, not SIMD: register_block.h's
+// DpBlock multiplies the pairs.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "attn/kernels/half_kv.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr: DAZ and FTZ for the emulation
+#endif
+
+namespace attn::pairs {
+
+// MXCSR with DAZ (bit 6) and FTZ (bit 15) set while alive, where asked: fp32 arithmetic then flushes as
+// VDPBF16PS does (DpBlock's emulation needs it). Per thread: set inside each parallel body.
+class FlushSubnormals {
+ public:
+  explicit FlushSubnormals(bool on) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (on) saved_ = _mm_getcsr(), _mm_setcsr(saved_ | 0x8040u), on_ = true;
+#else
+    (void)on;
+#endif
+  }
+  ~FlushSubnormals() {
+#if defined(__x86_64__) || defined(__i386__)
+    if (on_) _mm_setcsr(saved_);
+#endif
+  }
+  FlushSubnormals(const FlushSubnormals&) = delete;
+  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+
+ private:
+  unsigned saved_ = 0;
+  bool on_ = false;
+};
+
+// n elements of a row as bf16 bits: fp32 rounded, bf16 copied.
+inline void Row16(const float* src, int64_t n, uint16_t* dst) { to_half(KvDtype::bf16, src, n, dst); }
+inline void Row16(const uint16_t* src, int64_t n, uint16_t* dst) { std::memcpy(dst, src, size_t(n) * 2); }
+
+inline constexpr int64_t kRun = 512;  // elements converted at a time (a stack buffer)
+
+// The pair words of a row where k runs along it: `pairs` words from src's first min(2·pairs, valid)
+// elements, a k past `valid` zero: out[q] = bf16(src[2q]) | bf16(src[2q + 1]) << 16. Any length.
+template <typename S>
+inline void PairsAlongRow(const S* src, int64_t pairs, int64_t valid, uint32_t* out) {
+  uint16_t halves[kRun];
+  for (int64_t q0 = 0; q0 < pairs; q0 += kRun / 2, src += kRun, valid -= kRun, out += kRun / 2) {
+    const int64_t qn = std::min(kRun / 2, pairs - q0), n = std::clamp<int64_t>(valid, 0, 2 * qn);
+    Row16(src, n, halves);
+    std::fill(halves + n, halves + 2 * qn, uint16_t(0));
+    std::memcpy(out, halves, size_t(qn) * sizeof(uint32_t));  // little-endian: element 2q is word q's low half
+  }
+}
+
+// The pair words of two rows where k runs across rows (row k and row k + 1; hi null: a zero row):
+// out[j] = bf16(lo[j]) | bf16(hi[j]) << 16, j < n.
+template <typename S>
+inline void PairsAcrossRows(const S* lo, const S* hi, int64_t n, uint32_t* out) {
+  uint16_t l[kRun], h[kRun];
+  for (int64_t j0 = 0; j0 < n; j0 += kRun) {
+    const int64_t m = std::min(kRun, n - j0);
+    Row16(lo + j0, m, l);
+    if (hi) Row16(hi + j0, m, h);
+    else std::fill(h, h + m, uint16_t(0));
+    for (int64_t j = 0; j < m; ++j) out[j0 + j] = uint32_t(l[j]) | uint32_t(h[j]) << 16;
+  }
+}
+
+}  // namespace attn::pairs
