@@ -167,6 +167,23 @@ HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float*
   });
 }
 
+// The (MR, NV·N) accumulators of O (row stride ldo) times α per row (nullptr: none), and back.
+template <int MR, int NV>
+HWY_INLINE void LoadO(VF (&acc)[MR][NV], const float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  ForBlock<MR, NV>([&](int r, int j) {
+    acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
+    if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
+  });
+}
+template <int MR, int NV>
+HWY_INLINE void StoreO(const VF (&acc)[MR][NV], float* HWY_RESTRICT o, int64_t ldo) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, o + r * ldo + j * N); });
+}
+
 // O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N); α per row, or none (nullptr: α = 1).
 // p: row stride ldp, or with TransA P's transpose stored (n, ldp) (the backward's dQ = dS·K from dSᵀ).
 // v: rows ldv apart, elements E read by load. o: row stride ldo. pf_rows: with each V row s, prefetch
@@ -178,13 +195,10 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
-  ForBlock<MR, NV>([&](int r, int j) {
-    acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
-    if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
-  });
+  LoadO(acc, o, ldo, alpha);
   const ARows<float> a = TransA ? ARows<float>{p, 1, ldp} : ARows<float>{p, ldp, 1};
   FmaBlock<MR, NV>(d, acc, a, MR, BRows<E>{v, ldv, N}, n, load, pf_rows);
-  ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, o + r * ldo + j * N); });
+  StoreO(acc, o, ldo);
 }
 
 // S (MR, NV·N) = qscale · (Q (MR, D2) · Kᵀ (D2, NV·N)) over bf16 pairs (DpBlock), plus what S holds already
@@ -215,12 +229,9 @@ HWY_NOINLINE void PV16Block(const uint32_t* HWY_RESTRICT p, int64_t ldp, const u
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
-  ForBlock<MR, NV>([&](int r, int j) {
-    acc[r][j] = hn::LoadU(d, o + r * ldo + j * N);
-    if (alpha) acc[r][j] = hn::Mul(acc[r][j], hn::Set(d, alpha[r]));
-  });
+  LoadO(acc, o, ldo, alpha);
   DpBlock<kDp, MR, NV>(d, acc, ARows<uint32_t>{p, ldp, 1}, MR, BRows<uint32_t>{v, ldv, N}, n2);
-  ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, o + r * ldo + j * N); });
+  StoreO(acc, o, ldo);
 }
 
 // The (mr, nv) instance of Op::Run, mr <= MR and nv <= NV: the tails of a tile run the smaller blocks.
