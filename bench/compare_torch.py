@@ -20,16 +20,18 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attn
-from _common import set_threads
+from _common import set_threads, settle
 
 
 def interleaved_medians(contenders, reps):
-    """Runs each contender once per round, rounds `reps` times after a warm-up; median seconds each."""
+    """Runs each contender once per round, rounds `reps` times after a warm-up, each timing after a pause
+    (settle); median seconds each."""
     times = {name: [] for name in contenders}
     for fn in contenders.values():
         fn()
     for _ in range(reps):
         for name, fn in contenders.items():
+            settle()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

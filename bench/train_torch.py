@@ -39,7 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import attn
-from _common import set_threads
+from _common import set_threads, settle
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare.txt"  # --data overrides
@@ -200,6 +200,7 @@ def throughput(args):
     times = {k: [] for k in steps}
     for _ in range(args.reps):
         for name, fn in steps.items():
+            settle()
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 fn()
