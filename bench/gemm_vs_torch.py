@@ -7,6 +7,11 @@ Shapes as bench/gemm_candidates.cpp: 2048³, the training shapes (M = B·T in {7
 header, GFLOP/s of each and the ratio attn / MKL (> 1: attn faster). --dtype bf16: attn's gemm_bf16 on bf16
 operands (fp32 C) against attn's fp32 gemm and torch.mm on bfloat16 tensors (oneDNN; its C is bf16), all
 three interleaved. A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
+
+Each timing starts --pause (20 ms) after the one before: torch's OpenMP team (libgomp) spins for a few ms after
+torch.mm returns, and a timing that starts then shares the cores with it (on a 2-vCPU Zen 4, attn's
+768x128x512 NT read 90 GFLOP/s right after torch, 98 after 1 ms, 132 after 3 ms, 177 after 10 ms; attn's
+own pool spins 100 us). --pause 0: the old back-to-back timings.
 """
 import argparse
 import statistics
@@ -49,13 +54,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
+    ap.add_argument("--pause", type=float, default=0.02, help="seconds between timings (see above)")
     args = ap.parse_args()
     print(cpu_header())
     rng = np.random.default_rng(0)
     for t in (int(x) for x in args.threads.split(",")):
         torch.set_num_threads(t)
         attn.set_num_threads(t)
-        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds")
+        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds, {args.pause * 1e3:g} ms apart")
         if args.dtype == "bf16":
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn bf16':>10} {'attn f32':>9} {'torch bf16':>11} "
                   f"{'bf16/f32':>9} {'attn/torch':>11}")
@@ -94,6 +100,7 @@ def main():
             assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
             for _ in range(args.rounds):
                 for name, fn in runs.items():
+                    time.sleep(args.pause)  # the other side's threads asleep again
                     t0 = time.perf_counter()
                     fn()
                     times[name].append((time.perf_counter() - t0) / reps)
