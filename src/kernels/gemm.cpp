@@ -229,7 +229,7 @@ void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* 
 template <typename T>
 void Gemm(const Args<T>& g) {
   const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T>();
-  const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T), tuned_for(HWY_TARGET));
+  const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T), tuned_for(HWY_TARGET), g.ta);
   const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
   // A is packed where its panels meet enough B panels to repay the copy (or alpha must be folded in);
   // else the microkernels read it where it is. Either way the same products in the same order.
