@@ -45,10 +45,23 @@ inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr
   mc = std::min(mc, ceil_div(M, mr) * mr);
   // Enough tiles to keep every thread busy (>= 4 per thread), cutting the longer side. The tiles only
   // decide which thread computes an element, not its value.
-  const int64_t want = num_threads() > 1 ? 4 * num_threads() : 1;
+  const int64_t threads = num_threads(), want = threads > 1 ? 4 * threads : 1;
   while (ceil_div(M, mc) * ceil_div(N, nt) < want && (mc > mr || nt > nr)) {
     if (mc / mr >= nt / nr) mc = std::max(mr, (mc / mr / 2) * mr);
     else nt = std::max(nr, (nt / nr / 2) * nr);
+  }
+  // ... and a whole number of tiles per thread where a few more row tiles give it: 768 rows at mc = 60 were
+  // 13 tiles, 7 for one thread and 6 for the other (the last tile waited for). Rows cut into tm runs of
+  // equal panels, tm the first count from here up to twice it whose tiles divide among the threads.
+  if (threads > 1 && ceil_div(M, mc) * ceil_div(N, nt) % threads != 0) {
+    const int64_t mp = ceil_div(M, mr), tn = ceil_div(N, nt), tm0 = ceil_div(M, mc);
+    for (int64_t tm = tm0; tm <= std::min(mp, 2 * tm0); ++tm) {
+      const int64_t panels = ceil_div(mp, tm);
+      if (ceil_div(mp, panels) * tn % threads == 0) {
+        mc = panels * mr;
+        break;
+      }
+    }
   }
   b.mc = mc, b.nt = nt;
   // A panel is read once per B panel; packing it costs about one read and one write of A. Derived: pack
