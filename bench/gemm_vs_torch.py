@@ -61,12 +61,13 @@ def main():
     for t in (int(x) for x in args.threads.split(",")):
         torch.set_num_threads(t)
         attn.set_num_threads(t)
-        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds, {args.pause * 1e3:g} ms apart")
+        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds (all shapes in each), {args.pause * 1e3:g} ms apart")
         if args.dtype == "bf16":
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn bf16':>10} {'attn f32':>9} {'torch bf16':>11} "
                   f"{'bf16/f32':>9} {'attn/torch':>11}")
         else:
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
+        cases = []  # (label, flops, K, {side: timed closure}, {side: [seconds per call]}, reps)
         for what, M, N, K, ta, tb in list(shapes())[: 1 if args.quick else None]:
             a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
             b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
@@ -78,42 +79,44 @@ def main():
             flops = 2.0 * M * N * K
             reps = max(1, int(3e9 / flops / t))  # ~30 ms of work per timing
 
-            def repeated(f):  # one timing: reps calls
+            def repeated(f, reps=reps):  # one timing: reps calls
                 return lambda: [f() for _ in range(reps)]
 
-            run_attn = repeated(lambda: attn.gemm(a, b, c, trans_a=ta, trans_b=tb))
-            run_torch = repeated(lambda: torch.mm(opa, opb, out=tc))
+            run_attn = repeated(lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb))
+            run_torch = repeated(lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc))
             runs = {"attn": run_attn, "torch": run_torch}
             if args.dtype == "bf16":
                 a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
                 opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
                 na16, nb16 = a16.view(torch.int16).numpy(), b16.view(torch.int16).numpy()
                 c16, tc16 = np.empty((M, N), np.float32), torch.empty(M, N, dtype=torch.bfloat16)
-                run_attn16 = repeated(lambda: attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb))
-                run_torch16 = repeated(lambda: torch.mm(opa16, opb16, out=tc16))
+                run_attn16 = repeated(lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
+                                      attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb))
+                run_torch16 = repeated(lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16))
 
                 runs = {"attn16": run_attn16, "attn": run_attn, "torch": run_torch16}
                 run_attn16(), run_torch16()
                 assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
-            times = {k: [] for k in runs}
             run_attn(), run_torch()
             assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
-            for _ in range(args.rounds):
+            op = ("T" if ta else "N") + ("T" if tb else "N")
+            cases.append((f"{what:<13} {f'{M}x{N}x{K} {op}':>18}", flops, runs, {k: [] for k in runs}, reps))
+        # Rounds outer, shapes inner: a slow spell of the machine (a VM's vCPU taken away for seconds)
+        # lands in one round of every shape, not in every round of a few.
+        for _ in range(args.rounds):
+            for label, flops, runs, times, reps in cases:
                 for name, fn in runs.items():
                     time.sleep(args.pause)  # the other side's threads asleep again
                     t0 = time.perf_counter()
                     fn()
                     times[name].append((time.perf_counter() - t0) / reps)
+        for label, flops, runs, times, reps in cases:
             gf = {k: flops / statistics.median(v) * 1e-9 for k, v in times.items()}
-            op = ("T" if ta else "N") + ("T" if tb else "N")
             if args.dtype == "bf16":
-                print(f"{what:<13} {f'{M}x{N}x{K} {op}':>18} {gf['attn16']:10.1f} {gf['attn']:9.1f} "
-                      f"{gf['torch']:11.1f} {gf['attn16'] / gf['attn']:9.2f} {gf['attn16'] / gf['torch']:11.2f}",
-                      flush=True)
+                print(f"{label} {gf['attn16']:10.1f} {gf['attn']:9.1f} "
+                      f"{gf['torch']:11.1f} {gf['attn16'] / gf['attn']:9.2f} {gf['attn16'] / gf['torch']:11.2f}")
                 continue
-            print(f"{what:<13} {f'{M}x{N}x{K} {op}':>18} {gf['attn']:8.1f} {gf['torch']:9.1f} "
-                  f"{gf['attn'] / gf['torch']:9.2f}", flush=True)
-
+            print(f"{label} {gf['attn']:8.1f} {gf['torch']:9.1f} {gf['attn'] / gf['torch']:9.2f}", flush=True)
 
 if __name__ == "__main__":
     main()
