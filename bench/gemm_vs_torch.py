@@ -8,10 +8,12 @@ header, GFLOP/s of each and the ratio attn / MKL (> 1: attn faster). --dtype bf1
 operands (fp32 C) against attn's fp32 gemm and torch.mm on bfloat16 tensors (oneDNN; its C is bf16), all
 three interleaved. A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
 
-Each timing starts --pause (20 ms) after the one before: torch's OpenMP team (libgomp) spins for a few ms after
-torch.mm returns, and a timing that starts then shares the cores with it (on a 2-vCPU Zen 4, attn's
-768x128x512 NT read 90 GFLOP/s right after torch, 98 after 1 ms, 132 after 3 ms, 177 after 10 ms; attn's
-own pool spins 100 us). --pause 0: the old back-to-back timings.
+Each timing starts --pause (20 ms) after the one before, then one untimed call of the same side: torch's
+OpenMP team (libgomp) spins for a few ms after torch.mm returns, and a timing that starts then shares the
+cores with it (on a 2-vCPU Zen 4, attn's 768x128x512 NT read 90 GFLOP/s right after torch, 98 after 1 ms,
+132 after 3 ms, 177 after 10 ms; attn's own pool spins 100 us); the untimed call wakes this side's threads
+(and the VM's idle vCPU) again, which after the pause cost the shapes of 2-3 calls per timing up to 40%.
+--pause 0: back-to-back timings.
 """
 import argparse
 import statistics
@@ -67,7 +69,7 @@ def main():
                   f"{'bf16/f32':>9} {'attn/torch':>11}")
         else:
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
-        cases = []  # (label, flops, K, {side: timed closure}, {side: [seconds per call]}, reps)
+        cases, warms = [], []  # (label, flops, {side: timed closure}, {side: [seconds per call]}, reps); {side: one call}
         for what, M, N, K, ta, tb in list(shapes())[: 1 if args.quick else None]:
             a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
             b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
@@ -85,6 +87,8 @@ def main():
             run_attn = repeated(lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb))
             run_torch = repeated(lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc))
             runs = {"attn": run_attn, "torch": run_torch}
+            single = {"attn": repeated(lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb), 1),
+                      "torch": repeated(lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc), 1)}
             if args.dtype == "bf16":
                 a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
                 opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
@@ -95,18 +99,24 @@ def main():
                 run_torch16 = repeated(lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16))
 
                 runs = {"attn16": run_attn16, "attn": run_attn, "torch": run_torch16}
+                single = {"attn16": repeated(lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
+                                             attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb), 1),
+                          "attn": single["attn"],
+                          "torch": repeated(lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16), 1)}
                 run_attn16(), run_torch16()
                 assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
             run_attn(), run_torch()
             assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
             op = ("T" if ta else "N") + ("T" if tb else "N")
             cases.append((f"{what:<13} {f'{M}x{N}x{K} {op}':>18}", flops, runs, {k: [] for k in runs}, reps))
+            warms.append(single)
         # Rounds outer, shapes inner: a slow spell of the machine (a VM's vCPU taken away for seconds)
         # lands in one round of every shape, not in every round of a few.
         for _ in range(args.rounds):
-            for label, flops, runs, times, reps in cases:
+            for (label, flops, runs, times, reps), warm in zip(cases, warms):
                 for name, fn in runs.items():
                     time.sleep(args.pause)  # the other side's threads asleep again
+                    warm[name]()  # and this side's awake: one untimed call
                     t0 = time.perf_counter()
                     fn()
                     times[name].append((time.perf_counter() - t0) / reps)
