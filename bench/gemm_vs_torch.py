@@ -7,6 +7,13 @@ Shapes as bench/gemm_candidates.cpp: 2048³, the training shapes (M = B·T in {7
 header, GFLOP/s of each and the ratio attn / MKL (> 1: attn faster). --dtype bf16: attn's gemm_bf16 on bf16
 operands (fp32 C) against attn's fp32 gemm and torch.mm on bfloat16 tensors (oneDNN; its C is bf16), all
 three interleaved. A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
+
+Each timing starts --pause (20 ms) after the one before, then one untimed call of the same side: torch's
+OpenMP team (libgomp) spins for a few ms after torch.mm returns, and a timing that starts then shares the
+cores with it (on a 2-vCPU Zen 4, attn's 768x128x512 NT read 90 GFLOP/s right after torch, 98 after 1 ms,
+132 after 3 ms, 177 after 10 ms; attn's own pool spins 100 us); the untimed call wakes this side's threads
+(and the VM's idle vCPU) again, which after the pause cost the shapes of 2-3 calls per timing up to 40%.
+--pause 0: back-to-back timings.
 """
 import argparse
 import statistics
@@ -49,18 +56,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
+    ap.add_argument("--pause", type=float, default=0.02, help="seconds between timings (see above)")
     args = ap.parse_args()
     print(cpu_header())
     rng = np.random.default_rng(0)
     for t in (int(x) for x in args.threads.split(",")):
         torch.set_num_threads(t)
         attn.set_num_threads(t)
-        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds")
+        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds (all shapes in each), {args.pause * 1e3:g} ms apart")
         if args.dtype == "bf16":
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn bf16':>10} {'attn f32':>9} {'torch bf16':>11} "
                   f"{'bf16/f32':>9} {'attn/torch':>11}")
         else:
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
+        cases, warms = [], []  # (label, flops, {side: timed closure}, {side: [seconds per call]}, reps); {side: one call}
         for what, M, N, K, ta, tb in list(shapes())[: 1 if args.quick else None]:
             a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
             b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
@@ -72,41 +81,52 @@ def main():
             flops = 2.0 * M * N * K
             reps = max(1, int(3e9 / flops / t))  # ~30 ms of work per timing
 
-            def repeated(f):  # one timing: reps calls
+            def repeated(f, reps=reps):  # one timing: reps calls
                 return lambda: [f() for _ in range(reps)]
 
-            run_attn = repeated(lambda: attn.gemm(a, b, c, trans_a=ta, trans_b=tb))
-            run_torch = repeated(lambda: torch.mm(opa, opb, out=tc))
+            run_attn = repeated(lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb))
+            run_torch = repeated(lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc))
             runs = {"attn": run_attn, "torch": run_torch}
+            single = {"attn": repeated(lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb), 1),
+                      "torch": repeated(lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc), 1)}
             if args.dtype == "bf16":
                 a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
                 opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
                 na16, nb16 = a16.view(torch.int16).numpy(), b16.view(torch.int16).numpy()
                 c16, tc16 = np.empty((M, N), np.float32), torch.empty(M, N, dtype=torch.bfloat16)
-                run_attn16 = repeated(lambda: attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb))
-                run_torch16 = repeated(lambda: torch.mm(opa16, opb16, out=tc16))
+                run_attn16 = repeated(lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
+                                      attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb))
+                run_torch16 = repeated(lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16))
 
                 runs = {"attn16": run_attn16, "attn": run_attn, "torch": run_torch16}
+                single = {"attn16": repeated(lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
+                                             attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb), 1),
+                          "attn": single["attn"],
+                          "torch": repeated(lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16), 1)}
                 run_attn16(), run_torch16()
                 assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
-            times = {k: [] for k in runs}
             run_attn(), run_torch()
             assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
-            for _ in range(args.rounds):
+            op = ("T" if ta else "N") + ("T" if tb else "N")
+            cases.append((f"{what:<13} {f'{M}x{N}x{K} {op}':>18}", flops, runs, {k: [] for k in runs}, reps))
+            warms.append(single)
+        # Rounds outer, shapes inner: a slow spell of the machine (a VM's vCPU taken away for seconds)
+        # lands in one round of every shape, not in every round of a few.
+        for _ in range(args.rounds):
+            for (label, flops, runs, times, reps), warm in zip(cases, warms):
                 for name, fn in runs.items():
+                    time.sleep(args.pause)  # the other side's threads asleep again
+                    warm[name]()  # and this side's awake: one untimed call
                     t0 = time.perf_counter()
                     fn()
                     times[name].append((time.perf_counter() - t0) / reps)
+        for label, flops, runs, times, reps in cases:
             gf = {k: flops / statistics.median(v) * 1e-9 for k, v in times.items()}
-            op = ("T" if ta else "N") + ("T" if tb else "N")
             if args.dtype == "bf16":
-                print(f"{what:<13} {f'{M}x{N}x{K} {op}':>18} {gf['attn16']:10.1f} {gf['attn']:9.1f} "
-                      f"{gf['torch']:11.1f} {gf['attn16'] / gf['attn']:9.2f} {gf['attn16'] / gf['torch']:11.2f}",
-                      flush=True)
+                print(f"{label} {gf['attn16']:10.1f} {gf['attn']:9.1f} "
+                      f"{gf['torch']:11.1f} {gf['attn16'] / gf['attn']:9.2f} {gf['attn16'] / gf['torch']:11.2f}")
                 continue
-            print(f"{what:<13} {f'{M}x{N}x{K} {op}':>18} {gf['attn']:8.1f} {gf['torch']:9.1f} "
-                  f"{gf['attn'] / gf['torch']:9.2f}", flush=True)
-
+            print(f"{label} {gf['attn']:8.1f} {gf['torch']:9.1f} {gf['attn'] / gf['torch']:9.2f}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -40,13 +40,13 @@ struct TuneFile {
   }
 };
 
-std::vector<float> gemm_result(int64_t M, int64_t N, int64_t K) {
+std::vector<float> gemm_result(int64_t M, int64_t N, int64_t K, bool ta = false) {
   std::mt19937 gen(5);
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<float> a(size_t(M * K)), b(size_t(K * N)), c(size_t(M * N));
   for (float& x : a) x = u(gen);
   for (float& x : b) x = u(gen);
-  gemm(false, false, M, N, K, 1.f, a.data(), K, b.data(), N, 0.f, c.data(), N);
+  gemm(ta, false, M, N, K, 1.f, a.data(), ta ? M : K, b.data(), N, 0.f, c.data(), N);
   return c;
 }
 
@@ -69,7 +69,7 @@ TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
   const TuneReport r = tune({0.3, true});
   EXPECT_EQ(r.path, f.path);
   EXPECT_EQ(r.key, tuning_key());
-  EXPECT_EQ(r.rows.size(), 26u);  // 8 + 5 + 4 + 5 GEMM candidates and 4 flash ones
+  EXPECT_EQ(r.rows.size(), 30u);  // 8 + 5 + 4 + 5 + 4 GEMM candidates and 4 flash ones
   int chosen = 0;
   for (const TuneRow& row : r.rows) {
     chosen += row.chosen;
@@ -96,14 +96,17 @@ TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
 
 TEST(Tune, BlockingChangesNoBits) {
   TuneFile f;
-  const std::vector<float> g = gemm_result(70, 130, 1000), fl = flash_result();
-  const Tuning ts[] = {{.gemm_kc = 16, .gemm_mc = 6, .gemm_nt = 64, .gemm_pack_a = 1, .flash_rows = 64},
-                       {.gemm_kc = 200, .gemm_mc = 384, .gemm_nt = 4096, .gemm_pack_a = 1 << 30, .flash_rows = 512},
-                       {.gemm_kc = 1000, .gemm_mc = 12, .gemm_nt = 16, .gemm_pack_a = 2, .flash_rows = 7}};
+  const std::vector<float> g = gemm_result(70, 130, 1000), gt = gemm_result(70, 130, 1000, true), fl = flash_result();
+  const Tuning ts[] = {
+      {.gemm_kc = 16, .gemm_mc = 6, .gemm_nt = 64, .gemm_pack_a = 1, .gemm_pack_at = 1 << 30, .flash_rows = 64},
+      {.gemm_kc = 200, .gemm_mc = 384, .gemm_nt = 4096, .gemm_pack_a = 1 << 30, .gemm_pack_at = 1, .flash_rows = 512},
+      {.gemm_kc = 1000, .gemm_mc = 12, .gemm_nt = 16, .gemm_pack_a = 2, .gemm_pack_at = 2, .flash_rows = 7}};
   for (const Tuning& t : ts) {
     force_tuning(t);
     EXPECT_EQ(gemm_result(70, 130, 1000), g) << "kc " << t.gemm_kc << " mc " << t.gemm_mc << " nt " << t.gemm_nt
                                              << " pack_a " << t.gemm_pack_a;
+    EXPECT_EQ(gemm_result(70, 130, 1000, true), gt) << "kc " << t.gemm_kc << " mc " << t.gemm_mc << " nt "
+                                                      << t.gemm_nt << " pack_at " << t.gemm_pack_at;
     EXPECT_EQ(flash_result(), fl) << "rows " << t.flash_rows;
   }
   clear_forced_tuning();

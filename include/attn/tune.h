@@ -18,6 +18,7 @@ struct Tuning {
   int64_t gemm_mc = 0;      // rows per output tile, a multiple of the register block's MR
   int64_t gemm_nt = 0;      // columns per output tile, a multiple of NR
   int64_t gemm_pack_a = 0;  // pack A into panels when it meets more than this many B panels (of NR columns)
+  int64_t gemm_pack_at = 0; // the same for a transposed A (op(A) = Aᵀ: read in place, one cache line per k)
   int64_t flash_rows = 0;   // query rows per flash forward tile
   std::string measured;     // when (UTC), empty if never
 };

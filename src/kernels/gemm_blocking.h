@@ -31,8 +31,10 @@ inline int64_t max_kc(int64_t mr, int64_t elem) {
 
 // K cut into equal blocks no larger than the most (tuned, or max_kc); tiles as tuned, or kc x nt of packed
 // B in at most half of L2 and up to ~128 rows (A panels re-read per tile). t: the tuning of the calling
-// target (float only), or nullptr. None of it changes a bit of the result.
-inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr, int64_t elem, const Tuning* t) {
+// target (float only), or nullptr; ta: op(A) = Aᵀ (only pack_a depends on it). None of it changes a bit
+// of the result.
+inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr, int64_t elem, const Tuning* t,
+                         bool ta = false) {
   if (elem != 4) t = nullptr;
   Blocking b;
   b.kc = ceil_div(K, ceil_div(K, t && t->gemm_kc ? t->gemm_kc : max_kc(mr, elem)));
@@ -43,16 +45,35 @@ inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr
   mc = std::min(mc, ceil_div(M, mr) * mr);
   // Enough tiles to keep every thread busy (>= 4 per thread), cutting the longer side. The tiles only
   // decide which thread computes an element, not its value.
-  const int64_t want = num_threads() > 1 ? 4 * num_threads() : 1;
+  const int64_t threads = num_threads(), want = threads > 1 ? 4 * threads : 1;
   while (ceil_div(M, mc) * ceil_div(N, nt) < want && (mc > mr || nt > nr)) {
     if (mc / mr >= nt / nr) mc = std::max(mr, (mc / mr / 2) * mr);
     else nt = std::max(nr, (nt / nr / 2) * nr);
   }
+  // ... and a whole number of tiles per thread where a few more row tiles give it: 768 rows at mc = 60 were
+  // 13 tiles, 7 for one thread and 6 for the other (the last tile waited for). Rows cut into tm runs of
+  // equal panels, tm the first count from here up to twice it whose tiles divide among the threads.
+  if (threads > 1 && ceil_div(M, mc) * ceil_div(N, nt) % threads != 0) {
+    const int64_t mp = ceil_div(M, mr), tn = ceil_div(N, nt), tm0 = ceil_div(M, mc);
+    for (int64_t tm = tm0; tm <= std::min(mp, 2 * tm0); ++tm) {
+      const int64_t panels = ceil_div(mp, tm);
+      if (ceil_div(mp, panels) * tn % threads == 0) {
+        mc = panels * mr;
+        break;
+      }
+    }
+  }
   b.mc = mc, b.nt = nt;
   // A panel is read once per B panel; packing it costs about one read and one write of A. Derived: pack
-  // when it meets more than kPackAPanels B panels.
-  constexpr int64_t kPackAPanels = 4;
-  b.pack_a = ceil_div(N, nr) > (t && t->gemm_pack_a ? t->gemm_pack_a : kPackAPanels);
+  // when it meets more than kPackAPanels B panels. A transposed A read in place costs more per read: each
+  // k is another cache line (stride lda) of which the block uses MR values, and at lda = 512 floats a
+  // panel's kc lines fall into 2 of L1's 64 sets, so every B panel fetches them from L2 again; packed,
+  // it is one stream. Derived: pack it whenever it meets more than one B panel (Zen 4, 512x128x4096 TN,
+  // 1 thread: 76 GFLOP/s in place, 95 packed; Zen 5's tune table: within 2% either way).
+  constexpr int64_t kPackAPanels = 4, kPackATPanels = 1;
+  const int64_t past = ta ? (t && t->gemm_pack_at ? t->gemm_pack_at : kPackATPanels)
+                          : (t && t->gemm_pack_a ? t->gemm_pack_a : kPackAPanels);
+  b.pack_a = ceil_div(N, nr) > past;
   return b;
 }
 

@@ -2,7 +2,8 @@
 // measurement of the candidates. Not the kernels (gemm.cpp and flash_forward.cpp read tuned_for()) and
 // not a benchmark against peers (bench/): candidates of attn's own blocking, timed against each other.
 //
-// File: {"version": 1, "entries": {KEY: {"gemm_kc": …, "gemm_mc": …, "gemm_nt": …, "flash_rows": …,
+// File: {"version": 1, "entries": {KEY: {"gemm_kc": …, "gemm_mc": …, "gemm_nt": …, "gemm_pack_a": …,
+// "gemm_pack_at": …, "flash_rows": …,
 // "measured": "2026-12-01 22:50 UTC"}}}, KEY as tuning_key(). Entries of other CPUs are kept as they are.
 #include "attn/tune.h"
 
@@ -71,6 +72,7 @@ Tuning from_json(const json& e) {
   t.gemm_mc = count("gemm_mc", 1, 8192);
   t.gemm_nt = count("gemm_nt", 1, 1 << 20);
   t.gemm_pack_a = count("gemm_pack_a", 1, 1 << 30);
+  t.gemm_pack_at = count("gemm_pack_at", 1, 1 << 30);
   t.flash_rows = count("flash_rows", 1, 8192);
   t.measured = e.value("measured", std::string());
   return t;
@@ -117,7 +119,8 @@ void save(const std::string& key, const Tuning& t) {
   json j = read_file(path, true);
   if (!j.contains("entries")) j = {{"version", 1}, {"entries", json::object()}};
   j["entries"][key] = {{"gemm_kc", t.gemm_kc}, {"gemm_mc", t.gemm_mc}, {"gemm_nt", t.gemm_nt},
-                       {"gemm_pack_a", t.gemm_pack_a}, {"flash_rows", t.flash_rows}, {"measured", t.measured}};
+                       {"gemm_pack_a", t.gemm_pack_a}, {"gemm_pack_at", t.gemm_pack_at}, {"flash_rows", t.flash_rows},
+                       {"measured", t.measured}};
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   const std::string tmp = cat(path, ".tmp-", ::getpid());
   {
@@ -277,9 +280,10 @@ TuneReport tune(const TuneOptions& o) {
     r.gemm_shapes.push_back(cat(x.M, "x", x.N, "x", x.K, " ", x.ta ? "T" : "N", x.tb ? "T" : "N"));
     gw.push_back({r.gemm_shapes.back(), 2.0 * double(x.M * x.N * x.K), [&x] { x.run(); }});
   }
-  // Stages, each keeping the best of the ones before: K block, tile rows, tile columns, packing of A; then
-  // the flash forward's query tile, with the GEMM as chosen.
-  const double stage = o.seconds * 0.22;
+  // Stages, each keeping the best of the ones before: K block, tile rows, tile columns, packing of A (read
+  // along its rows: the NN and NT shapes), packing of a transposed A (the TN shape); then the flash
+  // forward's query tile, with the GEMM as chosen.
+  const double stage = o.seconds * 0.17;
   Tuning t;
   auto run_stage = [&](const char* kernel, const std::vector<Work>& work, double budget,
                        const std::vector<int64_t>& values, int64_t Tuning::*field) -> TuneRow& {
@@ -300,11 +304,12 @@ TuneReport tune(const TuneOptions& o) {
   run_stage("gemm", gw, stage, {0, 128, 192, 256, 384, 512, 768, 1024}, &Tuning::gemm_kc);
   run_stage("gemm", gw, stage, {0, 48, 72, 192, 384}, &Tuning::gemm_mc);
   run_stage("gemm", gw, stage, {0, 256, 1024, 4096}, &Tuning::gemm_nt);
-  run_stage("gemm", gw, stage, {0, 1, 2, 8, kNever}, &Tuning::gemm_pack_a).chosen = true;
+  run_stage("gemm", gw, stage, {0, 1, 2, 8, kNever}, &Tuning::gemm_pack_a);
+  run_stage("gemm", gw, stage, {0, 2, 4, kNever}, &Tuning::gemm_pack_at).chosen = true;
   FlashOperands f(8, o.quick ? 128 : 1024, 64);
   r.flash_shapes.push_back(cat("H ", f.H, ", L = S = ", f.L, ", D ", f.D));
   const std::vector<Work> fw{{r.flash_shapes.back(), 4.0 * double(f.H * f.L * f.L * f.D), [&f] { f.run(); }}};
-  run_stage("flash", fw, o.seconds - 4 * stage, {0, 64, 128, 512}, &Tuning::flash_rows).chosen = true;
+  run_stage("flash", fw, o.seconds - 5 * stage, {0, 64, 128, 512}, &Tuning::flash_rows).chosen = true;
   t.measured = now_utc();
   r.chosen = t;
   save(r.key, t);
@@ -324,15 +329,15 @@ std::string to_string(const TuneReport& r) {
   for (const char* kernel : {"gemm", "flash"}) {
     const auto& shapes = std::string(kernel) == "gemm" ? r.gemm_shapes : r.flash_shapes;
     s += cat("\n", kernel, " candidates, GFLOP/s (median of the rounds)\n");
-    s += std::string(kernel) == "gemm" ? "      kc      mc      nt  pack_a" : "    rows";
+    s += std::string(kernel) == "gemm" ? "      kc      mc      nt  pack_a pack_at" : "    rows";
     for (const auto& n : shapes) s += cat(" | ", n);
     s += " | geomean\n";
     for (const TuneRow& row : r.rows) {
       if (row.kernel != kernel) continue;
       char buf[64];
       if (row.kernel == "gemm")
-        std::snprintf(buf, sizeof buf, "%8s%8s%8s%8s", v(row.t.gemm_kc).c_str(), v(row.t.gemm_mc).c_str(),
-                      v(row.t.gemm_nt).c_str(), v(row.t.gemm_pack_a).c_str());
+        std::snprintf(buf, sizeof buf, "%8s%8s%8s%8s%8s", v(row.t.gemm_kc).c_str(), v(row.t.gemm_mc).c_str(),
+                      v(row.t.gemm_nt).c_str(), v(row.t.gemm_pack_a).c_str(), v(row.t.gemm_pack_at).c_str());
       else
         std::snprintf(buf, sizeof buf, "%8s", v(row.t.flash_rows).c_str());
       s += buf;
@@ -357,7 +362,7 @@ std::string tuning_summary() {
   }
   const auto& v = value;
   return cat("gemm kc ", v(t->gemm_kc), ", mc ", v(t->gemm_mc), ", nt ", v(t->gemm_nt), ", pack A past ",
-             v(t->gemm_pack_a), " B panels; flash rows ",
+             v(t->gemm_pack_a), " B panels (transposed A past ", v(t->gemm_pack_at), "); flash rows ",
              v(t->flash_rows), t->measured.empty() ? " (forced)" : cat(" (measured ", t->measured, ", ", tuning_path(), ")"));
 }
 
