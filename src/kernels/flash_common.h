@@ -89,8 +89,9 @@ HWY_INLINE float SumLanes(const VF* acc) {
 using DU = hn::RebindToUnsigned<DF>;
 using VU = hn::Vec<DU>;
 
-// x rounded to bf16 in each lane's high half: nearest even, a NaN truncated so it stays NaN (the rounding
-// of to_half, half_kv.h).
+// x rounded to bf16 in each lane's high half: bits + 0x7FFF + (bit 16) rounds to nearest even; a NaN is
+// truncated instead (the carry could turn it into an infinity), keeping it NaN with its quiet bit. The one
+// fp32 -> bf16 rounding of attn: to_half (flash_decode.cpp) and the bf16 flash's P run it.
 HWY_INLINE VU RoundedBf16(VF x) {
   const DU du;
   const VU bits = hn::BitCast(du, x);

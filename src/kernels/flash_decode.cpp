@@ -67,14 +67,9 @@ HWY_INLINE void Demote(VF v, uint16_t* HWY_RESTRICT dst) {
   if constexpr (T == KvDtype::f16) {
     hn::StoreU(hn::DemoteTo(DH(), v), DH(), reinterpret_cast<hwy::float16_t*>(dst));
   } else {
-    // bits + 0x7FFF + (bit 16) rounds the high half to nearest even; a NaN is truncated instead (the
-    // carry could turn it into an infinity), keeping it NaN with its quiet bit.
-    const DU32 du;
-    const auto bits = hn::BitCast(du, v);
-    const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-    const auto rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), odd));
-    const auto pick = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), bits, rounded);
-    hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(hn::RebindToSigned<DF>(), hn::ShiftRight<16>(pick))), DU16(), dst);
+    // the high half, rounded (flash_common.h's RoundedBf16: nearest even, a NaN truncated)
+    const auto high = hn::ShiftRight<16>(RoundedBf16(v));
+    hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(hn::RebindToSigned<DF>(), high)), DU16(), dst);
   }
 }
 
