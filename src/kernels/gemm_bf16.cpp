@@ -17,12 +17,10 @@
 // who computes an element, never its value.
 #include "attn/gemm.h"
 
-#include <cstring>
 #include <string>
 
 #include "attn/check.h"
 #include "attn/cpu.h"
-#include "attn/kernels/half_kv.h"
 #include "attn/threads.h"
 #include "gemm_blocking.h"
 #include "pairs.h"
