@@ -81,35 +81,26 @@ def main():
             flops = 2.0 * M * N * K
             reps = max(1, int(3e9 / flops / t))  # ~30 ms of work per timing
 
-            def repeated(f, reps=reps):  # one timing: reps calls
-                return lambda: [f() for _ in range(reps)]
-
-            run_attn = repeated(lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb))
-            run_torch = repeated(lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc))
-            runs = {"attn": run_attn, "torch": run_torch}
-            single = {"attn": repeated(lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb), 1),
-                      "torch": repeated(lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc), 1)}
+            # one call of each side; a timing repeats it reps times, and one untimed call precedes it
+            calls = {"attn": lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb),
+                     "torch": lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc)}
+            calls["attn"](), calls["torch"]()
+            assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
             if args.dtype == "bf16":
                 a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
                 opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
                 na16, nb16 = a16.view(torch.int16).numpy(), b16.view(torch.int16).numpy()
                 c16, tc16 = np.empty((M, N), np.float32), torch.empty(M, N, dtype=torch.bfloat16)
-                run_attn16 = repeated(lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
-                                      attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb))
-                run_torch16 = repeated(lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16))
-
-                runs = {"attn16": run_attn16, "attn": run_attn, "torch": run_torch16}
-                single = {"attn16": repeated(lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
-                                             attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb), 1),
-                          "attn": single["attn"],
-                          "torch": repeated(lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16), 1)}
-                run_attn16(), run_torch16()
+                calls = {"attn16": lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
+                         attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb),
+                         "attn": calls["attn"],
+                         "torch": lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16)}
+                calls["attn16"](), calls["torch"]()
                 assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
-            run_attn(), run_torch()
-            assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
+            runs = {k: (lambda f=f, reps=reps: [f() for _ in range(reps)]) for k, f in calls.items()}
             op = ("T" if ta else "N") + ("T" if tb else "N")
             cases.append((f"{what:<13} {f'{M}x{N}x{K} {op}':>18}", flops, runs, {k: [] for k in runs}, reps))
-            warms.append(single)
+            warms.append(calls)
         # Rounds outer, shapes inner: a slow spell of the machine (a VM's vCPU taken away for seconds)
         # lands in one round of every shape, not in every round of a few.
         for _ in range(args.rounds):
