@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import attn
+from _common import settle
 
 
 def cpu_header():
@@ -106,7 +107,7 @@ def main():
         for _ in range(args.rounds):
             for (label, flops, runs, times, reps), warm in zip(cases, warms):
                 for name, fn in runs.items():
-                    time.sleep(args.pause)  # the other side's threads asleep again
+                    settle(args.pause)  # the other side's threads asleep again
                     warm[name]()  # and this side's awake: one untimed call
                     t0 = time.perf_counter()
                     fn()
