@@ -29,9 +29,54 @@ constexpr double kU = 1.0 / 256;  // bf16's unit roundoff: 8 significant bits, r
 
 void bf16_forward(const SdpaProblem<float>& p) { flash_forward(p, Precision::bf16); }
 
-// The fp64 truth of a case and, per output element, the bound of bf16 rounding: Q and K rounded move
-// each score by at most δ = (2u + u²)·scale·Σ_d |q_d·k_d| (plus fp32 sums), which moves each normalized
-// weight by a factor within e^{±2δ_row}; P and V rounded add (1 + u)² more. So
+// One query row of a case in fp64: its scores s[j] for j < end (the causal edge), -inf where masked,
+// their magnitudes scale·Σ_d |q_d·k_d|, the max m (-inf: a fully masked row), Σ exp(s - m), and the bound
+// δ of bf16 rounding on each score: Q and K rounded move a score by at most (2u + u²)·its magnitude
+// (plus fp32 sums).
+struct Row {
+  std::vector<double> s, mag;
+  double m = -kInf, sum = 0, delta = 0;
+  int64_t end = 0, kvh = 0;
+  double weight(int64_t j) const { return std::exp(s[size_t(j)] - m) / sum; }  // before dropout
+};
+
+struct Oracle {
+  const Case& c;
+  Bound<double> b;
+  TensorD unused;  // the problem's output, never written
+  SdpaProblem<double> p;
+  explicit Oracle(const Inputs& in)
+      : c(in.c), b(in.bind<double>()), unused({c.B, c.H, c.L, c.Dv}),
+        p(make_problem(b.args, SdpaOut<double>{unused.view(), {}, {}})) {}
+  static double at(const View<const double>& x, int64_t i, int64_t j, int64_t k, int64_t l) {
+    return x.data[i * x.strides[0] + j * x.strides[1] + k * x.strides[2] + l * x.strides[3]];
+  }
+  Row row(int64_t bb, int64_t h, int64_t l) const {
+    Row r;
+    r.kvh = p.kv_head(h), r.end = p.key_end(l);
+    r.s.assign(size_t(r.end), 0), r.mag = r.s;
+    for (int64_t j = 0; j < r.end; ++j) {
+      double dot = 0, abs_dot = 0;
+      for (int64_t d = 0; d < c.D; ++d) {
+        const double x = at(b.args.q, bb, h, l, d) * at(b.args.k, bb, r.kvh, j, d);
+        dot += x, abs_dot += std::abs(x);
+      }
+      r.s[size_t(j)] = dot * p.scale + p.bias(bb, h, l, j), r.mag[size_t(j)] = abs_dot * p.scale;
+      r.m = std::max(r.m, r.s[size_t(j)]);
+    }
+    if (r.m == -kInf) return r;
+    for (int64_t j = 0; j < r.end; ++j) {
+      r.sum += std::exp(r.s[size_t(j)] - r.m);
+      if (r.s[size_t(j)] > -kInf)
+        r.delta = std::max(r.delta, (2 * kU + kU * kU) * r.mag[size_t(j)] + 1e-6 * (1 + r.mag[size_t(j)]));
+    }
+    return r;
+  }
+};
+
+// The fp64 truth of a case and, per output element, the bound of bf16 rounding: the scores move by at
+// most δ (Row), which moves each normalized weight by a factor within e^{±2δ_row}; P and V rounded add
+// (1 + u)² more. So
 //   |out' - out| <= (e^{2δ}·(1 + u)² - 1)·Σ_s w_s·|v_s|  (+ fp32 slack),   |lse' - lse| <= δ (+ slack).
 struct Truth {
   std::vector<double> out, lse, out_bound, lse_bound;
@@ -39,47 +84,26 @@ struct Truth {
 
 Truth truth_of(const Inputs& in) {
   const Case& c = in.c;
-  const Bound<double> b = in.bind<double>();
-  TensorD unused({c.B, c.H, c.L, c.Dv});
-  const SdpaProblem<double> p = make_problem(b.args, SdpaOut<double>{unused.view(), {}, {}});
+  const Oracle o(in);
   Truth t;
   t.out.assign(size_t(c.B * c.H * c.L * c.Dv), 0), t.out_bound = t.out;
   t.lse.assign(size_t(c.B * c.H * c.L), -kInf), t.lse_bound.assign(t.lse.size(), 0);
-  const auto at = [](const View<const double>& x, int64_t i, int64_t j, int64_t k, int64_t l) {
-    return x.data[i * x.strides[0] + j * x.strides[1] + k * x.strides[2] + l * x.strides[3]];
-  };
-  std::vector<double> s(size_t(c.S)), mag(size_t(c.S));
   for (int64_t bb = 0; bb < c.B; ++bb)
     for (int64_t h = 0; h < c.H; ++h)
       for (int64_t l = 0; l < c.L; ++l) {
-        const int64_t kvh = p.kv_head(h), end = p.key_end(l), row = (bb * c.H + h) * c.L + l;
-        double m = -kInf, delta = 0;
-        for (int64_t j = 0; j < end; ++j) {
-          double dot = 0, abs_dot = 0;
-          for (int64_t d = 0; d < c.D; ++d) {
-            const double x = at(b.args.q, bb, h, l, d) * at(b.args.k, bb, kvh, j, d);
-            dot += x, abs_dot += std::abs(x);
-          }
-          s[j] = dot * p.scale + p.bias(bb, h, l, j);
-          mag[j] = abs_dot * p.scale;
-          if (s[j] > m) m = s[j];
-        }
-        if (m == -kInf) continue;  // fully masked: out 0, lse -inf
-        double sum = 0;
-        for (int64_t j = 0; j < end; ++j) {
-          sum += std::exp(s[j] - m);
-          if (s[j] > -kInf) delta = std::max(delta, (2 * kU + kU * kU) * mag[j] + 1e-6 * (1 + mag[j]));
-        }
-        t.lse[row] = m + std::log(sum);
-        t.lse_bound[row] = delta + 1e-5;
-        const double grow = std::exp(2 * delta) * (1 + kU) * (1 + kU) - 1 + 1e-5;
+        const Row r = o.row(bb, h, l);
+        const int64_t row = (bb * c.H + h) * c.L + l;
+        if (r.m == -kInf) continue;  // fully masked: out 0, lse -inf
+        t.lse[size_t(row)] = r.m + std::log(r.sum);
+        t.lse_bound[size_t(row)] = r.delta + 1e-5;
+        const double grow = std::exp(2 * r.delta) * (1 + kU) * (1 + kU) - 1 + 1e-5;
         for (int64_t e = 0; e < c.Dv; ++e) {
-          double o = 0, w_abs_v = 0;
-          for (int64_t j = 0; j < end; ++j) {
-            const double w = std::exp(s[j] - m) / sum * p.keep_weight(bb, h, l, j), v = at(b.args.v, bb, kvh, j, e);
-            o += w * v, w_abs_v += std::abs(w * v);
+          double out = 0, w_abs_v = 0;
+          for (int64_t j = 0; j < r.end; ++j) {
+            const double w = r.weight(j) * o.p.keep_weight(bb, h, l, j), v = Oracle::at(o.b.args.v, bb, r.kvh, j, e);
+            out += w * v, w_abs_v += std::abs(w * v);
           }
-          t.out[size_t(row * c.Dv + e)] = o;
+          t.out[size_t(row * c.Dv + e)] = out;
           t.out_bound[size_t(row * c.Dv + e)] = grow * w_abs_v + 1e-6;
         }
       }
@@ -120,6 +144,113 @@ std::vector<uint32_t> bits(const Inputs& in) {
       x.push_back(u);
     }
   return x;
+}
+
+// ---- Backward ----
+
+// The gradients of the bf16 forward's out and LSE (flash_forward(p, prec)) by flash_backward(p, prec), as
+// training under an Autocast runs them. Gradients start as NaN and go through the case's out_layout.
+Grads flash_grads(const Inputs& in, Precision prec) {
+  const Case& c = in.c;
+  const Bound<float> b = in.bind<float>();
+  Tensor out({c.B, c.H, c.L, c.Dv}), lse({c.B, c.H, c.L});
+  const SdpaProblem<float> p = make_problem(b.args, SdpaOut<float>{out.view(), {}, lse.view()});
+  flash_forward(p, prec);
+  Arr<float> dq({c.B, c.H, c.L, c.D}, c.out_layout, NAN), dk({c.B, c.Hkv, c.S, c.D}, c.out_layout, NAN),
+      dv({c.B, c.Hkv, c.S, c.Dv}, c.out_layout, NAN);
+  flash_backward(p, b.dout.view, {dq.view, dk.view, dv.view}, prec);
+  return {dq.values(), dk.values(), dv.values()};
+}
+
+// Per gradient element, the bound of bf16 rounding, first order in nothing (every product of bounds
+// kept), from the forward's: with P the true weights, K the keep weights, u = 2^-8,
+//   P recomputed from scores and LSE each within δ:      eP = (e^{2δ} - 1)·P
+//   dP = V·dOᵀ from rounded V, dO:                        edP = (2u + u²)·Σ|v||do|
+//   D = rowsum(dO∘O), O within the forward's bound Eo:   eD = Σ|do|·Eo
+//   dS = P·(K·dP - D) = P·g, before its rounding:         edS = eP·|g| + (P + eP)·(K·edP + eD)
+//   dV = Σ_l (K·P)·dO, both rounded:   Σ ((1 + u)·K·(u·P + (1 + u)·eP) + u·K·P)·|do|
+//   dK = scale·Σ_l dS·q, dQ = scale·Σ_s dS·k, both rounded:  scale·Σ ((1 + u)·edS + u·|dS|)·|q| (|k|)
+// plus fp32 slack (1e-5 of Σ of the terms' magnitudes) and 1e-6·(1 + the largest gradient).
+Grads grad_bound_of(const Inputs& in, const Truth& t, const Grads& truth) {
+  const Case& c = in.c;
+  const Oracle o(in);
+  const auto& A = o.b.args;
+  const double u = kU, scale = o.p.scale;
+  Grads bound{std::vector<double>(truth.dq.size(), 0), std::vector<double>(truth.dk.size(), 0),
+              std::vector<double>(truth.dv.size(), 0)};
+  std::vector<double> g(size_t(c.S)), eg(g.size()), P(g.size()), eP(g.size());
+  for (int64_t bb = 0; bb < c.B; ++bb)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t l = 0; l < c.L; ++l) {
+        const Row r = o.row(bb, h, l);
+        if (r.m == -kInf) continue;  // fully masked: zero gradient, the slack only
+        const int64_t row = (bb * c.H + h) * c.L + l, kvh = r.kvh;
+        const auto kv = [&](int64_t j, int64_t d, int64_t width) { return size_t(((bb * c.Hkv + kvh) * c.S + j) * width + d); };
+        double D = 0, eD = 0;
+        for (int64_t e = 0; e < c.Dv; ++e) {
+          const double dout = in.dout.data()[size_t(row * c.Dv + e)];
+          D += dout * t.out[size_t(row * c.Dv + e)], eD += std::abs(dout) * t.out_bound[size_t(row * c.Dv + e)];
+        }
+        const double grow = std::exp(2 * r.delta + 2e-5) - 1;
+        for (int64_t j = 0; j < r.end; ++j) {
+          const double K = o.p.keep_weight(bb, h, l, j);
+          double dP = 0, mag = 0;
+          for (int64_t e = 0; e < c.Dv; ++e) {
+            const double x = in.dout.data()[size_t(row * c.Dv + e)] * Oracle::at(A.v, bb, kvh, j, e);
+            dP += x, mag += std::abs(x);
+          }
+          P[size_t(j)] = r.s[size_t(j)] == -kInf ? 0 : r.weight(j), eP[size_t(j)] = grow * P[size_t(j)];
+          g[size_t(j)] = K * dP - D, eg[size_t(j)] = K * ((2 * u + u * u) * mag + 1e-6 * (1 + mag)) + eD;
+          for (int64_t e = 0; e < c.Dv; ++e) {
+            const double dout = std::abs(in.dout.data()[size_t(row * c.Dv + e)]), pj = P[size_t(j)];
+            bound.dv[kv(j, e, c.Dv)] += ((1 + u) * K * (u * pj + (1 + u) * eP[size_t(j)]) + u * K * pj) * dout + 1e-5 * K * pj * dout;
+          }
+        }
+        for (int64_t j = 0; j < r.end; ++j) {
+          const size_t jj = size_t(j);
+          const double dS = std::abs(P[jj] * g[jj]), edS = eP[jj] * std::abs(g[jj]) + (P[jj] + eP[jj]) * eg[jj];
+          const double f = scale * ((1 + u) * edS + u * dS), slack = 1e-5 * scale * dS;
+          for (int64_t d = 0; d < c.D; ++d) {
+            const double q = std::abs(Oracle::at(A.q, bb, h, l, d)), k = std::abs(Oracle::at(A.k, bb, kvh, j, d));
+            bound.dq[size_t(row * c.D + d)] += (f + slack) * k;
+            bound.dk[kv(j, d, c.D)] += (f + slack) * q;
+          }
+        }
+      }
+  const double atol = 1e-6 * (1 + [&] {
+    double largest = 0;
+    for (const auto* x : {&truth.dq, &truth.dk, &truth.dv})
+      for (double y : *x) largest = std::max(largest, std::abs(y));
+    return largest;
+  }());
+  for (auto* x : {&bound.dq, &bound.dk, &bound.dv})
+    for (double& y : *x) y += atol;
+  return bound;
+}
+
+// dq, dk, dv of the bf16 backward within their bounds; returns its largest error over fp32 flash's.
+double expect_bf16_grads_close(const Case& c) {
+  SCOPED_TRACE(c.name());
+  const Inputs in(c);
+  const Grads truth = backward<double>(reference_backward<double>, in);
+  const Grads bound = grad_bound_of(in, truth_of(in), truth);
+  const Grads got = flash_grads(in, Precision::bf16), f32 = flash_grads(in, Precision::f32);
+  double err = 0, err32 = 0;
+  const char* names[] = {"dq", "dk", "dv"};
+  const std::vector<double>* parts[][4] = {{&got.dq, &f32.dq, &truth.dq, &bound.dq},
+                                           {&got.dk, &f32.dk, &truth.dk, &bound.dk},
+                                           {&got.dv, &f32.dv, &truth.dv, &bound.dv}};
+  for (int i = 0; i < 3; ++i) {
+    const auto& [g, g32, want, bnd] = parts[i];
+    int bad = 0;
+    for (size_t e = 0; e < want->size(); ++e) {
+      const double d = std::abs((*g)[e] - (*want)[e]);
+      if (!(d <= (*bnd)[e]) && bad++ < 5)
+        ADD_FAILURE() << names[i] << " element " << e << ": error " << d << " over the bound " << (*bnd)[e];
+      err = std::max(err, d), err32 = std::max(err32, std::abs((*g32)[e] - (*want)[e]));
+    }
+  }
+  return err / std::max(err32, 1e-12);
 }
 
 struct Bf16Cpu {  // set_cpu_bf16 for a scope: false runs the emulation
@@ -216,24 +347,127 @@ TEST(FlashBf16, SdpaSendsAutocastToTheBf16KernelWithoutWeightsOnly) {
   }
 }
 
-TEST(FlashBf16, MhaUnderAutocastMultipliesInBf16InEvalAndFp32InTraining) {
+TEST(FlashBf16, MhaUnderAutocastTrainsWithBf16AttentionForwardAndBackward) {
   MhaOptions o;
   o.embed_dim = 64, o.num_heads = 4, o.batch_first = true, o.seed = 7;
   MultiheadAttention mha(o);
   Rng rng(3);
-  Tensor x({2, 40, 64});
-  for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = float(rng.normal());
-  const auto fwd = [&](bool training, Precision prec) {
-    mha.train(training);
-    const Autocast autocast(prec);
-    MhaArgs args;
-    args.need_weights = false;  // weights keep the attention fp32 (they must agree with its output)
-    const Tensor y = mha.forward(x.view(), x.view(), x.view(), args).output;
-    return std::vector<float>(y.data(), y.data() + y.numel());
+  Tensor x({2, 40, 64}), dy({2, 40, 64});
+  for (Tensor* t : {&x, &dy})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = float(rng.normal());
+  struct Run {
+    std::vector<float> y, dx;
   };
-  // Projections multiply in bf16 in both modes, the attention in eval only: training and eval agree
-  // under f32 (no dropout), not under bf16.
-  const std::vector<float> eval16 = fwd(false, Precision::bf16), train16 = fwd(true, Precision::bf16);
-  EXPECT_NE(eval16, train16);
-  EXPECT_EQ(fwd(false, Precision::f32), fwd(true, Precision::f32));
+  // The forward under `prec`; training: the backward too, under f32, so only the precision the forward
+  // saved can make it bf16.
+  const auto run = [&](bool training, Precision prec, bool weights = false) {
+    mha.train(training);
+    Run r;
+    {
+      const Autocast autocast(prec);
+      MhaArgs args;
+      args.need_weights = weights;  // weights keep the attention fp32 (they must agree with its output)
+      const Tensor y = mha.forward(x.view(), x.view(), x.view(), args).output;
+      r.y.assign(y.data(), y.data() + y.numel());
+    }
+    if (training) {
+      const Autocast autocast(Precision::f32);
+      const Tensor dx = mha.backward(dy.view()).dquery;
+      r.dx.assign(dx.data(), dx.data() + dx.numel());
+    }
+    return r;
+  };
+  const Run eval16 = run(false, Precision::bf16), train16 = run(true, Precision::bf16),
+            train32 = run(true, Precision::f32), weights16 = run(true, Precision::bf16, true);
+  EXPECT_EQ(eval16.y, train16.y);  // no dropout: training multiplies as eval does, the attention in bf16
+  EXPECT_NE(train16.y, weights16.y);
+  EXPECT_NE(train16.dx, train32.dx);
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < train32.dx.size(); ++i) {
+    err = std::max(err, double(std::abs(train16.dx[i] - train32.dx[i])));
+    norm = std::max(norm, double(std::abs(train32.dx[i])));
+  }
+  EXPECT_LT(err, 0.05 * norm) << "bf16 gradients far from fp32's";
+}
+
+TEST(FlashBf16, BackwardWithinTheBoundOfBf16RoundingAgainstFp64) {
+  std::vector<Case> cases;
+  // odd L (a tile's last query pairs with padding), odd S (a block's last key with a zero row), D 1 and odd
+  for (auto [L, S, D, Dv] : {std::array<int64_t, 4>{7, 9, 8, 8}, {65, 301, 64, 64}, {33, 257, 63, 80},
+                             {130, 200, 128, 128}, {17, 31, 1, 3}})
+    cases.push_back(sized(L, S, D, Dv));
+  Case c = sized(71, 300, 64, 64);
+  c.causal = Causal::top_left, cases.push_back(c);  // odd causal edges: key blocks start below them
+  c.causal = Causal::bottom_right, c.L = 51, cases.push_back(c);
+  c = sized(61, 203, 64, 64), c.H = 8, c.Hkv = 2, c.causal = Causal::top_left, cases.push_back(c);  // GQA
+  c = sized(60, 200, 32, 32), c.mask = additive(), c.padding = drop(), cases.push_back(c);           // masks
+  c.masked_rows = 0.3, c.mask = keep(), cases.push_back(c);                                           // fully masked rows
+  c = sized(60, 301, 64, 64), c.in_layout = 2, c.out_layout = 1, cases.push_back(c);                 // strided views
+  c = sized(50, 201, 64, 64), c.dropout_p = 0.2, c.causal = Causal::top_left, cases.push_back(c);
+  c = sized(20, 80, 64, 64), c.scale = 0.9, cases.push_back(c);                                       // large scores
+  double ratio = 0;
+  for (const Case& cs : cases) ratio = std::max(ratio, expect_bf16_grads_close(cs));
+  EXPECT_GT(ratio, 20) << "bf16's error should be that of 8-bit operands, far above fp32 flash's";
+}
+
+// The bf16 backward's gradients, as raw bits.
+std::vector<uint32_t> grad_bits(const Inputs& in) {
+  const Grads g = flash_grads(in, Precision::bf16);
+  std::vector<uint32_t> x;
+  for (const auto* v : {&g.dq, &g.dk, &g.dv})
+    for (double d : *v) {
+      const float f = static_cast<float>(d);
+      uint32_t w;
+      std::memcpy(&w, &f, sizeof w);
+      x.push_back(w);
+    }
+  return x;
+}
+
+// Query rows per tile and the scratch budget (1: a phase per unit) change no bits (flash_backward_tiles);
+// keys per block do, and stay derived.
+TEST(FlashBf16, BackwardTheSameBitsWithTheInstructionAndItsEmulationOnEveryTargetTileAndThreadCount) {
+  Case c = sized(71, 333, 63, 80);
+  c.H = 4, c.Hkv = 2, c.causal = Causal::top_left, c.mask = additive(), c.dropout_p = 0.1;
+  const Inputs in(c);
+  const std::vector<uint32_t> want = grad_bits(in);
+  int runs = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    if (!(target & (HWY_AVX3 | HWY_AVX2))) continue;  // targets without FMA may give other bits (attn info)
+    for (bool native : {true, false})
+      for (int threads : {1, 2})
+        for (auto [rows, scratch] : {std::pair<int64_t, int64_t>{0, 0}, {16, 0}, {0, 1}}) {
+          SCOPED_TRACE(cat(hwy::TargetName(target), native ? " native" : " emulated", " threads ", threads,
+                           " rows ", rows, " scratch ", scratch));
+          const PretendMachine machine(target, 0, 0, threads);
+          const Bf16Cpu cpu(native && cpu_info().bf16);
+          set_flash_backward_tiles({0, rows, scratch});
+          EXPECT_EQ(grad_bits(in), want);
+          set_flash_backward_tiles({});
+          ++runs;
+        }
+  }
+  EXPECT_GE(runs, 24);  // AVX2 and AVX3
+}
+
+TEST(FlashBf16, SdpaBackwardUnderAutocastIsTheBf16Kernel) {
+  const Case c = sized(40, 200, 64, 64);
+  const Inputs in(c);
+  const Bound<float> b = in.bind<float>();
+  const auto run = [&](Precision prec) {
+    const Autocast autocast(prec);
+    Tensor out({c.B, c.H, c.L, c.Dv}), lse({c.B, c.H, c.L});
+    sdpa(b.args, SdpaOut<float>{out.view(), {}, lse.view()});
+    Tensor dq({c.B, c.H, c.L, c.D}), dk({c.B, c.Hkv, c.S, c.D}), dv({c.B, c.Hkv, c.S, c.Dv});
+    sdpa_backward<float>(b.args, out.view(), lse.view(), b.dout.view, {dq.view(), dk.view(), dv.view()});
+    std::vector<double> x;
+    for (const Tensor* t : {&dq, &dk, &dv}) x.insert(x.end(), t->data(), t->data() + t->numel());
+    return x;
+  };
+  const Grads direct = flash_grads(in, Precision::bf16);
+  std::vector<double> want = direct.dq;
+  want.insert(want.end(), direct.dk.begin(), direct.dk.end());
+  want.insert(want.end(), direct.dv.begin(), direct.dv.end());
+  EXPECT_EQ(run(Precision::bf16), want);
+  EXPECT_NE(run(Precision::f32), want);
 }

@@ -131,6 +131,7 @@ class MultiheadAttention : public Layer {
     Tensor ctx;                              // context (B, L, E), in the input's layout
     Tensor lse;                              // (B, H, L)
     SdpaArgs<float> args;                    // the forward's sdpa arguments: views of q, k, v and of the masks below
+    Precision precision = Precision::f32;    // the forward's sdpa precision, the backward's too
     Tensor mask_bias, padding_bias;          // additive (or padded) mask copies
     TensorT<uint8_t> mask_bools, padding_bools;
   };

@@ -386,10 +386,10 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   Tensor lse = training_ ? Tensor({B, H, L}) : Tensor();              // (B, H, L), for backward
   SdpaOut<float> out{split_heads(ctx, H), a.need_weights ? weights.view() : View<float>{},
                      training_ ? lse.view() : View<float>{}};
+  SdpaOptions opt;  // the thread's precision (an Autocast), which the backward then takes too; weights
+  if (a.need_weights) opt.precision = Precision::f32;  // keep sdpa fp32 (they must agree with its output)
   {
     profile::Scope p("sdpa kernel");
-    SdpaOptions opt;  // the thread's precision; training stays fp32: the flash backward has no bf16 products
-    if (training_) opt.precision = Precision::f32;
     sdpa(args, out, opt);
   }
 
@@ -442,7 +442,7 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     if (!same_view(key, query)) s.xk = Tensor::copy_of(key);
     if (!same_view(value, query)) s.xv = Tensor::copy_of(value);
     s.q = std::move(q_buf), s.k = std::move(k_buf), s.v = std::move(v_buf);
-    s.ctx = std::move(ctx_buf), s.lse = std::move(lse);
+    s.ctx = std::move(ctx_buf), s.lse = std::move(lse), s.precision = opt.precision;
     s.args = args;
     s.args.attn_mask = keep_mask(std::move(masks.mask), s.mask_bias, s.mask_bools);
     s.args.key_padding = keep_mask(std::move(masks.padding), s.padding_bias, s.padding_bools);
@@ -489,8 +489,10 @@ MhaGrads MultiheadAttention::backward(View<const float> dout) {
   View<float> dq = btc(dq_buf, sf), dk = btc(dk_buf, sf), dv = btc(dv_buf, sf);  // (B, L, E), (B, S', Hkv·D) ×2
   {
     profile::Scope p("sdpa kernel");
+    SdpaOptions opt;
+    opt.precision = s.precision;  // the forward's, whatever the thread's is now
     sdpa_backward<float>(args, split_heads(btc(s.ctx, sf), H), s.lse.view(), split_heads<const float>(dctx, H),
-                         {split_heads(dq, H), split_heads(dk, Hkv), split_heads(dv, Hkv)});
+                         {split_heads(dq, H), split_heads(dk, Hkv), split_heads(dv, Hkv)}, opt);
   }
 
   // 3. In-projections over the S projected rows of dK, dV; row S (bias_k / bias_v) sums over the batch,

@@ -168,7 +168,7 @@ void sdpa_backward(const SdpaArgs<T>& args, View<const T> out, View<const T> lse
     return;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (backend == Backend::flash) return flash_backward(p, dout, grads);
+    if (backend == Backend::flash) return flash_backward(p, dout, grads, options.precision);
   }
   reference_backward(p, dout, grads);
 }

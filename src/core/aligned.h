@@ -24,10 +24,12 @@ class AllocationError : public std::bad_alloc {
   std::string what_;
 };
 
-// n elements of T from Highway's aligned allocator (freed by its unique_ptr).
+// n elements of T from Highway's aligned allocator (freed by its unique_ptr); n = 0: a null pointer (the
+// allocator asserts on a zero size).
 template <typename T>
 hwy::AlignedFreeUniquePtr<T[]> allocate_aligned(int64_t n) {
   if (n < 0 || uint64_t(n) > uint64_t(SIZE_MAX) / sizeof(T)) throw AllocationError(uint64_t(n) * sizeof(T));
+  if (n == 0) return hwy::AlignedFreeUniquePtr<T[]>(nullptr, hwy::AlignedFreer(nullptr, nullptr));
   auto p = hwy::AllocateAligned<T>(size_t(n));
   if (!p && n > 0) throw AllocationError(uint64_t(n) * sizeof(T));
   return p;

@@ -1,4 +1,4 @@
-// FlashAttention-2 backward on the CPU, fp32: dQ, dK, dV without materializing the (L, S) weights.
+// FlashAttention-2 backward on the CPU, fp32 or bf16 products: dQ, dK, dV without materializing the (L, S) weights.
 // KV blocks outer, Q blocks inner; P is recomputed from the saved LSE, D = rowsum(dO∘O) is computed once.
 // Not the oracle (reference_backward is) and not fp64.
 //
@@ -25,6 +25,14 @@
 // unscaled, in the caller's dK/dV. A phase holds at most 32 MB (flash_backward_tiles().scratch), or one
 // tile's rows of every group.
 //
+// bf16 (precision bf16, as an Autocast trains): the five products over bf16 pairs with fp32 sums, as
+// FlashAttention's bf16 backward rounds them: Q, K, V, dO rounded to bf16 when packed, P(_dropped)ᵀ and dSᵀ
+// rounded after their fp32 elementwise steps; scores, LSE, D, the softmax and every sum stay fp32. Each
+// product's operands are paired along its depth: Qᵀ and dOᵀ panels and K, V rows along D (Sᵀ, dPᵀ), Pᵀ and
+// dSᵀ along queries with Q and dO pair rows (dV, dK), dSᵀ's pair rows along keys with K's (dQ). A block
+// of rows starting at a causal edge starts at the even query below it (the one more is P = 0). Every task
+// runs under DAZ/FTZ, so VDPBF16PS and its emulation give the same bits on every FMA CPU.
+//
 // Sections, one function each: PackUnit (Qᵀ, dOᵀ panels, LSE·log2e, D), then per task KV block j: LoadKV,
 // per query tile ScoresT (Sᵀ, masks, causal edge, Pᵀ) and GradScoresT (dPᵀ, dropout, dSᵀ), Products,
 // StoreKV; finally StoreDq. Masks, the causal edge and dropout are mask.h and dropout.h over SdpaProblem,
@@ -32,6 +40,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
@@ -40,6 +49,7 @@
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
+#include "attn/cpu.h"
 #include "attn/kernels/problem.h"
 #include "attn/threads.h"
 #include "dropout.h"
@@ -56,7 +66,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // What the backward needs of the rows [l_begin, l_end) of query head (b, h), packed (n = rows rounded up to N):
 struct QHead {
-  float* qt;          // (n/N, D, N) Qᵀ panels · scale·log2e
+  float* qt;          // (n/N, D, N) Qᵀ panels · scale·log2e (fp32 only)
   float* dot;         // (n/N, Dv, N) dOᵀ panels
   float* lse2;        // (n) LSE·log2e; +inf on a fully masked row and past l_end, so P = exp2(x − lse2) = 0 there
   float* dsum;        // (n) D = rowsum(dO∘O); 0 past l_end
@@ -64,6 +74,11 @@ struct QHead {
   const float* dout;  // (rows, Dvp) dO rows from l_begin, row stride lddo: likewise
   float* dq;          // (rows, Dp) this chunk's dQ partial / scale
   int64_t ldq, lddo, h, l_begin, l_end;
+  // bf16 only, from Q and dO rounded (Q unscaled):
+  uint32_t* qt16 = nullptr;   // (n/N, D2, N) Qᵀ pair panels (pairs along D)
+  uint32_t* dot16 = nullptr;  // (n/N, Dv2, N) dOᵀ pair panels
+  uint32_t* q2 = nullptr;     // (n/2, Dp) Q pair rows (queries 2i, 2i + 1)
+  uint32_t* do2 = nullptr;    // (n/2, Dvp) dO pair rows
 };
 
 // The sizes and buffers every section shares.
@@ -72,14 +87,18 @@ struct Plan {
   View<const float> dout;  // (B, H, L, Dv)
   const SdpaGrads<float>& g;
   int64_t N, Br, Bc, Dp, Dvp, nkv, C;  // lanes; queries per tile, keys per block; padded D, Dv; KV blocks, chunks
-  bool q_in_place, dout_in_place;      // Q and dO rows read where they are
+  bool q_in_place, dout_in_place;      // Q and dO rows read where they are (bf16: not read as fp32)
+  bool bf16, dp;                       // products over bf16 pairs; by VDPBF16PS, else its emulation
+  int64_t D2, Dv2, Bw;                 // bf16: pairs along D, Dv; words per row of the (Bc, Br) pair tiles
   int64_t Ls, nseg;                    // query rows per segment (a multiple of Br), segments per head
   int64_t units, per_phase;            // units G·nseg (unit u: head u / nseg of the group, segment u % nseg); per phase
-  int64_t per_row;                     // floats packed per query row
+  int64_t per_row, per_row16;          // floats (and bf16: pair words) packed per query row
   hwy::AlignedFreeUniquePtr<float[]> packed;  // (B, Hkv, per_phase, Ls, per_row)
+  hwy::AlignedFreeUniquePtr<uint32_t[]> packed16;  // bf16: (B, Hkv, per_phase, Ls, per_row16)
   hwy::AlignedFreeUniquePtr<float[]> dq;      // (C, B, Hkv, per_phase, Ls, Dp) the dQ partial of each chunk
 
-  Plan(const SdpaProblem<float>& p_, View<const float> dout_, const SdpaGrads<float>& g_) : p(p_), dout(dout_), g(g_) {
+  Plan(const SdpaProblem<float>& p_, View<const float> dout_, const SdpaGrads<float>& g_, Precision precision)
+      : p(p_), dout(dout_), g(g_) {
     N = static_cast<int64_t>(hn::Lanes(DF()));
     const FlashTiles t = flash_backward_tiles(p.L, p.S);
     Br = round_up(t.rows, N), Bc = t.keys;
@@ -87,11 +106,15 @@ struct Plan {
     nkv = (p.S + Bc - 1) / Bc;
     // chunks per KV head: a function of the sizes only, never of the thread count
     C = std::max<int64_t>(1, std::min((kMinTasks + p.B * p.Hkv - 1) / (p.B * p.Hkv), nkv));
+    bf16 = precision == Precision::bf16, dp = bf16 && kDpTarget && cpu_info().bf16;
+    D2 = (p.D + 1) / 2, Dv2 = (p.Dv + 1) / 2, Bw = round_up(Br, 2 * N) / 2;
     // Q and dO rows are read in place when they have unit column stride and no padding is needed.
-    q_in_place = p.args.q.strides[3] == 1 && p.D == Dp, dout_in_place = dout.strides[3] == 1 && p.Dv == Dvp;
-    per_row = p.D + p.Dv + 2 + (q_in_place ? 0 : Dp) + (dout_in_place ? 0 : Dvp);
+    q_in_place = bf16 || (p.args.q.strides[3] == 1 && p.D == Dp);
+    dout_in_place = bf16 || (dout.strides[3] == 1 && p.Dv == Dvp);
+    per_row = (bf16 ? 0 : p.D) + p.Dv + 2 + (q_in_place ? 0 : Dp) + (dout_in_place ? 0 : Dvp);
+    per_row16 = bf16 ? D2 + Dv2 + (Dp + Dvp) / 2 : 0;  // Ls is even: a multiple of Br, itself of N
     // Segments: the whole of L where every unit fits the budget, else as many tiles as one unit's budget holds.
-    const int64_t groups = std::max<int64_t>(1, p.B * p.Hkv), row_floats = groups * (per_row + C * Dp);
+    const int64_t groups = std::max<int64_t>(1, p.B * p.Hkv), row_floats = groups * (per_row + per_row16 + C * Dp);
     const int64_t Lr = round_up(std::max<int64_t>(p.L, 1), Br);
     const int64_t budget = t.scratch;
     Ls = p.G * Lr * row_floats <= budget ? Lr : std::clamp(budget / row_floats / Br * Br, Br, Lr);
@@ -99,6 +122,7 @@ struct Plan {
     units = p.G * nseg;
     per_phase = std::clamp<int64_t>(budget / (Ls * row_floats), 1, std::max<int64_t>(1, units));
     packed = attn::allocate_aligned<float>(groups * per_phase * Ls * per_row);
+    packed16 = attn::allocate_aligned<uint32_t>(groups * per_phase * Ls * per_row16);
     dq = attn::allocate_aligned<float>(C * groups * per_phase * Ls * Dp);
   }
   // Unit u (the ju-th of its phase) of group (b, kvh), chunk c's dQ partial.
@@ -108,7 +132,7 @@ struct Plan {
     r.h = p.first_head(kvh) + u / nseg, r.l_begin = u % nseg * Ls, r.l_end = std::min(p.L, r.l_begin + Ls);
     const int64_t slot = (b * p.Hkv + kvh) * per_phase + ju;
     float* x = packed.get() + slot * Ls * per_row;
-    r.qt = x, x += Ls * p.D;
+    r.qt = x, x += bf16 ? 0 : Ls * p.D;
     r.dot = x, x += Ls * p.Dv;
     r.lse2 = x, x += Ls;
     r.dsum = x, x += Ls;
@@ -119,6 +143,10 @@ struct Plan {
     r.dout = dout_in_place ? dout.data + b * dout.strides[0] + r.h * dout.strides[1] + r.l_begin * dout.strides[2] : x;
     r.lddo = dout_in_place ? dout.strides[2] : Dvp;
     r.dq = dq.get() + ((c * p.B * p.Hkv) * per_phase + slot) * Ls * Dp;
+    if (bf16) {
+      uint32_t* w = packed16.get() + slot * Ls * per_row16;
+      r.qt16 = w, r.dot16 = w + Ls * D2, r.q2 = r.dot16 + Ls * Dv2, r.do2 = r.q2 + Ls / 2 * Dp;
+    }
     return r;
   }
 };
@@ -172,7 +200,8 @@ void PanelsOf(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, fl
 }
 
 // One unit of group (b, kvh): Qᵀ·scale·log2e and dOᵀ panels, Q and dO rows where they can't be read in
-// place, LSE·log2e, and D = rowsum(dO∘O), each row summed in order over Dv (N rows at once, one per lane).
+// place (bf16: Qᵀ, dOᵀ pair panels and Q, dO pair rows instead), LSE·log2e, and D = rowsum(dO∘O) in fp32,
+// each row summed in order over Dv (N rows at once, one per lane).
 void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, float* ot) {
   const auto& p = pl.p;
   const auto& a = p.args;
@@ -186,11 +215,18 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
   const auto& lse = p.out.lse;
   const float* o = O.data + b * O.strides[0] + r.h * O.strides[1] + r.l_begin * O.strides[2];
   const float* m = lse.data + b * lse.strides[0] + r.h * lse.strides[1] + r.l_begin * lse.strides[2];
-  PanelsOf(q, a.q.strides[2], a.q.strides[3], n, D, float(p.scale) * kLog2e, r.qt);
-  PanelsOf(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, 1.f, r.dot);
-  if (!pl.q_in_place) pack_rows(q, a.q.strides[2], a.q.strides[3], n, D, pl.Dp, const_cast<float*>(r.q));
-  if (!pl.dout_in_place)
-    pack_rows(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, pl.Dvp, const_cast<float*>(r.dout));
+  const int64_t qrs = a.q.strides[2], qcs = a.q.strides[3], drs = pl.dout.strides[2], dcs = pl.dout.strides[3];
+  if (pl.bf16) {
+    pack_pair_panels(q, qrs, qcs, n, D, N, r.qt16);
+    pack_pair_panels(dO, drs, dcs, n, Dv, N, r.dot16);
+    pack_pair_rows(q, qrs, qcs, n, D, pl.Dp, r.q2);
+    pack_pair_rows(dO, drs, dcs, n, Dv, pl.Dvp, r.do2);
+  } else {
+    PanelsOf(q, qrs, qcs, n, D, float(p.scale) * kLog2e, r.qt);
+  }
+  PanelsOf(dO, drs, dcs, n, Dv, 1.f, r.dot);
+  if (!pl.q_in_place) pack_rows(q, qrs, qcs, n, D, pl.Dp, const_cast<float*>(r.q));
+  if (!pl.dout_in_place) pack_rows(dO, drs, dcs, n, Dv, pl.Dvp, const_cast<float*>(r.dout));
   for (int64_t l = 0; l < filled; ++l) {
     const float x = l < n ? m[l * lse.strides[2]] : -kInf;
     r.lse2[l] = x == -kInf ? kInf : x * kLog2e;
@@ -216,14 +252,28 @@ struct Block {
   float* keep;  // (Bc, Br) 1 where kept, 0 where dropped (dropout only)
   int64_t* hid; // (Bc) queries of the tile hidden from each key by the causal edge (the first ones)
   int64_t b, kvh, s0, bc;  // keys [s0, s0 + bc) of KV head (b, kvh)
+  // bf16 only (kr and vr are not filled):
+  uint32_t* kr16 = nullptr;  // (Bc, D2) K_j pair words along D
+  uint32_t* vr16 = nullptr;  // (Bc, Dv2) V_j pair words along Dv
+  uint32_t* k2 = nullptr;    // (Bc/2, Dp) K_j pair rows (keys 2i, 2i + 1), Bc/2 rounded up
+  uint32_t* pt16 = nullptr;  // (Bc, Bw) P(_dropped)ᵀ pair words along queries
+  uint32_t* dst16 = nullptr; // (Bc, Bw) dSᵀ pair words along queries
+  uint32_t* ds2 = nullptr;   // (Bc/2, Br) dSᵀ pair rows: dS pair words along keys
   static int64_t size(const Plan& pl) {
     const auto& p = pl.p;
     return round_up(pl.Bc * (pl.Dp + p.Dv + pl.Dp + pl.Dvp + 3 * pl.Br), 16);
   }
-  Block(const Plan& pl, float* x, int64_t* hid_) : hid(hid_) {
+  static int64_t size16(const Plan& pl) {
+    const int64_t half = (pl.Bc + 1) / 2;
+    return pl.bf16 ? round_up(pl.Bc * (pl.D2 + pl.Dv2 + 2 * pl.Bw) + half * (pl.Dp + pl.Br), 16) : 0;
+  }
+  Block(const Plan& pl, float* x, uint32_t* w, int64_t* hid_) : hid(hid_) {
     const auto& p = pl.p;
     kr = x, vr = kr + pl.Bc * pl.Dp, dk = vr + pl.Bc * p.Dv, dv = dk + pl.Bc * pl.Dp;
     st = dv + pl.Bc * pl.Dvp, dpt = st + pl.Bc * pl.Br, keep = dpt + pl.Bc * pl.Br;
+    if (!pl.bf16) return;
+    kr16 = w, vr16 = kr16 + pl.Bc * pl.D2, pt16 = vr16 + pl.Bc * pl.Dv2, dst16 = pt16 + pl.Bc * pl.Bw;
+    k2 = dst16 + pl.Bc * pl.Bw, ds2 = k2 + (pl.Bc + 1) / 2 * pl.Dp;
   }
 };
 
@@ -234,8 +284,14 @@ void LoadKV(const Plan& pl, Block& k, bool first) {
   const int64_t D = pl.p.D, Dv = pl.p.Dv;
   const float* ks = a.k.data + k.b * a.k.strides[0] + k.kvh * a.k.strides[1] + k.s0 * a.k.strides[2];
   const float* vs = a.v.data + k.b * a.v.strides[0] + k.kvh * a.v.strides[1] + k.s0 * a.v.strides[2];
-  pack_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, pl.Dp, k.kr);
-  pack_rows(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, Dv, k.vr);
+  if (pl.bf16) {
+    pack_row_pairs(ks, a.k.strides[2], a.k.strides[3], k.bc, D, k.kr16);
+    pack_row_pairs(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, k.vr16);
+    pack_pair_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, pl.Dp, k.k2);
+  } else {
+    pack_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, pl.Dp, k.kr);
+    pack_rows(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, Dv, k.vr);
+  }
   if (first) {
     std::fill(k.dk, k.dk + pl.Bc * pl.Dp, 0.f);
     std::fill(k.dv, k.dv + pl.Bc * pl.Dvp, 0.f);
@@ -278,16 +334,23 @@ void StoreKV(const Plan& pl, const Block& k, bool last) {
 
 // (bc, Br) tile = A (bc, depth) rows lda apart · (depth, N) panels: each block of kMR rows
 // from the panel holding its first row's first visible query (hid), so the causal triangle costs little.
-void QKFrom(const Plan& pl, const Block& k, const float* a, int64_t lda, int64_t depth, const float* panels,
-            int64_t np, float* out) {
+// E = uint32_t: bf16 pair words (depth in pairs), each sum times qscale (fp32 folds it into the panels).
+template <bool kDp, typename E>
+void QKFrom(const Plan& pl, const Block& k, const E* a, int64_t lda, int64_t depth, const E* panels, int64_t np,
+            float qscale, float* out) {
   const int64_t N = pl.N;
   for (int64_t j = 0; j < np; j += kNV) {
     const int64_t je = std::min(np, j + kNV);
     for (int64_t r = 0; r < k.bc; r += kMR) {
       const int64_t j0 = std::max(j, k.hid[r] / N);
       if (j0 >= je) continue;
-      QK(std::min<int64_t>(kMR, k.bc - r), je - j0, a + r * lda, lda, panels + j0 * depth * N, depth * N, depth,
-         out + r * pl.Br + j0 * N, pl.Br, false);
+      const int64_t mr = std::min<int64_t>(kMR, k.bc - r);
+      const E* b = panels + j0 * depth * N;
+      if constexpr (std::is_same_v<E, float>)
+        QK(mr, je - j0, a + r * lda, lda, b, depth * N, depth, out + r * pl.Br + j0 * N, pl.Br, false);
+      else
+        RunBlock<QK16Op<kDp>>(mr, je - j0, a + r * lda, lda, b, depth * N, depth, qscale, out + r * pl.Br + j0 * N,
+                              pl.Br, false);
     }
   }
 }
@@ -295,12 +358,16 @@ void QKFrom(const Plan& pl, const Block& k, const float* a, int64_t lda, int64_t
 // Pᵀ (bc, w) of query head r.h, queries [l0, l0 + w) (l0 from the unit's first row): Sᵀ = K_j·Q_iᵀ (log2
 // units) + log2e·bias; keys past a query's causal edge -inf; Pᵀ = exp2(Sᵀ − LSE·log2e), written 0 where
 // not computed. Returns false when Pᵀ is all 0 (a fully masked tile: no gradient).
+template <bool kDp>
 bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, int64_t w) {
   const auto& p = pl.p;
   const DF df;
   const int64_t N = pl.N, lg = r.l_begin + l0;  // lg: the tile's first query in the head
   for (int64_t s = 0; s < k.bc; ++s) k.hid[s] = HiddenQueries(p, k.s0 + s, lg, w);
-  QKFrom(pl, k, k.kr, pl.Dp, p.D, r.qt + l0 * p.D, w / N, k.st);
+  if (pl.bf16)
+    QKFrom<kDp>(pl, k, k.kr16, pl.D2, pl.D2, r.qt16 + l0 * pl.D2, w / N, float(p.scale) * kLog2e, k.st);
+  else
+    QKFrom<kDp>(pl, k, k.kr, pl.Dp, p.D, r.qt + l0 * p.D, w / N, 1.f, k.st);
   if (p.has_bias())
     for (int64_t l = 0; l < br; ++l)
       AddMaskRow(p, k.b, r.h, lg + l, k.s0, VisibleKeys(p, lg + l, k.s0, k.bc), k.st + l, pl.Br);
@@ -321,11 +388,16 @@ bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, i
 
 // dPᵀ = V_j·dO_iᵀ; dSᵀ = Pᵀ ∘ (dPᵀ∘keep/(1-p) − D), and Pᵀ ← Pᵀ∘keep/(1-p) for dV. The keep tile is
 // 1 with the dropped elements zeroed by DropRow, the forward's function, one query column at a time.
+// bf16: then Pᵀ and dSᵀ rounded to their pair words along queries, and dSᵀ to its pair rows along keys.
+template <bool kDp>
 void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, int64_t w) {
   const auto& p = pl.p;
   const DF df;
   const int64_t N = pl.N, lg = r.l_begin + l0, ld = pl.Br;
-  QKFrom(pl, k, k.vr, p.Dv, p.Dv, r.dot + l0 * p.Dv, w / N, k.dpt);
+  if (pl.bf16)
+    QKFrom<kDp>(pl, k, k.vr16, pl.Dv2, pl.Dv2, r.dot16 + l0 * pl.Dv2, w / N, 1.f, k.dpt);
+  else
+    QKFrom<kDp>(pl, k, k.vr, p.Dv, p.Dv, r.dot + l0 * p.Dv, w / N, 1.f, k.dpt);
   const bool drop = p.dropout();
   if (drop) {
     for (int64_t s = 0; s < k.bc; ++s) std::fill(k.keep + s * ld, k.keep + s * ld + w, 1.f);
@@ -344,37 +416,72 @@ void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t b
       if (drop) hn::StoreU(hn::Mul(pv, kp), df, k.st + s * ld + l);
     }
   }
+  if (!pl.bf16) return;
+  for (int64_t s = 0; s < k.bc; ++s) {
+    PairRow(k.st + s * ld, w, k.pt16 + s * pl.Bw);
+    PairRow(k.dpt + s * ld, w, k.dst16 + s * pl.Bw);
+  }
+  for (int64_t s = 0; s < k.bc; s += 2)
+    PairRowsAcross(k.dpt + s * ld, s + 1 < k.bc ? k.dpt + (s + 1) * ld : nullptr, w, k.ds2 + s / 2 * pl.Br);
 }
 
 // dV_j += P_droppedᵀ · dO_i;  dK_j += dSᵀ · Q_i;  dQ_i += dS · K_j. Each block of kMR keys (dV, dK) starts
 // at its first row's first visible query and each block of kMR queries (dQ) ends at its last row's causal
-// edge: the terms skipped are zeros at the start or the end of a sum, so every sum keeps its bits.
+// edge: the terms skipped are zeros at the start or the end of a sum, so every sum keeps its bits. bf16:
+// a key block starts at the even query at or below it, a query block ends at the pair of keys holding its
+// edge (the extra term is P = 0 or dS = 0 times a finite value, or a zero row of padding).
+template <bool kDp>
 void Products(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br) {
   const auto& p = pl.p;
-  const int64_t N = pl.N, lg = r.l_begin + l0;
-  auto keys_by_queries = [&](const float* a, const float* rows, int64_t ldr, float* acc, int64_t width) {
+  const int64_t N = pl.N, lg = r.l_begin + l0, even = pl.bf16 ? 2 : 1;
+  // f(s, c, mr, nv, q0) for each block of keys [s, s + mr) x vectors [c, c + nv) of width: its first query q0
+  const auto key_blocks = [&](int64_t width, auto&& f) {
     for (int64_t c = 0; c < width / N; c += kNV)
       for (int64_t s = 0; s < k.bc; s += kMR) {
-        const int64_t q0 = k.hid[s];
-        if (q0 >= br) continue;
-        PV(std::min<int64_t>(kMR, k.bc - s), std::min<int64_t>(kNV, width / N - c), a + s * pl.Br + q0, pl.Br,
-           rows + q0 * ldr + c * N, ldr, br - q0, acc + s * width + c * N, width, nullptr);
+        const int64_t q0 = k.hid[s] / even * even;
+        if (q0 < br) f(s, c, std::min<int64_t>(kMR, k.bc - s), std::min<int64_t>(kNV, width / N - c), q0);
       }
+  };
+  // f(l, c, mr, nv, n) for each block of queries [l, l + mr) x vectors [c, c + nv) of Dp: n keys its last row sees
+  const auto query_blocks = [&](auto&& f) {
+    for (int64_t c = 0; c < pl.Dp / N; c += kNV)
+      for (int64_t l = 0; l < br; l += kMR) {
+        const int64_t mr = std::min<int64_t>(kMR, br - l), n = VisibleKeys(p, lg + l + mr - 1, k.s0, k.bc);
+        if (n > 0) f(l, c, mr, std::min<int64_t>(kNV, pl.Dp / N - c), n);
+      }
+  };
+  float* dq = r.dq + l0 * pl.Dp;
+  if (pl.bf16) {
+    const auto keys_by_queries = [&](const uint32_t* a, const uint32_t* rows, int64_t ldr, float* acc, int64_t width) {
+      key_blocks(width, [&](int64_t s, int64_t c, int64_t mr, int64_t nv, int64_t q0) {
+        RunBlock<PV16Op<kDp>>(mr, nv, a + s * pl.Bw + q0 / 2, pl.Bw, rows + (l0 + q0) / 2 * ldr + c * N, ldr,
+                              (br - q0 + 1) / 2, acc + s * width + c * N, width, nullptr);
+      });
+    };
+    keys_by_queries(k.pt16, r.do2, pl.Dvp, k.dv, pl.Dvp);
+    keys_by_queries(k.dst16, r.q2, pl.Dp, k.dk, pl.Dp);
+    query_blocks([&](int64_t l, int64_t c, int64_t mr, int64_t nv, int64_t n) {
+      RunBlock<PV16Op<kDp, true>>(mr, nv, k.ds2 + l, pl.Br, k.k2 + c * N, pl.Dp, (n + 1) / 2, dq + l * pl.Dp + c * N,
+                                  pl.Dp, nullptr);
+    });
+    return;
+  }
+  const auto keys_by_queries = [&](const float* a, const float* rows, int64_t ldr, float* acc, int64_t width) {
+    key_blocks(width, [&](int64_t s, int64_t c, int64_t mr, int64_t nv, int64_t q0) {
+      PV(mr, nv, a + s * pl.Br + q0, pl.Br, rows + q0 * ldr + c * N, ldr, br - q0, acc + s * width + c * N, width,
+         nullptr);
+    });
   };
   keys_by_queries(k.st, r.dout + l0 * r.lddo, r.lddo, k.dv, pl.Dvp);
   keys_by_queries(k.dpt, r.q + l0 * r.ldq, r.ldq, k.dk, pl.Dp);
-  float* dq = r.dq + l0 * pl.Dp;
-  for (int64_t c = 0; c < pl.Dp / N; c += kNV)
-    for (int64_t l = 0; l < br; l += kMR) {
-      const int64_t mr = std::min<int64_t>(kMR, br - l), n = VisibleKeys(p, lg + l + mr - 1, k.s0, k.bc);
-      if (n == 0) continue;
-      PV<kNV, true>(mr, std::min<int64_t>(kNV, pl.Dp / N - c), k.dpt + l, pl.Br, k.kr + c * N, pl.Dp, n,
-                    dq + l * pl.Dp + c * N, pl.Dp, nullptr);
-    }
+  query_blocks([&](int64_t l, int64_t c, int64_t mr, int64_t nv, int64_t n) {
+    PV<kNV, true>(mr, nv, k.dpt + l, pl.Br, k.kr + c * N, pl.Dp, n, dq + l * pl.Dp + c * N, pl.Dp, nullptr);
+  });
 }
 
 // One KV block against every query tile of the phase's units [u0, u1) (in order: head within the group,
 // then segment): dK_j, dV_j accumulated, dQ partials of chunk c accumulated.
+template <bool kDp>
 void BlockTask(const Plan& pl, Block& k, int64_t c, int64_t u0, int64_t u1, bool first, bool last) {
   const auto& p = pl.p;
   bool seen = false;  // does any query of the phase see a key of the block? (causal: later blocks may not)
@@ -389,9 +496,9 @@ void BlockTask(const Plan& pl, Block& k, int64_t c, int64_t u0, int64_t u1, bool
     for (int64_t l0 = 0; l0 < r.l_end - r.l_begin; l0 += pl.Br) {
       const int64_t br = std::min(pl.Br, r.l_end - r.l_begin - l0), w = round_up(br, pl.N);
       if (p.key_end(r.l_begin + l0 + br - 1) <= k.s0) continue;  // causal: the tile's last query sees no key of it
-      if (!ScoresT(pl, k, r, l0, br, w)) continue;
-      GradScoresT(pl, k, r, l0, br, w);
-      Products(pl, k, r, l0, br);
+      if (!ScoresT<kDp>(pl, k, r, l0, br, w)) continue;
+      GradScoresT<kDp>(pl, k, r, l0, br, w);
+      Products<kDp>(pl, k, r, l0, br);
     }
   }
   StoreKV(pl, k, last);
@@ -424,24 +531,28 @@ void StoreDq(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju) {
   }
 }
 
-void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g) {
+void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g, Precision precision) {
   if (p.B == 0 || p.H == 0) return;
-  const Plan pl(p, dout, g);
-  const int64_t groups = p.B * p.Hkv, size = Block::size(pl);
+  const Plan pl(p, dout, g, precision);
+  const int64_t groups = p.B * p.Hkv, size = Block::size(pl), size16 = Block::size16(pl);
   auto bufs = attn::allocate_aligned<float>(num_threads() * size);  // one scratch per worker
+  auto bufs16 = attn::allocate_aligned<uint32_t>(num_threads() * size16);
   std::vector<int64_t> hids(static_cast<size_t>(num_threads() * pl.Bc));                  // Block::hid
   std::vector<float> ots(static_cast<size_t>(num_threads() * p.Dv * pl.N));               // PackUnit's O panel
   const int64_t nphase = (pl.units + pl.per_phase - 1) / pl.per_phase;
   for (int64_t ph = 0; ph < nphase; ++ph) {
     const int64_t u0 = ph * pl.per_phase, u1 = std::min(pl.units, u0 + pl.per_phase), nu = u1 - u0;
     parallel_items(groups * nu, pl.Ls * (p.D + 2 * p.Dv) * 2, [&](int64_t item, int worker) {
+      const pairs::FlushSubnormals flush(pl.bf16);  // bf16: every fp32 step as VDPBF16PS rounds (the header)
       const int64_t pair = item / nu, ju = item % nu;
       PackUnit(pl, pair / p.Hkv, pair % p.Hkv, u0 + ju, ju, ots.data() + worker * p.Dv * pl.N);
     });
     // KV blocks outer (task (b, kvh, c) takes blocks j ≡ c mod C), Q tiles inner
     const int64_t cost = (pl.nkv + pl.C - 1) / pl.C * pl.Bc * nu * pl.Ls * (p.D + p.Dv) * 3;
     parallel_items(groups * pl.C, cost, [&](int64_t item, int worker) {
-      Block k(pl, bufs.get() + worker * size, hids.data() + worker * pl.Bc);
+      const pairs::FlushSubnormals flush(pl.bf16);
+      Block k(pl, bufs.get() + worker * size, pl.bf16 ? bufs16.get() + worker * size16 : nullptr,
+              hids.data() + worker * pl.Bc);
       k.b = item / (p.Hkv * pl.C), k.kvh = item / pl.C % p.Hkv;
       const int64_t c = item % pl.C;
       for (int64_t ju = 0; ju < nu; ++ju) {
@@ -450,13 +561,15 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
       }
       for (int64_t j = c; j < pl.nkv; j += pl.C) {
         k.s0 = j * pl.Bc, k.bc = std::min(pl.Bc, p.S - k.s0);
-        BlockTask(pl, k, c, u0, u1, ph == 0, ph == nphase - 1);
+        if (pl.dp) BlockTask<kDpTarget>(pl, k, c, u0, u1, ph == 0, ph == nphase - 1);
+        else BlockTask<false>(pl, k, c, u0, u1, ph == 0, ph == nphase - 1);
       }
       if (pl.C == 1)  // the task owns its heads' dQ rows
         for (int64_t ju = 0; ju < nu; ++ju) StoreDq(pl, k.b, k.kvh, u0 + ju, ju);
     });
     if (pl.C > 1)
       parallel_items(groups * nu, pl.Ls * p.D * pl.C, [&](int64_t item, int) {
+        const pairs::FlushSubnormals flush(pl.bf16);
         StoreDq(pl, item / nu / p.Hkv, item / nu % p.Hkv, u0 + item % nu, item % nu);
       });
   }
@@ -472,8 +585,9 @@ namespace flash {
 HWY_EXPORT(Backward);
 }  // namespace flash
 
-void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g) {
-  HWY_DYNAMIC_DISPATCH(flash::Backward)(p, dout, g);
+void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g,
+                    Precision precision) {
+  HWY_DYNAMIC_DISPATCH(flash::Backward)(p, dout, g, precision);
 }
 
 namespace {

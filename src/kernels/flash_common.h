@@ -110,6 +110,21 @@ HWY_INLINE VU PairWords(VF a, VF b) {
 #endif
 }
 
+// The N pair words of two rows where k runs across them: word j = bf16(lo[j]) | bf16(hi[j]) << 16.
+HWY_INLINE VU PairAcross(VF lo, VF hi) {
+  const DU du;
+  return hn::Or(hn::ShiftRight<16>(RoundedBf16(lo)), hn::And(RoundedBf16(hi), hn::Set(du, 0xFFFF0000u)));
+}
+
+// words[j] = PairAcross of rows lo and hi (hi null: a zero row) for j < n, n a multiple of the lanes.
+HWY_INLINE void PairRowsAcross(const float* HWY_RESTRICT lo, const float* HWY_RESTRICT hi, int64_t n,
+                               uint32_t* HWY_RESTRICT words) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  for (int64_t j = 0; j < n; j += N)
+    hn::StoreU(PairAcross(hn::LoadU(d, lo + j), hi ? hn::LoadU(d, hi + j) : hn::Zero(d)), DU(), words + j);
+}
+
 // words[q] for the elements of row [0, n), n a multiple of the lanes: ceil(n/2N)·N words (an odd last
 // vector is paired with zeros).
 HWY_INLINE void PairRow(const float* HWY_RESTRICT row, int64_t n, uint32_t* HWY_RESTRICT words) {
@@ -221,9 +236,10 @@ HWY_NOINLINE void QK16Block(const uint32_t* HWY_RESTRICT q, int64_t ldq, const u
 }
 
 // O (MR, NV·N) = α ⊙ O + P (MR, n2) · V (n2, NV·N) over bf16 pairs (DpBlock); α per row, or none.
-// p: MR rows of n2 pair words (keys 2q, 2q + 1), ldp apart; v: pair rows of V (keys 2q, 2q + 1 of each
-// column), ldv words apart. o: row stride ldo.
-template <bool kDp, int MR, int NV>
+// p: MR rows of n2 pair words (keys 2q, 2q + 1), ldp apart, or with TransA P's transpose stored (n2, ldp)
+// (the backward's dQ = dS·K from dSᵀ's pair rows); v: pair rows of V (keys 2q, 2q + 1 of each column),
+// ldv words apart. o: row stride ldo.
+template <bool kDp, int MR, int NV, bool TransA = false>
 HWY_NOINLINE void PV16Block(const uint32_t* HWY_RESTRICT p, int64_t ldp, const uint32_t* HWY_RESTRICT v,
                             int64_t ldv, int64_t n2, float* HWY_RESTRICT o, int64_t ldo,
                             const float* HWY_RESTRICT alpha) {
@@ -231,7 +247,8 @@ HWY_NOINLINE void PV16Block(const uint32_t* HWY_RESTRICT p, int64_t ldp, const u
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
   LoadO(acc, o, ldo, alpha);
-  DpBlock<kDp, MR, NV>(d, acc, ARows<uint32_t>{p, ldp, 1}, MR, BRows<uint32_t>{v, ldv, N}, n2);
+  const ARows<uint32_t> a = TransA ? ARows<uint32_t>{p, 1, ldp} : ARows<uint32_t>{p, ldp, 1};
+  DpBlock<kDp, MR, NV>(d, acc, a, MR, BRows<uint32_t>{v, ldv, N}, n2);
   StoreO(acc, o, ldo);
 }
 
@@ -258,10 +275,10 @@ struct QK16Op {
   template <int MR, int NV, class... Args>
   static HWY_INLINE void Run(Args... args) { QK16Block<kDp, MR, NV>(args...); }
 };
-template <bool kDp>
+template <bool kDp, bool TransA = false>
 struct PV16Op {
   template <int MR, int NV, class... Args>
-  static HWY_INLINE void Run(Args... args) { PV16Block<kDp, MR, NV>(args...); }
+  static HWY_INLINE void Run(Args... args) { PV16Block<kDp, MR, NV, TransA>(args...); }
 };
 template <int NV = kNV, class... Args>
 HWY_INLINE void QK(int64_t mr, int64_t nv, Args... args) { RunBlock<QKOp, kMR, NV>(mr, nv, args...); }

@@ -74,13 +74,6 @@ struct Plan {
   int64_t D2 = 0;       // bf16: pairs along D
 };
 
-// bf16: VDPBF16PS on this target and CPU, else DpBlock's emulation.
-#if ATTN_AVX512_TARGET(HWY_TARGET)
-constexpr bool kDpTarget = true;
-#else
-constexpr bool kDpTarget = false;
-#endif
-
 Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
   Plan pl{p};
   pl.N = static_cast<int64_t>(hn::Lanes(DF()));

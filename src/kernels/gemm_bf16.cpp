@@ -63,6 +63,7 @@ using regblock::HWY_NAMESPACE::ARows;
 using regblock::HWY_NAMESPACE::BRows;
 using regblock::HWY_NAMESPACE::DpBlock;
 using regblock::HWY_NAMESPACE::ForBlock;
+using regblock::HWY_NAMESPACE::kDpTarget;
 using namespace attn::pairs;
 
 using DF = hn::ScalableTag<float>;
@@ -72,10 +73,8 @@ using VF = hn::Vec<DF>;
 // VDPBF16PS (24 accumulators, 4 B vectors), 6 x 3 emulated (each B vector widens to two). The
 // 16-register targets, emulated: 4 x 2 (8 accumulators, 4 widened B vectors, 2 A values).
 #if ATTN_AVX512_TARGET(HWY_TARGET)
-constexpr bool kDpTarget = true;
 constexpr int kMR = 6, kNVDp = 4, kNVEmu = 3;
 #else
-constexpr bool kDpTarget = false;
 constexpr int kMR = 4, kNVDp = 1, kNVEmu = 2;
 #endif
 

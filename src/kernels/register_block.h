@@ -108,6 +108,14 @@ HWY_INLINE void FmaBlock(D d, hn::Vec<D> (&acc)[MR][NV], ARows<T> A, int64_t row
 
 // ---- bf16 pairs (AVX512_BF16's operand layout: a 32-bit word holds bf16 k = 2q low, 2q + 1 high) ----
 
+// Whether this target can run VDPBF16PS (a kernel runs it only where cpu_info().bf16 says the CPU has it;
+// elsewhere, and on other targets, DpBlock's emulation).
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+inline constexpr bool kDpTarget = true;
+#else
+inline constexpr bool kDpTarget = false;
+#endif
+
 #if ATTN_AVX512_TARGET(HWY_TARGET)
 // acc += a · b pairwise: VDPBF16PS, through the assembler (the compiler is not asked for the feature: a
 // caller runs it only where cpu_info().bf16 says the CPU has it).

@@ -222,9 +222,15 @@ void set_flash_tiles(FlashTiles t);
 // dout (B, H, L, Dv); dk and dv are summed over the query heads of a GQA group.
 template <typename T>
 void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaGrads<T>& g);
-// FlashAttention-2 backward, fp32 only: needs p.out.out and p.out.lse from the forward. dout (B, H, L, Dv).
-// Same result for any thread count.
-void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g);
+// FlashAttention-2 backward of fp32 tensors: needs p.out.out and p.out.lse from the forward. dout (B, H, L, Dv).
+// Same result for any thread count. precision bf16: the five products over bf16 pairs (Q, K, V, dO, P and dS
+// rounded to bf16; fp32 sums, scores, softmax, D = rowsum(dO∘O) and gradients), the same bits on every FMA
+// CPU, as flash_forward's; for the LSE and output of flash_forward(p, bf16).
+void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g,
+                    Precision precision);
+inline void flash_backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g) {
+  flash_backward(p, dout, g, Precision::f32);
+}
 // Tile sizes of flash_backward for L queries and S keys: keys per KV block (with the chunk count, it fixes
 // dQ's summation order, so it comes from the sizes alone, never from the CPU), queries per tile (rounded
 // up to the vector lanes by the kernel) and the scratch budget of a phase (which changes no bits).
