@@ -173,9 +173,10 @@ void BM_FlashBackward(benchmark::State& state) {
   SdpaArgs<float> args{q, k, v};
   args.causal = state.range(4) ? Causal::top_left : Causal::none;
   const SdpaProblem<float> p = make_problem(args, SdpaOut<float>{out, {}, lse});
-  flash_forward(p);
+  const Precision prec = state.range(5) ? Precision::bf16 : Precision::f32;
+  flash_forward(p, prec);
   const SdpaGrads<float> g{dq, dk, dv};
-  time_flops(state, sdpa_backward_flops(B, H, L, L, D, args.causal), [&] { flash_backward(p, dout, g); });
+  time_flops(state, sdpa_backward_flops(B, H, L, L, D, args.causal), [&] { flash_backward(p, dout, g, prec); });
 }
 
 // Peak memory of one flash run above its inputs and output (VmHWM growth after clear_refs resets it).
@@ -197,8 +198,10 @@ BENCHMARK(BM_FlashBf16)->ArgsProduct({{4096}, {0, 1}, {64, 128}, {0, 48, 96}, {1
 BENCHMARK(BM_Reference)->Args({1024, 0})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_FlashGqa)->Arg(2048)->ArgName("L")->Unit(benchmark::kMillisecond);
 // nanoGPT's CPU training shape (B 12, H 4, T 64, D 32, causal), then L = 1024 causal and 4096 at D 64, 128
-BENCHMARK(BM_FlashBackward)->Args({12, 4, 64, 32, 1})->Args({1, 8, 1024, 64, 1})->Args({1, 8, 4096, 64, 0})
-    ->Args({1, 8, 4096, 128, 0})->ArgNames({"B", "H", "L", "D", "causal"})->Unit(benchmark::kMillisecond);
+// (bf16 1: the products over bf16 pairs)
+BENCHMARK(BM_FlashBackward)->ArgsProduct({{12}, {4}, {64}, {32}, {1}, {0, 1}})->ArgsProduct({{1}, {8}, {1024}, {64}, {1}, {0, 1}})
+    ->ArgsProduct({{1}, {8}, {4096}, {64, 128}, {0}, {0, 1}})->ArgNames({"B", "H", "L", "D", "causal", "bf16"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FlashDecode)->Arg(4096)->Arg(32768)->ArgName("S")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ReadKV)->Arg(int(KvDtype::f32))->Arg(int(KvDtype::f16))->ArgName("kv")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeStep)->Arg(int(KvDtype::f32))->Arg(int(KvDtype::f16))->Arg(int(KvDtype::bf16))->ArgName("kv")->Unit(benchmark::kMicrosecond);

@@ -53,8 +53,8 @@ void bind_sdpa_backward(py::module_& m) {
          py::array& dout, std::optional<py::array>& mask, const std::string& mask_kind,
          std::optional<py::array>& key_padding, const std::string& padding_kind, const std::string& causal,
          std::optional<double> scale, double dropout_p, uint64_t seed, const std::string& backend, bool strict,
-         bool mask_grad) {
-        SdpaOptions opt{parse_backend(backend), strict};
+         bool mask_grad, const std::string& dtype) {
+        SdpaOptions opt{parse_backend(backend), strict, parse_precision(dtype)};
         auto call = [&]<typename T>(T) {
           return run<T>(q, k, v, out, lse, dout, mask, mask_kind, key_padding, padding_kind, causal, scale,
                         dropout_p, seed, opt, mask_grad);
@@ -65,7 +65,8 @@ void bind_sdpa_backward(py::module_& m) {
       py::arg("mask") = py::none(), py::arg("mask_kind") = "keep", py::arg("key_padding") = py::none(),
       py::arg("padding_kind") = "drop", py::arg("causal") = "none", py::arg("scale") = py::none(),
       py::arg("dropout_p") = 0.0, py::arg("seed") = 0, py::arg("backend") = "auto", py::arg("strict") = false,
-      py::arg("mask_grad") = false,
+      py::arg("mask_grad") = false, py::arg("dtype") = "f32",
       "Gradients of rank-4 SDPA on numpy arrays, given the forward's out and lse and dout: returns (dq, dk, dv), "
-      "and dmask (B, H, L, S), the additive mask's gradient, with mask_grad=True.");
+      "and dmask (B, H, L, S), the additive mask's gradient, with mask_grad=True. dtype: what the flash backward "
+      "multiplies in, f32 or bf16 (that of the forward which gave out and lse).");
 }

@@ -25,8 +25,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     strict=True turns an automatic fallback to the reference into an error. explain=True runs nothing
     and returns (backend, reason): what this call would run, and why.
     dtype: what Q·Kᵀ and P·V multiply in, "float32" or "bfloat16" (query, key, value and the softmax's
-    probabilities rounded to bf16; sums, softmax and output fp32; the flash forward without weights only,
-    float32 elsewhere); with strict, bfloat16 without AVX512_BF16 (emulated) is an error.
+    probabilities rounded to bf16; sums, softmax and output fp32; the flash kernel without weights only,
+    float32 elsewhere); with strict, bfloat16 without AVX512_BF16 (emulated) is an error. The backward of
+    a bfloat16 forward takes the same dtype.
     """
     (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
     lead = query.shape[:-3]  # folded into B; dim -3 is the head dim
@@ -55,7 +56,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False, *,
                                           causal_alignment="top_left", seed=0, backend="auto", strict=False,
-                                          return_mask_grad=False):
+                                          return_mask_grad=False, dtype="float32"):
     """Gradients (dq, dk, dv) of scaled_dot_product_attention at (query, key, value).
 
     grad_out is dLoss/dout; out and lse come from the forward call (return_lse=True), whose other
@@ -63,7 +64,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     enable_gqa, dk and dv are summed over the query heads that share a key/value head. A fully masked
     row gets zero gradient. return_mask_grad=True (a float attn_mask) returns (dq, dk, dv, dmask) too:
     the mask's gradient dS, summed over the dims the mask broadcasts, in the mask's shape (it runs on the
-    reference backward, the kernel that writes dS).
+    reference backward, the kernel that writes dS). dtype: the forward's, "float32" or "bfloat16" (the five
+    products over bf16 pairs: Q, K, V, grad_out, P and dS rounded; sums and gradients fp32).
     """
     mask_shape = None if attn_mask is None else as_array(attn_mask, "attn_mask").shape
     (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
@@ -72,7 +74,7 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     causal = causal_alignment if is_causal else "none"
     grads = _attn.sdpa_backward(_as4(query), _as4(key), _as4(value), _as4(out), _as4(lse[..., None])[..., 0],
                                 _as4(grad_out), mask, kind, None, "drop", causal, scale, float(dropout_p),
-                                int(seed), backend, bool(strict), bool(return_mask_grad))
+                                int(seed), backend, bool(strict), bool(return_mask_grad), dtype)
     dq, dk, dv = grads[0].reshape(query.shape), grads[1].reshape(key.shape), grads[2].reshape(value.shape)
     if not return_mask_grad:
         return dq, dk, dv

@@ -7,7 +7,8 @@
 Forward and backward are attn's C++ kernels (sdpa / sdpa_backward, MultiheadAttention.forward/backward);
 everything around them stays torch's. Not a GPU path. bfloat16 query/key/value are accepted by
 scaled_dot_product_attention: the forward multiplies in bf16 (VDPBF16PS, or its exact emulation) with fp32
-sums and softmax, as torch's CPU flash kernel does, and returns bfloat16; the backward computes in fp32.
+sums and softmax, as torch's CPU flash kernel does, and returns bfloat16; the backward multiplies in bf16
+too (fp32 sums), returning bfloat16 gradients.
 float16 is refused by name, as is bfloat16 in MultiheadAttention.
 Importing this module imports torch; `import attn` does not.
 """
@@ -89,7 +90,7 @@ def _sdpa_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Te
     grads = _F.scaled_dot_product_attention_backward(
         as_array(w(grad_out).contiguous(), "grad_out"), as_array(w(query), "query"), as_array(w(key), "key"),
         as_array(w(value), "value"), as_array(w(out), "out"), as_array(lse, "lse"), mask, dropout_p, is_causal,
-        scale, enable_gqa, seed=seed, return_mask_grad=mask_grad)
+        scale, enable_gqa, seed=seed, return_mask_grad=mask_grad, dtype="bfloat16" if half else "float32")
     dmask = torch.from_numpy(grads[3]).to(attn_mask.dtype) if mask_grad else query.new_empty(0)
     return (*(_narrowed(torch.from_numpy(g), half) for g in grads[:3]), dmask)
 
@@ -126,7 +127,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
 
-    float32 or float64 CPU tensors, or bfloat16 (bf16 products, fp32 softmax, returned in bfloat16); attn_mask bool (True = may attend) or float (added; a float mask that
+    float32 or float64 CPU tensors, or bfloat16 (bf16 products forward and backward, fp32 sums and softmax,
+    returned in bfloat16); attn_mask bool (True = may attend) or float (added; a float mask that
     requires grad gets its gradient, reduced over the dims it broadcasts, as torch gives it). First
     derivatives only: double backward (create_graph=True, then backward again) is not supported. One
     difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded

@@ -66,7 +66,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // What the backward needs of the rows [l_begin, l_end) of query head (b, h), packed (n = rows rounded up to N):
 struct QHead {
-  float* qt;          // (n/N, D, N) Qᵀ panels · scale·log2e (fp32 only)
+  float* qt;          // (n/N, D, N) Qᵀ panels · scale·log2e (bf16: unscaled, before pairing)
   float* dot;         // (n/N, Dv, N) dOᵀ panels
   float* lse2;        // (n) LSE·log2e; +inf on a fully masked row and past l_end, so P = exp2(x − lse2) = 0 there
   float* dsum;        // (n) D = rowsum(dO∘O); 0 past l_end
@@ -87,9 +87,9 @@ struct Plan {
   View<const float> dout;  // (B, H, L, Dv)
   const SdpaGrads<float>& g;
   int64_t N, Br, Bc, Dp, Dvp, nkv, C;  // lanes; queries per tile, keys per block; padded D, Dv; KV blocks, chunks
-  bool q_in_place, dout_in_place;      // Q and dO rows read where they are (bf16: not read as fp32)
+  bool q_in_place, dout_in_place;      // Q and dO rows read where they are
   bool bf16, dp;                       // products over bf16 pairs; by VDPBF16PS, else its emulation
-  int64_t D2, Dv2, Bw;                 // bf16: pairs along D, Dv; words per row of the (Bc, Br) pair tiles
+  int64_t D2, Dv2, Dw, Dvw, Bw;        // bf16: pairs along D, Dv; words per row of K, V (Dp, Dvp paired), of (Bc, Br) tiles
   int64_t Ls, nseg;                    // query rows per segment (a multiple of Br), segments per head
   int64_t units, per_phase;            // units G·nseg (unit u: head u / nseg of the group, segment u % nseg); per phase
   int64_t per_row, per_row16;          // floats (and bf16: pair words) packed per query row
@@ -107,11 +107,11 @@ struct Plan {
     // chunks per KV head: a function of the sizes only, never of the thread count
     C = std::max<int64_t>(1, std::min((kMinTasks + p.B * p.Hkv - 1) / (p.B * p.Hkv), nkv));
     bf16 = precision == Precision::bf16, dp = bf16 && kDpTarget && cpu_info().bf16;
-    D2 = (p.D + 1) / 2, Dv2 = (p.Dv + 1) / 2, Bw = round_up(Br, 2 * N) / 2;
+    D2 = (p.D + 1) / 2, Dv2 = (p.Dv + 1) / 2;
+    Dw = round_up(Dp, 2 * N) / 2, Dvw = round_up(Dvp, 2 * N) / 2, Bw = round_up(Br, 2 * N) / 2;
     // Q and dO rows are read in place when they have unit column stride and no padding is needed.
-    q_in_place = bf16 || (p.args.q.strides[3] == 1 && p.D == Dp);
-    dout_in_place = bf16 || (dout.strides[3] == 1 && p.Dv == Dvp);
-    per_row = (bf16 ? 0 : p.D) + p.Dv + 2 + (q_in_place ? 0 : Dp) + (dout_in_place ? 0 : Dvp);
+    q_in_place = p.args.q.strides[3] == 1 && p.D == Dp, dout_in_place = dout.strides[3] == 1 && p.Dv == Dvp;
+    per_row = p.D + p.Dv + 2 + (q_in_place ? 0 : Dp) + (dout_in_place ? 0 : Dvp);
     per_row16 = bf16 ? D2 + Dv2 + (Dp + Dvp) / 2 : 0;  // Ls is even: a multiple of Br, itself of N
     // Segments: the whole of L where every unit fits the budget, else as many tiles as one unit's budget holds.
     const int64_t groups = std::max<int64_t>(1, p.B * p.Hkv), row_floats = groups * (per_row + per_row16 + C * Dp);
@@ -132,7 +132,7 @@ struct Plan {
     r.h = p.first_head(kvh) + u / nseg, r.l_begin = u % nseg * Ls, r.l_end = std::min(p.L, r.l_begin + Ls);
     const int64_t slot = (b * p.Hkv + kvh) * per_phase + ju;
     float* x = packed.get() + slot * Ls * per_row;
-    r.qt = x, x += bf16 ? 0 : Ls * p.D;
+    r.qt = x, x += Ls * p.D;
     r.dot = x, x += Ls * p.Dv;
     r.lse2 = x, x += Ls;
     r.dsum = x, x += Ls;
@@ -215,18 +215,23 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
   const auto& lse = p.out.lse;
   const float* o = O.data + b * O.strides[0] + r.h * O.strides[1] + r.l_begin * O.strides[2];
   const float* m = lse.data + b * lse.strides[0] + r.h * lse.strides[1] + r.l_begin * lse.strides[2];
-  const int64_t qrs = a.q.strides[2], qcs = a.q.strides[3], drs = pl.dout.strides[2], dcs = pl.dout.strides[3];
-  if (pl.bf16) {
-    pack_pair_panels(q, qrs, qcs, n, D, N, r.qt16);
-    pack_pair_panels(dO, drs, dcs, n, Dv, N, r.dot16);
-    pack_pair_rows(q, qrs, qcs, n, D, pl.Dp, r.q2);
-    pack_pair_rows(dO, drs, dcs, n, Dv, pl.Dvp, r.do2);
-  } else {
-    PanelsOf(q, qrs, qcs, n, D, float(p.scale) * kLog2e, r.qt);
+  PanelsOf(q, a.q.strides[2], a.q.strides[3], n, D, pl.bf16 ? 1.f : float(p.scale) * kLog2e, r.qt);
+  PanelsOf(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, 1.f, r.dot);
+  if (!pl.q_in_place) pack_rows(q, a.q.strides[2], a.q.strides[3], n, D, pl.Dp, const_cast<float*>(r.q));
+  if (!pl.dout_in_place)
+    pack_rows(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, pl.Dvp, const_cast<float*>(r.dout));
+  if (pl.bf16) {  // the pairs from the fp32 panels and rows: adjacent rows of each, rounded
+    const auto pair_rows = [](const float* x, int64_t rows, int64_t ld, int64_t width, uint32_t* out) {
+      for (int64_t i = 0; 2 * i < rows; ++i)
+        PairRowsAcross(x + 2 * i * ld, 2 * i + 1 < rows ? x + (2 * i + 1) * ld : nullptr, width, out + i * width);
+    };
+    for (int64_t l0 = 0; l0 < filled; l0 += N) {  // panel rows are d: pairs along D (Dv)
+      pair_rows(r.qt + l0 * D, D, N, N, r.qt16 + l0 * pl.D2);
+      pair_rows(r.dot + l0 * Dv, Dv, N, N, r.dot16 + l0 * pl.Dv2);
+    }
+    pair_rows(r.q, n, r.ldq, pl.Dp, r.q2);  // rows are queries: pairs along them
+    pair_rows(r.dout, n, r.lddo, pl.Dvp, r.do2);
   }
-  PanelsOf(dO, drs, dcs, n, Dv, 1.f, r.dot);
-  if (!pl.q_in_place) pack_rows(q, qrs, qcs, n, D, pl.Dp, const_cast<float*>(r.q));
-  if (!pl.dout_in_place) pack_rows(dO, drs, dcs, n, Dv, pl.Dvp, const_cast<float*>(r.dout));
   for (int64_t l = 0; l < filled; ++l) {
     const float x = l < n ? m[l * lse.strides[2]] : -kInf;
     r.lse2[l] = x == -kInf ? kInf : x * kLog2e;
@@ -244,7 +249,7 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
 // Per-worker scratch of one KV block and one (keys, queries) tile.
 struct Block {
   float* kr;    // (Bc, Dp) K_j rows, zero past D
-  float* vr;    // (Bc, Dv) V_j rows
+  float* vr;    // (Bc, Dvp) V_j rows, zero past Dv
   float* dk;    // (Bc, Dp) dK_j / scale
   float* dv;    // (Bc, Dvp) dV_j
   float* st;    // (Bc, Br) Sᵀ, then P(_dropped)ᵀ
@@ -252,27 +257,27 @@ struct Block {
   float* keep;  // (Bc, Br) 1 where kept, 0 where dropped (dropout only)
   int64_t* hid; // (Bc) queries of the tile hidden from each key by the causal edge (the first ones)
   int64_t b, kvh, s0, bc;  // keys [s0, s0 + bc) of KV head (b, kvh)
-  // bf16 only (kr and vr are not filled):
-  uint32_t* kr16 = nullptr;  // (Bc, D2) K_j pair words along D
-  uint32_t* vr16 = nullptr;  // (Bc, Dv2) V_j pair words along Dv
+  // bf16 only, from kr and vr:
+  uint32_t* kr16 = nullptr;  // (Bc, Dw) K_j pair words along D
+  uint32_t* vr16 = nullptr;  // (Bc, Dvw) V_j pair words along Dv
   uint32_t* k2 = nullptr;    // (Bc/2, Dp) K_j pair rows (keys 2i, 2i + 1), Bc/2 rounded up
   uint32_t* pt16 = nullptr;  // (Bc, Bw) P(_dropped)ᵀ pair words along queries
   uint32_t* dst16 = nullptr; // (Bc, Bw) dSᵀ pair words along queries
   uint32_t* ds2 = nullptr;   // (Bc/2, Br) dSᵀ pair rows: dS pair words along keys
   static int64_t size(const Plan& pl) {
     const auto& p = pl.p;
-    return round_up(pl.Bc * (pl.Dp + p.Dv + pl.Dp + pl.Dvp + 3 * pl.Br), 16);
+    return round_up(pl.Bc * (pl.Dp + pl.Dvp + pl.Dp + pl.Dvp + 3 * pl.Br), 16);
   }
   static int64_t size16(const Plan& pl) {
     const int64_t half = (pl.Bc + 1) / 2;
-    return pl.bf16 ? round_up(pl.Bc * (pl.D2 + pl.Dv2 + 2 * pl.Bw) + half * (pl.Dp + pl.Br), 16) : 0;
+    return pl.bf16 ? round_up(pl.Bc * (pl.Dw + pl.Dvw + 2 * pl.Bw) + half * (pl.Dp + pl.Br), 16) : 0;
   }
   Block(const Plan& pl, float* x, uint32_t* w, int64_t* hid_) : hid(hid_) {
     const auto& p = pl.p;
-    kr = x, vr = kr + pl.Bc * pl.Dp, dk = vr + pl.Bc * p.Dv, dv = dk + pl.Bc * pl.Dp;
+    kr = x, vr = kr + pl.Bc * pl.Dp, dk = vr + pl.Bc * pl.Dvp, dv = dk + pl.Bc * pl.Dp;
     st = dv + pl.Bc * pl.Dvp, dpt = st + pl.Bc * pl.Br, keep = dpt + pl.Bc * pl.Br;
     if (!pl.bf16) return;
-    kr16 = w, vr16 = kr16 + pl.Bc * pl.D2, pt16 = vr16 + pl.Bc * pl.Dv2, dst16 = pt16 + pl.Bc * pl.Bw;
+    kr16 = w, vr16 = kr16 + pl.Bc * pl.Dw, pt16 = vr16 + pl.Bc * pl.Dvw, dst16 = pt16 + pl.Bc * pl.Bw;
     k2 = dst16 + pl.Bc * pl.Bw, ds2 = k2 + (pl.Bc + 1) / 2 * pl.Dp;
   }
 };
@@ -284,13 +289,15 @@ void LoadKV(const Plan& pl, Block& k, bool first) {
   const int64_t D = pl.p.D, Dv = pl.p.Dv;
   const float* ks = a.k.data + k.b * a.k.strides[0] + k.kvh * a.k.strides[1] + k.s0 * a.k.strides[2];
   const float* vs = a.v.data + k.b * a.v.strides[0] + k.kvh * a.v.strides[1] + k.s0 * a.v.strides[2];
-  if (pl.bf16) {
-    pack_row_pairs(ks, a.k.strides[2], a.k.strides[3], k.bc, D, k.kr16);
-    pack_row_pairs(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, k.vr16);
-    pack_pair_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, pl.Dp, k.k2);
-  } else {
-    pack_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, pl.Dp, k.kr);
-    pack_rows(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, Dv, k.vr);
+  pack_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, pl.Dp, k.kr);
+  pack_rows(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, pl.Dvp, k.vr);
+  if (pl.bf16) {  // the pairs from the fp32 rows: along each row (K, V), and across two (K)
+    for (int64_t s = 0; s < k.bc; ++s) {
+      PairRow(k.kr + s * pl.Dp, pl.Dp, k.kr16 + s * pl.Dw);
+      PairRow(k.vr + s * pl.Dvp, pl.Dvp, k.vr16 + s * pl.Dvw);
+    }
+    for (int64_t s = 0; s < k.bc; s += 2)
+      PairRowsAcross(k.kr + s * pl.Dp, s + 1 < k.bc ? k.kr + (s + 1) * pl.Dp : nullptr, pl.Dp, k.k2 + s / 2 * pl.Dp);
   }
   if (first) {
     std::fill(k.dk, k.dk + pl.Bc * pl.Dp, 0.f);
@@ -365,7 +372,7 @@ bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, i
   const int64_t N = pl.N, lg = r.l_begin + l0;  // lg: the tile's first query in the head
   for (int64_t s = 0; s < k.bc; ++s) k.hid[s] = HiddenQueries(p, k.s0 + s, lg, w);
   if (pl.bf16)
-    QKFrom<kDp>(pl, k, k.kr16, pl.D2, pl.D2, r.qt16 + l0 * pl.D2, w / N, float(p.scale) * kLog2e, k.st);
+    QKFrom<kDp>(pl, k, k.kr16, pl.Dw, pl.D2, r.qt16 + l0 * pl.D2, w / N, float(p.scale) * kLog2e, k.st);
   else
     QKFrom<kDp>(pl, k, k.kr, pl.Dp, p.D, r.qt + l0 * p.D, w / N, 1.f, k.st);
   if (p.has_bias())
@@ -395,9 +402,9 @@ void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t b
   const DF df;
   const int64_t N = pl.N, lg = r.l_begin + l0, ld = pl.Br;
   if (pl.bf16)
-    QKFrom<kDp>(pl, k, k.vr16, pl.Dv2, pl.Dv2, r.dot16 + l0 * pl.Dv2, w / N, 1.f, k.dpt);
+    QKFrom<kDp>(pl, k, k.vr16, pl.Dvw, pl.Dv2, r.dot16 + l0 * pl.Dv2, w / N, 1.f, k.dpt);
   else
-    QKFrom<kDp>(pl, k, k.vr, p.Dv, p.Dv, r.dot + l0 * p.Dv, w / N, 1.f, k.dpt);
+    QKFrom<kDp>(pl, k, k.vr, pl.Dvp, p.Dv, r.dot + l0 * p.Dv, w / N, 1.f, k.dpt);
   const bool drop = p.dropout();
   if (drop) {
     for (int64_t s = 0; s < k.bc; ++s) std::fill(k.keep + s * ld, k.keep + s * ld + w, 1.f);

@@ -1,6 +1,5 @@
 // The target-independent part of the flash kernels' building blocks: the log2-domain constants and
-// the packing of K (as Kᵀ panels) and V rows (and the backward's Q and dO), in fp32 or as bf16 pairs
-// (pairs.h). Plain C++, included by flash_common.h (the SIMD part)
+// the packing of K (as Kᵀ panels) and V rows, in fp32 or as bf16 pairs (pairs.h). Plain C++, included by flash_common.h (the SIMD part)
 // and by mask.h. Not SIMD, not a kernel.
 #pragma once
 #include <algorithm>
@@ -51,25 +50,19 @@ inline const float* contiguous_row(const float* src, int64_t rs, int64_t cs, int
   return tmp;
 }
 
-// bf16 pair words along rows [0, n) of a (n, cols) matrix with strides (rs, cs): n rows of ceil(cols/2)
-// words, word q of a row holding its elements 2q and 2q + 1 (pairs.h; a column past the end 0).
-inline void pack_row_pairs(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t cols, uint32_t* dst) {
-  const int64_t c2 = (cols + 1) / 2;
-  std::vector<float> tmp(size_t(cs == 1 ? 0 : cols));
-  for (int64_t s = 0; s < n; ++s, dst += c2) pairs::PairsAlongRow(contiguous_row(src, rs, cs, s, cols, tmp.data()), c2, cols, dst);
-}
-
 // bf16 Kᵀ pair panels of rows [0, n) of a (n, D) matrix with strides (rs, cs): ceil(n/N) panels of (D2, N)
-// words, D2 = ceil(D/2); word (q, j) holds key j's elements 2q and 2q + 1 (pack_row_pairs), keys past n 0.
+// words, D2 = ceil(D/2); word (q, j) holds key j's elements 2q and 2q + 1 (pairs.h; a D past the end 0),
+// keys past n are 0.
 inline void pack_pair_panels(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, int64_t N, uint32_t* dst) {
   const int64_t D2 = (D + 1) / 2;
-  std::vector<uint32_t> words(static_cast<size_t>(N * D2));
-  for (int64_t s0 = 0; s0 < n; s0 += N, dst += D2 * N) {
-    const int64_t w = std::min(N, n - s0);
-    pack_row_pairs(src + s0 * rs, rs, cs, w, D, words.data());
-    for (int64_t j = 0; j < N; ++j)
-      for (int64_t q = 0; q < D2; ++q) dst[q * N + j] = j < w ? words[size_t(j * D2 + q)] : 0u;
-  }
+  std::vector<float> tmp(size_t(cs == 1 ? 0 : D));
+  std::vector<uint32_t> words(static_cast<size_t>(D2));
+  for (int64_t s0 = 0; s0 < n; s0 += N, dst += D2 * N)
+    for (int64_t j = 0; j < N; ++j) {
+      if (s0 + j < n) pairs::PairsAlongRow(contiguous_row(src, rs, cs, s0 + j, D, tmp.data()), D2, D, words.data());
+      else std::fill(words.begin(), words.end(), 0u);
+      for (int64_t q = 0; q < D2; ++q) dst[q * N + j] = words[size_t(q)];
+    }
 }
 
 // bf16 pair rows of rows [0, n) of a (n, cols) matrix with strides (rs, cs): ceil(n/2) rows of ld words;

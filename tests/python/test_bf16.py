@@ -125,3 +125,38 @@ def test_bf16_sdpa_multiplies_in_bf16_near_torchs_bf16_flash_kernel():
     assert "bf16" in reason, reason
     with pytest.raises(attn.AttnError, match="Expected a dtype f32"):
         attn.scaled_dot_product_attention(q32, k32, v32, dtype="half", **args)
+
+
+def test_bf16_sdpa_backward_multiplies_in_bf16_near_torchs_bf16_backward():
+    """The gradients of attn.torch on bfloat16 tensors come from the bf16 flash backward (the numpy spelling
+    dtype="bfloat16", the same numbers): an error of bf16's size against fp64 (far above the fp32 backward's),
+    within 1.5x of torch's own bf16 SDPA backward on causal GQA shapes with odd sizes."""
+    import torch
+    import attn.torch
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 8, 299, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, 2, 301, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    dout = torch.randn(2, 8, 299, 64, generator=g).to(torch.bfloat16)
+    args = dict(is_causal=True, enable_gqa=True)
+
+    def grads(fn, dtype):
+        x = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v)]
+        fn(*x, **args).backward(dout.to(dtype))
+        return [t.grad for t in x]
+
+    ours = grads(attn.torch.scaled_dot_product_attention, torch.bfloat16)
+    theirs = grads(torch.nn.functional.scaled_dot_product_attention, torch.bfloat16)
+    truth = grads(torch.nn.functional.scaled_dot_product_attention, torch.float64)
+    q32, k32, v32, d32 = (t.float().numpy() for t in (q, k, v, dout))
+    out, lse = attn.scaled_dot_product_attention(q32, k32, v32, dtype="bfloat16", return_lse=True, **args)
+    out = torch.from_numpy(out).to(torch.bfloat16).float().numpy()  # the bfloat16 output attn.torch keeps
+    direct = attn.functional.scaled_dot_product_attention_backward(d32, q32, k32, v32, out, lse, dtype="bfloat16",
+                                                                   **args)
+    out32, lse32 = attn.scaled_dot_product_attention(q32, k32, v32, return_lse=True, **args)
+    f32 = attn.functional.scaled_dot_product_attention_backward(d32, q32, k32, v32, out32, lse32, **args)
+    err = lambda x, t: float((torch.as_tensor(x).double() - t).abs().max() / t.abs().max())  # noqa: E731
+    for name, o, th, d, f, t in zip("qkv", ours, theirs, direct, f32, truth):
+        assert o.dtype == torch.bfloat16
+        np.testing.assert_array_equal(o.float().numpy(), torch.from_numpy(d).to(torch.bfloat16).float().numpy())
+        assert err(d, t) > 20 * err(f, t), (name, err(d, t), err(f, t))  # the products were bf16
+        assert err(o.float(), t) <= 1.5 * err(th.float(), t), (name, err(o.float(), t), err(th.float(), t))
