@@ -132,11 +132,10 @@ double expect_bf16_close(const Case& c) {
   return err / std::max(err32, 1e-12);
 }
 
-// The output and LSE of the bf16 forward, as raw bits.
-std::vector<uint32_t> bits(const Inputs& in) {
-  const Forward r = forward<float>(bf16_forward, in);
+// Values as the raw bits of their floats; bits(): the output and LSE of the bf16 forward.
+std::vector<uint32_t> bits_of(std::initializer_list<const std::vector<double>*> parts) {
   std::vector<uint32_t> x;
-  for (const auto* v : {&r.out, &r.lse})
+  for (const auto* v : parts)
     for (double d : *v) {
       const float f = static_cast<float>(d);
       uint32_t u;
@@ -144,6 +143,11 @@ std::vector<uint32_t> bits(const Inputs& in) {
       x.push_back(u);
     }
   return x;
+}
+
+std::vector<uint32_t> bits(const Inputs& in) {
+  const Forward r = forward<float>(bf16_forward, in);
+  return bits_of({&r.out, &r.lse});
 }
 
 // ---- Backward ----
@@ -413,15 +417,7 @@ TEST(FlashBf16, BackwardWithinTheBoundOfBf16RoundingAgainstFp64) {
 // The bf16 backward's gradients, as raw bits.
 std::vector<uint32_t> grad_bits(const Inputs& in) {
   const Grads g = flash_grads(in, Precision::bf16);
-  std::vector<uint32_t> x;
-  for (const auto* v : {&g.dq, &g.dk, &g.dv})
-    for (double d : *v) {
-      const float f = static_cast<float>(d);
-      uint32_t w;
-      std::memcpy(&w, &f, sizeof w);
-      x.push_back(w);
-    }
-  return x;
+  return bits_of({&g.dq, &g.dk, &g.dv});
 }
 
 // Query rows per tile and the scratch budget (1: a phase per unit) change no bits (flash_backward_tiles);
