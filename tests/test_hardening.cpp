@@ -14,7 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
+#include "../src/core/aligned.h"
 #include "../src/train/checkpoint.h"
 #include "attn/file.h"
 #include "attn/memstat.h"
@@ -457,4 +459,45 @@ TEST(Memory, CgroupLimitIsTheSmallestOnTheWayUp) {
 }
 
 }  // namespace
+}  // namespace attn
+
+namespace attn {
+
+// Kernel scratch (src/core/aligned.h): the calling thread's block is kept and reused up to kKeep; a second
+// Scratch alive on the thread, a larger request and another thread each get memory of their own; a take
+// past the size is an error, not an overrun.
+TEST(Scratch, KeepsTheThreadsBlockAndNeverSharesIt) {
+  uint8_t* kept;
+  {
+    Scratch s(1000);
+    kept = s.take<uint8_t>(1000);
+    Scratch nested(100);
+    const uint8_t* other = nested.take<uint8_t>(100);
+    EXPECT_TRUE(other + 100 <= kept || other >= kept + 1000) << "a nested Scratch shares the kept block";
+  }
+  {
+    Scratch s(500);
+    EXPECT_EQ(s.take<uint8_t>(500), kept);  // the same block, no new pages
+  }
+  {
+    Scratch big(Scratch::kKeep + 64);
+    uint8_t* b = big.take<uint8_t>(Scratch::kKeep + 64);
+    EXPECT_TRUE(b + Scratch::kKeep + 64 <= kept || b >= kept + 1000);
+  }
+  {
+    Scratch s(1000);
+    EXPECT_EQ(s.take<uint8_t>(1000), kept);  // the large request did not replace it
+    EXPECT_THROW(s.take<float>(1), AllocationError);
+  }
+  std::thread([&] {
+    Scratch s(1000);
+    const uint8_t* theirs = s.take<uint8_t>(1000);
+    EXPECT_TRUE(theirs + 1000 <= kept || theirs >= kept + 1000) << "two threads share a block";
+  }).join();
+  Scratch s(128);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(s.take<float>(3)) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(s.take<float>(16)) % 64, 0u);  // 64-byte aligned, 128 bytes used
+  EXPECT_THROW(s.take<float>(1), AllocationError);
+}
+
 }  // namespace attn

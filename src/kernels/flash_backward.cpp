@@ -23,7 +23,8 @@
 // segment of one query head of every (b, KV head) group, and processed in phases of a few units in the
 // order (head within the group, segment), so the sums above keep their order; between phases dK/dV wait,
 // unscaled, in the caller's dK/dV. A phase holds at most 32 MB (flash_backward_tiles().scratch), or one
-// tile's rows of every group.
+// tile's rows of every group. All of a call's scratch is one Scratch (aligned.h): where small, the calling
+// thread's block, kept between calls.
 //
 // bf16 (precision bf16, as an Autocast trains): the five products over bf16 pairs with fp32 sums, as
 // FlashAttention's bf16 backward rounds them: Q, K, V, dO rounded to bf16 when packed, P(_dropped)ᵀ and dSᵀ
@@ -54,7 +55,7 @@
 #include "attn/threads.h"
 #include "dropout.h"
 #include "flash_common.h"
-#include "../core/aligned.h"  // allocate_aligned: every buffer checked
+#include "../core/aligned.h"  // Scratch: every buffer checked, kept between calls where small
 #include "mask.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -93,9 +94,11 @@ struct Plan {
   int64_t Ls, nseg;                    // query rows per segment (a multiple of Br), segments per head
   int64_t units, per_phase;            // units G·nseg (unit u: head u / nseg of the group, segment u % nseg); per phase
   int64_t per_row, per_row16;          // floats (and bf16: pair words) packed per query row
-  hwy::AlignedFreeUniquePtr<float[]> packed;  // (B, Hkv, per_phase, Ls, per_row)
-  hwy::AlignedFreeUniquePtr<uint32_t[]> packed16;  // bf16: (B, Hkv, per_phase, Ls, per_row16)
-  hwy::AlignedFreeUniquePtr<float[]> dq;      // (C, B, Hkv, per_phase, Ls, Dp) the dQ partial of each chunk
+  // From the call's Scratch (Backward), of the sizes n_*:
+  float* packed = nullptr;      // (B, Hkv, per_phase, Ls, per_row)
+  uint32_t* packed16 = nullptr; // bf16: (B, Hkv, per_phase, Ls, per_row16)
+  float* dq = nullptr;          // (C, B, Hkv, per_phase, Ls, Dp) the dQ partial of each chunk
+  int64_t n_packed, n_packed16, n_dq;
 
   Plan(const SdpaProblem<float>& p_, View<const float> dout_, const SdpaGrads<float>& g_, Precision precision)
       : p(p_), dout(dout_), g(g_) {
@@ -121,9 +124,8 @@ struct Plan {
     nseg = std::max<int64_t>(1, (p.L + Ls - 1) / Ls);  // L = 0: one empty unit still writes dK = dV = 0
     units = p.G * nseg;
     per_phase = std::clamp<int64_t>(budget / (Ls * row_floats), 1, std::max<int64_t>(1, units));
-    packed = attn::allocate_aligned<float>(groups * per_phase * Ls * per_row);
-    packed16 = attn::allocate_aligned<uint32_t>(groups * per_phase * Ls * per_row16);
-    dq = attn::allocate_aligned<float>(C * groups * per_phase * Ls * Dp);
+    n_packed = groups * per_phase * Ls * per_row, n_packed16 = groups * per_phase * Ls * per_row16;
+    n_dq = C * groups * per_phase * Ls * Dp;
   }
   // Unit u (the ju-th of its phase) of group (b, kvh), chunk c's dQ partial.
   QHead head(int64_t b, int64_t kvh, int64_t u, int64_t ju, int64_t c) const {
@@ -131,7 +133,7 @@ struct Plan {
     QHead r;
     r.h = p.first_head(kvh) + u / nseg, r.l_begin = u % nseg * Ls, r.l_end = std::min(p.L, r.l_begin + Ls);
     const int64_t slot = (b * p.Hkv + kvh) * per_phase + ju;
-    float* x = packed.get() + slot * Ls * per_row;
+    float* x = packed + slot * Ls * per_row;
     r.qt = x, x += Ls * p.D;
     r.dot = x, x += Ls * p.Dv;
     r.lse2 = x, x += Ls;
@@ -142,9 +144,9 @@ struct Plan {
     x += q_in_place ? 0 : Ls * Dp;
     r.dout = dout_in_place ? dout.data + b * dout.strides[0] + r.h * dout.strides[1] + r.l_begin * dout.strides[2] : x;
     r.lddo = dout_in_place ? dout.strides[2] : Dvp;
-    r.dq = dq.get() + ((c * p.B * p.Hkv) * per_phase + slot) * Ls * Dp;
+    r.dq = dq + ((c * p.B * p.Hkv) * per_phase + slot) * Ls * Dp;
     if (bf16) {
-      uint32_t* w = packed16.get() + slot * Ls * per_row16;
+      uint32_t* w = packed16 + slot * Ls * per_row16;
       r.qt16 = w, r.dot16 = w + Ls * D2, r.q2 = r.dot16 + Ls * Dv2, r.do2 = r.q2 + Ls / 2 * Dp;
     }
     return r;
@@ -264,16 +266,12 @@ struct Block {
   uint32_t* pt16 = nullptr;  // (Bc, Bw) P(_dropped)ᵀ pair words along queries
   uint32_t* dst16 = nullptr; // (Bc, Bw) dSᵀ pair words along queries
   uint32_t* ds2 = nullptr;   // (Bc/2, Br) dSᵀ pair rows: dS pair words along keys
-  static int64_t size(const Plan& pl) {
-    const auto& p = pl.p;
-    return round_up(pl.Bc * (pl.Dp + pl.Dvp + pl.Dp + pl.Dvp + 3 * pl.Br), 16);
-  }
+  static int64_t size(const Plan& pl) { return round_up(pl.Bc * (2 * pl.Dp + 2 * pl.Dvp + 3 * pl.Br), 16); }
   static int64_t size16(const Plan& pl) {
     const int64_t half = (pl.Bc + 1) / 2;
     return pl.bf16 ? round_up(pl.Bc * (pl.Dw + pl.Dvw + 2 * pl.Bw) + half * (pl.Dp + pl.Br), 16) : 0;
   }
   Block(const Plan& pl, float* x, uint32_t* w, int64_t* hid_) : hid(hid_) {
-    const auto& p = pl.p;
     kr = x, vr = kr + pl.Bc * pl.Dp, dk = vr + pl.Bc * pl.Dvp, dv = dk + pl.Bc * pl.Dp;
     st = dv + pl.Bc * pl.Dvp, dpt = st + pl.Bc * pl.Br, keep = dpt + pl.Bc * pl.Br;
     if (!pl.bf16) return;
@@ -540,10 +538,15 @@ void StoreDq(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju) {
 
 void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g, Precision precision) {
   if (p.B == 0 || p.H == 0) return;
-  const Plan pl(p, dout, g, precision);
-  const int64_t groups = p.B * p.Hkv, size = Block::size(pl), size16 = Block::size16(pl);
-  auto bufs = attn::allocate_aligned<float>(num_threads() * size);  // one scratch per worker
-  auto bufs16 = attn::allocate_aligned<uint32_t>(num_threads() * size16);
+  Plan pl(p, dout, g, precision);
+  const int64_t groups = p.B * p.Hkv, size = Block::size(pl), size16 = Block::size16(pl), T = num_threads();
+  Scratch scratch(Scratch::bytes_of<float>(pl.n_packed) + Scratch::bytes_of<uint32_t>(pl.n_packed16) +
+                  Scratch::bytes_of<float>(pl.n_dq) + Scratch::bytes_of<float>(T * size) +
+                  Scratch::bytes_of<uint32_t>(T * size16));
+  pl.packed = scratch.take<float>(pl.n_packed), pl.packed16 = scratch.take<uint32_t>(pl.n_packed16);
+  pl.dq = scratch.take<float>(pl.n_dq);
+  float* bufs = scratch.take<float>(T * size);  // one Block per worker
+  uint32_t* bufs16 = scratch.take<uint32_t>(T * size16);
   std::vector<int64_t> hids(static_cast<size_t>(num_threads() * pl.Bc));                  // Block::hid
   std::vector<float> ots(static_cast<size_t>(num_threads() * p.Dv * pl.N));               // PackUnit's O panel
   const int64_t nphase = (pl.units + pl.per_phase - 1) / pl.per_phase;
@@ -558,7 +561,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
     const int64_t cost = (pl.nkv + pl.C - 1) / pl.C * pl.Bc * nu * pl.Ls * (p.D + p.Dv) * 3;
     parallel_items(groups * pl.C, cost, [&](int64_t item, int worker) {
       const pairs::FlushSubnormals flush(pl.bf16);
-      Block k(pl, bufs.get() + worker * size, pl.bf16 ? bufs16.get() + worker * size16 : nullptr,
+      Block k(pl, bufs + worker * size, pl.bf16 ? bufs16 + worker * size16 : nullptr,
               hids.data() + worker * pl.Bc);
       k.b = item / (p.Hkv * pl.C), k.kvh = item / pl.C % p.Hkv;
       const int64_t c = item % pl.C;
