@@ -222,17 +222,13 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
   if (!pl.q_in_place) pack_rows(q, a.q.strides[2], a.q.strides[3], n, D, pl.Dp, const_cast<float*>(r.q));
   if (!pl.dout_in_place)
     pack_rows(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, pl.Dvp, const_cast<float*>(r.dout));
-  if (pl.bf16) {  // the pairs from the fp32 panels and rows: adjacent rows of each, rounded
-    const auto pair_rows = [](const float* x, int64_t rows, int64_t ld, int64_t width, uint32_t* out) {
-      for (int64_t i = 0; 2 * i < rows; ++i)
-        PairRowsAcross(x + 2 * i * ld, 2 * i + 1 < rows ? x + (2 * i + 1) * ld : nullptr, width, out + i * width);
-    };
-    for (int64_t l0 = 0; l0 < filled; l0 += N) {  // panel rows are d: pairs along D (Dv)
-      pair_rows(r.qt + l0 * D, D, N, N, r.qt16 + l0 * pl.D2);
-      pair_rows(r.dot + l0 * Dv, Dv, N, N, r.dot16 + l0 * pl.Dv2);
+  if (pl.bf16) {  // the pairs from the fp32 panels (along D, Dv) and rows (across queries)
+    for (int64_t l0 = 0; l0 < filled; l0 += N) {
+      PairRowsOf(r.qt + l0 * D, D, N, N, r.qt16 + l0 * pl.D2, N);
+      PairRowsOf(r.dot + l0 * Dv, Dv, N, N, r.dot16 + l0 * pl.Dv2, N);
     }
-    pair_rows(r.q, n, r.ldq, pl.Dp, r.q2);  // rows are queries: pairs along them
-    pair_rows(r.dout, n, r.lddo, pl.Dvp, r.do2);
+    PairRowsOf(r.q, n, r.ldq, pl.Dp, r.q2, pl.Dp);
+    PairRowsOf(r.dout, n, r.lddo, pl.Dvp, r.do2, pl.Dvp);
   }
   for (int64_t l = 0; l < filled; ++l) {
     const float x = l < n ? m[l * lse.strides[2]] : -kInf;
@@ -294,8 +290,7 @@ void LoadKV(const Plan& pl, Block& k, bool first) {
       PairRow(k.kr + s * pl.Dp, pl.Dp, k.kr16 + s * pl.Dw);
       PairRow(k.vr + s * pl.Dvp, pl.Dvp, k.vr16 + s * pl.Dvw);
     }
-    for (int64_t s = 0; s < k.bc; s += 2)
-      PairRowsAcross(k.kr + s * pl.Dp, s + 1 < k.bc ? k.kr + (s + 1) * pl.Dp : nullptr, pl.Dp, k.k2 + s / 2 * pl.Dp);
+    PairRowsOf(k.kr, k.bc, pl.Dp, pl.Dp, k.k2, pl.Dp);
   }
   if (first) {
     std::fill(k.dk, k.dk + pl.Bc * pl.Dp, 0.f);
@@ -426,8 +421,7 @@ void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t b
     PairRow(k.st + s * ld, w, k.pt16 + s * pl.Bw);
     PairRow(k.dpt + s * ld, w, k.dst16 + s * pl.Bw);
   }
-  for (int64_t s = 0; s < k.bc; s += 2)
-    PairRowsAcross(k.dpt + s * ld, s + 1 < k.bc ? k.dpt + (s + 1) * ld : nullptr, w, k.ds2 + s / 2 * pl.Br);
+  PairRowsOf(k.dpt, k.bc, ld, w, k.ds2, pl.Br);
 }
 
 // dV_j += P_droppedᵀ · dO_i;  dK_j += dSᵀ · Q_i;  dQ_i += dS · K_j. Each block of kMR keys (dV, dK) starts

@@ -125,6 +125,14 @@ HWY_INLINE void PairRowsAcross(const float* HWY_RESTRICT lo, const float* HWY_RE
     hn::StoreU(PairAcross(hn::LoadU(d, lo + j), hi ? hn::LoadU(d, hi + j) : hn::Zero(d)), DU(), words + j);
 }
 
+// The pair rows of `rows` rows of floats (ld apart, width a multiple of the lanes): row i of out (ldo words
+// apart) pairs rows 2i and 2i + 1 (PairRowsAcross; an odd last row with zeros). Kᵀ panels' rows are d, so
+// this pairs a panel along D; rows of keys or queries, it pairs them across.
+HWY_INLINE void PairRowsOf(const float* x, int64_t rows, int64_t ld, int64_t width, uint32_t* out, int64_t ldo) {
+  for (int64_t i = 0; 2 * i < rows; ++i)
+    PairRowsAcross(x + 2 * i * ld, 2 * i + 1 < rows ? x + (2 * i + 1) * ld : nullptr, width, out + i * ldo);
+}
+
 // words[q] for the elements of row [0, n), n a multiple of the lanes: ceil(n/2N)·N words (an odd last
 // vector is paired with zeros).
 HWY_INLINE void PairRow(const float* HWY_RESTRICT row, int64_t n, uint32_t* HWY_RESTRICT words) {

@@ -307,13 +307,19 @@ void ForwardTiles(const Plan& pl) {
       const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows, n = std::min(kPackRows, p.S - s0);
       const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv;
       E* kt = pack.get() + (i / blocks) * per_pair;
-      if constexpr (k16) {  // s0 is even: the pairs of V rows start at s0 / 2
+      if constexpr (k16) {  // N keys at a time as fp32 (a Kᵀ panel, V rows), then paired; s0 is even
         const auto& K = p.args.k;
         const auto& V = p.args.v;
-        pack_pair_panels(K.data + b * K.strides[0] + kvh * K.strides[1] + s0 * K.strides[2], K.strides[2],
-                         K.strides[3], n, p.D, pl.N, kt + s0 * pl.D2);
-        pack_pair_rows(V.data + b * V.strides[0] + kvh * V.strides[1] + s0 * V.strides[2], V.strides[2], V.strides[3],
-                       n, p.Dv, pl.Dvp, kt + kt_size + s0 / 2 * pl.Dvp);
+        const float* ks = K.data + b * K.strides[0] + kvh * K.strides[1] + s0 * K.strides[2];
+        const float* vs = V.data + b * V.strides[0] + kvh * V.strides[1] + s0 * V.strides[2];
+        std::vector<float> tmp(size_t(pl.N * std::max(p.D, pl.Dvp)));
+        for (int64_t s = 0; s < n; s += pl.N) {
+          const int64_t m = std::min(pl.N, n - s);
+          pack_panels(ks + s * K.strides[2], K.strides[2], K.strides[3], m, p.D, pl.N, tmp.data());
+          PairRowsOf(tmp.data(), p.D, pl.N, pl.N, kt + (s0 + s) * pl.D2, pl.N);  // along D
+          pack_rows(vs + s * V.strides[2], V.strides[2], V.strides[3], m, p.Dv, pl.Dvp, tmp.data());
+          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) / 2 * pl.Dvp, pl.Dvp);  // across keys
+        }
       } else {
         PackKeys(pl, b, kvh, s0, n, kt + s0 * p.D, kt + kt_size + s0 * pl.Dvp);
       }
