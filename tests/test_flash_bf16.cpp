@@ -414,6 +414,22 @@ TEST(FlashBf16, BackwardWithinTheBoundOfBf16RoundingAgainstFp64) {
   EXPECT_GT(ratio, 20) << "bf16's error should be that of 8-bit operands, far above fp32 flash's";
 }
 
+// Every compiled target, those without FMA too (SSE4, and SCALAR with its one lane: pairs of keys and
+// queries may not be whole vectors there): forward and backward within their bounds on odd sizes.
+TEST(FlashBf16, WithinTheBoundsOnEveryTarget) {
+  Case c = sized(37, 45, 7, 9);
+  c.causal = Causal::top_left, c.H = 4, c.Hkv = 2, c.mask = additive();
+  int targets = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    const PretendMachine machine(target, 0, 0, 2);
+    expect_bf16_close(c);
+    expect_bf16_grads_close(c);
+    ++targets;
+  }
+  EXPECT_GE(targets, 3);
+}
+
 // The bf16 backward's gradients, as raw bits.
 std::vector<uint32_t> grad_bits(const Inputs& in) {
   const Grads g = flash_grads(in, Precision::bf16);

@@ -104,18 +104,18 @@ struct Plan {
       : p(p_), dout(dout_), g(g_) {
     N = static_cast<int64_t>(hn::Lanes(DF()));
     const FlashTiles t = flash_backward_tiles(p.L, p.S);
-    Br = round_up(t.rows, N), Bc = t.keys;
+    bf16 = precision == Precision::bf16, dp = bf16 && kDpTarget && cpu_info().bf16;
+    Br = round_up(t.rows, bf16 ? 2 * N : N), Bc = t.keys;  // bf16: tiles start at even queries (rows change no bits)
     Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
     nkv = (p.S + Bc - 1) / Bc;
     // chunks per KV head: a function of the sizes only, never of the thread count
     C = std::max<int64_t>(1, std::min((kMinTasks + p.B * p.Hkv - 1) / (p.B * p.Hkv), nkv));
-    bf16 = precision == Precision::bf16, dp = bf16 && kDpTarget && cpu_info().bf16;
     D2 = (p.D + 1) / 2, Dv2 = (p.Dv + 1) / 2;
     Dw = round_up(Dp, 2 * N) / 2, Dvw = round_up(Dvp, 2 * N) / 2, Bw = round_up(Br, 2 * N) / 2;
     // Q and dO rows are read in place when they have unit column stride and no padding is needed.
     q_in_place = p.args.q.strides[3] == 1 && p.D == Dp, dout_in_place = dout.strides[3] == 1 && p.Dv == Dvp;
     per_row = p.D + p.Dv + 2 + (q_in_place ? 0 : Dp) + (dout_in_place ? 0 : Dvp);
-    per_row16 = bf16 ? D2 + Dv2 + (Dp + Dvp) / 2 : 0;  // Ls is even: a multiple of Br, itself of N
+    per_row16 = bf16 ? D2 + Dv2 + (Dp + Dvp + 1) / 2 : 0;  // Ls is even: a multiple of Br, itself of 2N
     // Segments: the whole of L where every unit fits the budget, else as many tiles as one unit's budget holds.
     const int64_t groups = std::max<int64_t>(1, p.B * p.Hkv), row_floats = groups * (per_row + per_row16 + C * Dp);
     const int64_t Lr = round_up(std::max<int64_t>(p.L, 1), Br);
@@ -202,7 +202,8 @@ void PanelsOf(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, fl
 }
 
 // One unit of group (b, kvh): Qᵀ·scale·log2e and dOᵀ panels, Q and dO rows where they can't be read in
-// place (bf16: Qᵀ, dOᵀ pair panels and Q, dO pair rows instead), LSE·log2e, and D = rowsum(dO∘O) in fp32,
+// place (bf16: Qᵀ unscaled, and the pair panels and pair rows of Q and dO from these), LSE·log2e, and
+// D = rowsum(dO∘O) in fp32,
 // each row summed in order over Dv (N rows at once, one per lane).
 void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, float* ot) {
   const auto& p = pl.p;

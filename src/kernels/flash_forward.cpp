@@ -312,13 +312,15 @@ void ForwardTiles(const Plan& pl) {
         const auto& V = p.args.v;
         const float* ks = K.data + b * K.strides[0] + kvh * K.strides[1] + s0 * K.strides[2];
         const float* vs = V.data + b * V.strides[0] + kvh * V.strides[1] + s0 * V.strides[2];
-        std::vector<float> tmp(size_t(pl.N * std::max(p.D, pl.Dvp)));
-        for (int64_t s = 0; s < n; s += pl.N) {
-          const int64_t m = std::min(pl.N, n - s);
+        const int64_t step = round_up(pl.N, 2);  // whole panels and pairs of keys (N is 1 on the scalar target)
+        std::vector<float> tmp(size_t(step * std::max(p.D, pl.Dvp)));
+        for (int64_t s = 0; s < n; s += step) {
+          const int64_t m = std::min(step, n - s);
           pack_panels(ks + s * K.strides[2], K.strides[2], K.strides[3], m, p.D, pl.N, tmp.data());
-          PairRowsOf(tmp.data(), p.D, pl.N, pl.N, kt + (s0 + s) * pl.D2, pl.N);  // along D
+          for (int64_t j = 0; j < m; j += pl.N)  // each panel along D
+            PairRowsOf(tmp.data() + j * p.D, p.D, pl.N, pl.N, kt + (s0 + s + j) * pl.D2, pl.N);
           pack_rows(vs + s * V.strides[2], V.strides[2], V.strides[3], m, p.Dv, pl.Dvp, tmp.data());
-          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) / 2 * pl.Dvp, pl.Dvp);  // across keys
+          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) / 2 * pl.Dvp, pl.Dvp);  // V across keys
         }
       } else {
         PackKeys(pl, b, kvh, s0, n, kt + s0 * p.D, kt + kt_size + s0 * pl.Dvp);
