@@ -95,9 +95,8 @@ Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
   return pl;
 }
 
-// Per-thread scratch: one query tile and its running statistics.
+// Per-worker scratch (from the call's Scratch): one query tile and its running statistics.
 struct Tile {
-  hwy::AlignedFreeUniquePtr<float[]> buf;
   float* q;      // (Br, D) Q rows times scale·log2(e)
   float* s;      // (Br, bc) scores, then probabilities P
   float* o;      // (Br, Dvp) unnormalised output
@@ -106,25 +105,33 @@ struct Tile {
   float* alpha;  // (Br,) rescale factor of this key tile
   float* qt;     // few rows only: (D, Brp) Qᵀ panels of q, Brp = Br rounded up to N
   float* st;     // few rows only: (bc, Brp) scores transposed, as K·Qᵀ gives them
-  hwy::AlignedFreeUniquePtr<uint32_t[]> words;
   uint32_t* q16 = nullptr;  // bf16 only: (Br, D2) pair words of Q (unscaled)
   uint32_t* p16 = nullptr;  // bf16 only: (Br, bc/2) pair words of P
   int64_t b = 0, kvh = 0, l0 = 0, rows = 0;
 
-  explicit Tile(const Plan& pl)
-      : buf(nullptr, hwy::AlignedFreer(nullptr, nullptr)), words(nullptr, hwy::AlignedFreer(nullptr, nullptr)) {
-    const int64_t Br = pl.Br, a = 16;  // 64-byte aligned parts
-    const int64_t Brp = pl.few ? round_up(Br, pl.N) : 0;
-    const int64_t nq = round_up(Br * pl.p.D, a), ns = round_up(Br * pl.bc, a), no = round_up(Br * pl.Dvp, a),
-                  nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = pl.bc * Brp;
-    buf = attn::allocate_aligned<float>(nq + ns + no + 3 * nr + nqt + nst);
-    q = buf.get(), s = q + nq, o = s + ns, m = o + no, l = m + nr, alpha = l + nr, qt = alpha + nr, st = qt + nqt;
-    if (pl.bf16) {
-      const int64_t nq16 = round_up(Br * pl.D2, a);
-      words = attn::allocate_aligned<uint32_t>(nq16 + Br * pl.bc / 2);
-      q16 = words.get(), p16 = q16 + nq16;
-    }
+  // Floats and (bf16) pair words of one Tile, 64-byte aligned parts: what the constructor's x and w hold.
+  static int64_t floats(const Plan& pl) {
+    Sizes z(pl);
+    return z.nq + z.ns + z.no + 3 * z.nr + z.nqt + z.nst;
   }
+  static int64_t words(const Plan& pl) { return pl.bf16 ? round_up(pl.Br * pl.D2, 16) + pl.Br * pl.bc / 2 : 0; }
+  Tile(const Plan& pl, float* x, uint32_t* w) {
+    const Sizes z(pl);
+    q = x, s = q + z.nq, o = s + z.ns, m = o + z.no, l = m + z.nr, alpha = l + z.nr, qt = alpha + z.nr, st = qt + z.nqt;
+    if (pl.bf16) q16 = w, p16 = q16 + round_up(pl.Br * pl.D2, 16);
+  }
+
+ private:
+  struct Sizes {
+    int64_t nq, ns, no, nr, nqt, nst;
+    explicit Sizes(const Plan& pl) {
+      const int64_t Br = pl.Br, a = 16, Brp = pl.few ? round_up(Br, pl.N) : 0;
+      nq = round_up(Br * pl.p.D, a), ns = round_up(Br * pl.bc, a), no = round_up(Br * pl.Dvp, a);
+      nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = round_up(pl.bc * Brp, a);
+    }
+  };
+
+ public:
   int64_t row_l(const SdpaProblem<float>& p, int64_t r) const { return l0 + p.row_position(r); }
   int64_t row_h(const SdpaProblem<float>& p, int64_t r) const { return p.row_head(kvh, r); }
 };
@@ -298,15 +305,19 @@ void ForwardTiles(const Plan& pl) {
   const int64_t v_size = k16 ? round_up(p.S, 2) / 2 * pl.Dvp : pl.pack_v ? p.S * pl.Dvp : 0;
   const int64_t per_pair = round_up(kt_size + v_size, 16);
   const int64_t batch = std::clamp<int64_t>(kPackBudget / std::max<int64_t>(1, per_pair * 4), 1, heads);
-  auto pack = attn::allocate_aligned<E>(std::max<int64_t>(1, batch * per_pair));
+  // One Scratch for the call: the packed K/V, and a Tile per worker.
+  const int64_t T = num_threads(), tf = Tile::floats(pl), tw = Tile::words(pl);
+  Scratch scratch(Scratch::bytes_of<E>(batch * per_pair) + T * (Scratch::bytes_of<float>(tf) + Scratch::bytes_of<uint32_t>(tw)));
+  E* pack = scratch.take<E>(batch * per_pair);
+  std::vector<Tile> tiles;
+  for (int64_t w = 0; w < T; ++w) tiles.emplace_back(pl, scratch.take<float>(tf), scratch.take<uint32_t>(tw));
   const int64_t blocks = (p.S + kPackRows - 1) / kPackRows;
-  PerWorker<Tile> tiles;
   for (int64_t first = 0; first < heads; first += batch) {
     const int64_t np = std::min(batch, heads - first);
     parallel_items(np * blocks, std::min(kPackRows, p.S) * (p.D + p.Dv), [&](int64_t i, int) {
       const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows, n = std::min(kPackRows, p.S - s0);
       const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv;
-      E* kt = pack.get() + (i / blocks) * per_pair;
+      E* kt = pack + (i / blocks) * per_pair;
       if constexpr (k16) {  // N keys at a time as fp32 (a Kᵀ panel, V rows), then paired; s0 is even
         const auto& K = p.args.k;
         const auto& V = p.args.v;
@@ -330,11 +341,11 @@ void ForwardTiles(const Plan& pl) {
       // bf16: the whole tile under DAZ/FTZ, as VDPBF16PS computes, so its emulation and every fp32 step
       // around the products give the same bits on every CPU
       const pairs::FlushSubnormals flush(pl.bf16);
-      Tile& t = tiles.get(worker, pl);
+      Tile& t = tiles[size_t(worker)];
       // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
       const int64_t pair = first + i % np, ti = nt - 1 - i / np;
       const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv, l0 = ti * pl.lq, nl = std::min(pl.lq, p.L - l0);
-      const E* packed = pack.get() + (i % np) * per_pair;
+      const E* packed = pack + (i % np) * per_pair;
       int64_t ldk = pl.D2, ldv = pl.Dvp;
       const E* k = packed;
       const E* v = packed + kt_size;
