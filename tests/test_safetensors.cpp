@@ -341,35 +341,36 @@ TEST(Safetensors, RefusesFifoDeviceAndNulPaths) {
 }
 
 // The header parse is linear in its size: 200k zero-size entries (13 MB of header) took minutes with
-// nlohmann's callback parser, which rescans the enclosing object at each entry (24 s for 40k). The one
-// timing assertion allowed: a generous bound on CPU time (0.45 s here in Release; 40k entries took
-// 56 s before) that only the quadratic behaviour misses; sanitizer builds (ATTN_SANITIZE) are ~10x
-// slower and get 10x the bound.
+// nlohmann's callback parser, which rescans the enclosing object at each entry (24 s for 40k). Timed as a
+// ratio, not against a bound (an absolute 1 s of CPU failed under a concurrent build: 0.8–0.9 s there):
+// 8x the entries may cost at most 24x the CPU time (n log n of the map gives ~10x, quadratic 64x).
 TEST(Safetensors, HeaderWith200kEntriesParsesInLinearTime) {
   TempDir tmp;
-  constexpr int kEntries = 200'000;
-  std::string h = "{";
-  for (int i = 0; i < kEntries; ++i) h += cat(i ? "," : "", "\"t", i, "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}");
-  h += "}";
-  write_bytes(tmp / "many", make_file(h, {}));
   // This thread's CPU time, not wall time: other work on a shared machine doesn't count against it.
   auto cpu_seconds = [] {
     timespec ts;
     ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
   };
-  const double t0 = cpu_seconds();
-  StateDict sd = load_safetensors(tmp / "many");
-  const double s = cpu_seconds() - t0;
-  EXPECT_EQ(sd.size(), size_t(kEntries));
-  EXPECT_EQ(sd.at("t199999").shape(), Shape({0}));
-#ifdef ATTN_SANITIZE
-  const double bound = 10.0;
-#else
-  const double bound = 1.0;
-#endif
-  std::printf("load of %d entries: %.3f s of CPU\n", kEntries, s);
-  EXPECT_LT(s, bound) << "opening a header of " << kEntries << " entries took " << s << " s";
+  auto load_time = [&](int entries) {
+    std::string h = "{";
+    for (int i = 0; i < entries; ++i)
+      h += cat(i ? "," : "", "\"t", i, "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}");
+    h += "}";
+    write_bytes(tmp / "many", make_file(h, {}));
+    double best = 1e30;
+    for (int round = 0; round < 2; ++round) {  // the faster of two: a neighbour's spell counts once at most
+      const double t0 = cpu_seconds();
+      StateDict sd = load_safetensors(tmp / "many");
+      best = std::min(best, cpu_seconds() - t0);
+      EXPECT_EQ(sd.size(), size_t(entries));
+      EXPECT_EQ(sd.at(cat("t", entries - 1)).shape(), Shape({0}));
+    }
+    return best;
+  };
+  const double small = load_time(25'000), large = load_time(200'000);
+  std::printf("load of 25k entries: %.3f s of CPU, of 200k: %.3f s (%.1fx)\n", small, large, large / small);
+  EXPECT_LT(large, 24 * small) << "8x the entries took " << large / small << "x the time: not linear";
 }
 
 // Random flips, overwrites and truncations of a valid file: each load must succeed or throw attn::Error
