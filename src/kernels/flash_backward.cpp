@@ -389,7 +389,7 @@ bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, i
 
 // dPᵀ = V_j·dO_iᵀ; dSᵀ = Pᵀ ∘ (dPᵀ∘keep/(1-p) − D), and Pᵀ ← Pᵀ∘keep/(1-p) for dV. The keep tile is
 // 1 with the dropped elements zeroed by DropRow, the forward's function, one query column at a time.
-// bf16: then Pᵀ and dSᵀ rounded to their pair words along queries, and dSᵀ to its pair rows along keys.
+// bf16: Pᵀ and dSᵀ rounded straight to their pair words along queries, and dSᵀ to its pair rows along keys.
 template <bool kDp>
 void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, int64_t w) {
   const auto& p = pl.p;
@@ -406,23 +406,49 @@ void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t b
       DropRow(p, k.b, r.h, lg + l, k.s0, VisibleKeys(p, lg + l, k.s0, k.bc), ld, k.keep + l);
   }
   const VF ks = hn::Set(df, p.keep_scale);
-  for (int64_t s = 0; s < k.bc; ++s) {
-    const int64_t ha = k.hid[s] / N * N;
-    ZeroRow(k.dpt + s * ld, ha);
-    for (int64_t l = ha; l < w; l += N) {
-      const VF pv = hn::LoadU(df, k.st + s * ld + l);
-      const VF dp = hn::LoadU(df, k.dpt + s * ld + l);
-      const VF kp = drop ? hn::Mul(hn::LoadU(df, k.keep + s * ld + l), ks) : hn::Set(df, 1.f);  // keep/(1-p)
-      hn::StoreU(hn::Mul(pv, hn::Sub(hn::Mul(dp, kp), hn::LoadU(df, r.dsum + l0 + l))), df, k.dpt + s * ld + l);
-      if (drop) hn::StoreU(hn::Mul(pv, kp), df, k.st + s * ld + l);
+  // dSᵀ and P(_dropped)ᵀ of key row s, queries [q, q + N)
+  const auto grad = [&](int64_t s, int64_t q, VF& ds, VF& pd) {
+    const VF pv = hn::LoadU(df, k.st + s * ld + q);
+    const VF dp = hn::LoadU(df, k.dpt + s * ld + q);
+    const VF kp = drop ? hn::Mul(hn::LoadU(df, k.keep + s * ld + q), ks) : hn::Set(df, 1.f);  // keep/(1-p)
+    ds = hn::Mul(pv, hn::Sub(hn::Mul(dp, kp), hn::LoadU(df, r.dsum + l0 + q)));
+    pd = drop ? hn::Mul(pv, kp) : pv;
+  };
+  if (!pl.bf16) {
+    for (int64_t s = 0; s < k.bc; ++s) {
+      const int64_t ha = k.hid[s] / N * N;
+      ZeroRow(k.dpt + s * ld, ha);
+      for (int64_t q = ha; q < w; q += N) {
+        VF ds, pd;
+        grad(s, q, ds, pd);
+        hn::StoreU(ds, df, k.dpt + s * ld + q);
+        if (drop) hn::StoreU(pd, df, k.st + s * ld + q);
+      }
+    }
+    return;
+  }
+  // bf16: two key rows by 2N queries at a time, straight to the pair words (no fp32 tile written): rows s and
+  // s + 1 of dSᵀ's pair rows, and of each row Pᵀ's and dSᵀ's words along queries. 0 below a row's causal edge
+  // (ha, as the fp32 tile's ZeroRow), past w (the odd last vector's partner) and for a missing row s + 1.
+  const DU du;
+  for (int64_t s = 0; s < k.bc; s += 2) {
+    const int64_t rows = std::min<int64_t>(2, k.bc - s), ha[2] = {k.hid[s] / N * N, rows == 2 ? k.hid[s + 1] / N * N : w};
+    for (int64_t l = 0; l < w; l += 2 * N) {
+      VF ds[2][2], pd[2][2];
+      for (int i = 0; i < 2; ++i)
+        for (int c = 0; c < 2; ++c) {
+          const int64_t q = l + c * N;
+          ds[i][c] = pd[i][c] = hn::Zero(df);
+          if (i < rows && q < w && q >= ha[i]) grad(s + i, q, ds[i][c], pd[i][c]);
+        }
+      for (int i = 0; i < rows; ++i) {
+        hn::StoreU(PairWords(pd[i][0], pd[i][1]), du, k.pt16 + (s + i) * pl.Bw + l / 2);
+        hn::StoreU(PairWords(ds[i][0], ds[i][1]), du, k.dst16 + (s + i) * pl.Bw + l / 2);
+      }
+      for (int c = 0; c < 2 && l + c * N < w; ++c)
+        hn::StoreU(PairAcross(ds[0][c], ds[1][c]), du, k.ds2 + s / 2 * pl.Br + l + c * N);
     }
   }
-  if (!pl.bf16) return;
-  for (int64_t s = 0; s < k.bc; ++s) {
-    PairRow(k.st + s * ld, w, k.pt16 + s * pl.Bw);
-    PairRow(k.dpt + s * ld, w, k.dst16 + s * pl.Bw);
-  }
-  PairRowsOf(k.dpt, k.bc, ld, w, k.ds2, pl.Br);
 }
 
 // dV_j += P_droppedᵀ · dO_i;  dK_j += dSᵀ · Q_i;  dQ_i += dS · K_j. Each block of kMR keys (dV, dK) starts
