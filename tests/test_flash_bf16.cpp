@@ -268,24 +268,31 @@ Case sized(int64_t L, int64_t S, int64_t D, int64_t Dv) {
   return c;
 }
 
+// The cases both bounds are checked on: odd L (a backward tile's last query pairs with padding), odd S (a
+// block's last key with a zero row), D 1 and odd, causal both ways with odd edges, GQA, masks with fully
+// masked rows, strided views, dropout, large scores.
+std::vector<Case> bf16_cases() {
+  std::vector<Case> cases;
+  for (auto [L, S, D, Dv] : {std::array<int64_t, 4>{7, 9, 8, 8}, {65, 301, 64, 64}, {33, 513, 63, 80},
+                             {130, 257, 128, 128}, {17, 31, 1, 3}, {40, 600, 80, 16}})
+    cases.push_back(sized(L, S, D, Dv));
+  Case c = sized(71, 300, 64, 64);
+  c.causal = Causal::top_left, cases.push_back(c);
+  c.causal = Causal::bottom_right, c.L = 51, cases.push_back(c);
+  c = sized(61, 203, 64, 64), c.H = 8, c.Hkv = 2, c.causal = Causal::top_left, cases.push_back(c);  // GQA
+  c = sized(60, 200, 32, 32), c.mask = additive(), c.padding = drop(), cases.push_back(c);           // masks
+  c.masked_rows = 0.3, c.mask = keep(), cases.push_back(c);                                           // fully masked rows
+  c = sized(60, 301, 64, 64), c.in_layout = 2, c.out_layout = 1, cases.push_back(c);                 // strided views
+  c = sized(50, 201, 64, 64), c.dropout_p = 0.2, c.causal = Causal::top_left, cases.push_back(c);
+  c = sized(20, 80, 64, 64), c.scale = 0.9, cases.push_back(c);                                       // large scores
+  return cases;
+}
+
 }  // namespace
 
 TEST(FlashBf16, WithinTheBoundOfBf16RoundingAgainstFp64) {
-  std::vector<Case> cases;
-  for (auto [L, S, D, Dv] : {std::array<int64_t, 4>{7, 9, 8, 8}, {65, 300, 64, 64}, {33, 513, 63, 80},
-                             {100, 257, 128, 128}, {17, 31, 1, 3}, {40, 600, 80, 16}})
-    cases.push_back(sized(L, S, D, Dv));
-  Case c = sized(70, 300, 64, 64);
-  c.causal = Causal::top_left, cases.push_back(c);
-  c.causal = Causal::bottom_right, c.L = 50, cases.push_back(c);
-  c = sized(60, 200, 64, 64), c.H = 8, c.Hkv = 2, cases.push_back(c);                        // GQA
-  c = sized(60, 200, 32, 32), c.mask = additive(), c.padding = drop(), cases.push_back(c);  // masks
-  c.masked_rows = 0.3, c.mask = keep(), cases.push_back(c);                                  // fully masked rows
-  c = sized(60, 301, 64, 64), c.in_layout = 2, c.out_layout = 1, cases.push_back(c);        // strided views
-  c = sized(50, 200, 64, 64), c.dropout_p = 0.2, cases.push_back(c);
-  c = sized(20, 80, 64, 64), c.scale = 0.9, cases.push_back(c);                              // large scores
   double ratio = 0;
-  for (const Case& cs : cases) ratio = std::max(ratio, expect_bf16_close(cs));
+  for (const Case& cs : bf16_cases()) ratio = std::max(ratio, expect_bf16_close(cs));
   EXPECT_GT(ratio, 20) << "bf16's error should be that of 8-bit operands, far above fp32 flash's";
 }
 
@@ -395,22 +402,8 @@ TEST(FlashBf16, MhaUnderAutocastTrainsWithBf16AttentionForwardAndBackward) {
 }
 
 TEST(FlashBf16, BackwardWithinTheBoundOfBf16RoundingAgainstFp64) {
-  std::vector<Case> cases;
-  // odd L (a tile's last query pairs with padding), odd S (a block's last key with a zero row), D 1 and odd
-  for (auto [L, S, D, Dv] : {std::array<int64_t, 4>{7, 9, 8, 8}, {65, 301, 64, 64}, {33, 257, 63, 80},
-                             {130, 200, 128, 128}, {17, 31, 1, 3}})
-    cases.push_back(sized(L, S, D, Dv));
-  Case c = sized(71, 300, 64, 64);
-  c.causal = Causal::top_left, cases.push_back(c);  // odd causal edges: key blocks start below them
-  c.causal = Causal::bottom_right, c.L = 51, cases.push_back(c);
-  c = sized(61, 203, 64, 64), c.H = 8, c.Hkv = 2, c.causal = Causal::top_left, cases.push_back(c);  // GQA
-  c = sized(60, 200, 32, 32), c.mask = additive(), c.padding = drop(), cases.push_back(c);           // masks
-  c.masked_rows = 0.3, c.mask = keep(), cases.push_back(c);                                           // fully masked rows
-  c = sized(60, 301, 64, 64), c.in_layout = 2, c.out_layout = 1, cases.push_back(c);                 // strided views
-  c = sized(50, 201, 64, 64), c.dropout_p = 0.2, c.causal = Causal::top_left, cases.push_back(c);
-  c = sized(20, 80, 64, 64), c.scale = 0.9, cases.push_back(c);                                       // large scores
   double ratio = 0;
-  for (const Case& cs : cases) ratio = std::max(ratio, expect_bf16_grads_close(cs));
+  for (const Case& cs : bf16_cases()) ratio = std::max(ratio, expect_bf16_grads_close(cs));
   EXPECT_GT(ratio, 20) << "bf16's error should be that of 8-bit operands, far above fp32 flash's";
 }
 
