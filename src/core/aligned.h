@@ -32,7 +32,7 @@ hwy::AlignedFreeUniquePtr<T[]> allocate_aligned(int64_t n) {
   if (n < 0 || uint64_t(n) > uint64_t(SIZE_MAX) / sizeof(T)) throw AllocationError(uint64_t(n) * sizeof(T));
   if (n == 0) return hwy::AlignedFreeUniquePtr<T[]>(nullptr, hwy::AlignedFreer(nullptr, nullptr));
   auto p = hwy::AllocateAligned<T>(size_t(n));
-  if (!p && n > 0) throw AllocationError(uint64_t(n) * sizeof(T));
+  if (!p) throw AllocationError(uint64_t(n) * sizeof(T));
   return p;
 }
 

@@ -50,7 +50,6 @@
 #include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
-#include "attn/cpu.h"
 #include "attn/kernels/problem.h"
 #include "attn/threads.h"
 #include "dropout.h"
@@ -104,7 +103,7 @@ struct Plan {
       : p(p_), dout(dout_), g(g_) {
     N = static_cast<int64_t>(hn::Lanes(DF()));
     const FlashTiles t = flash_backward_tiles(p.L, p.S);
-    bf16 = precision == Precision::bf16, dp = bf16 && kDpTarget && cpu_info().bf16;
+    bf16 = precision == Precision::bf16, dp = bf16 && UseDp();
     Br = round_up(t.rows, bf16 ? 2 * N : N), Bc = t.keys;  // bf16: tiles start at even queries (rows change no bits)
     Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
     nkv = (p.S + Bc - 1) / Bc;
@@ -203,8 +202,7 @@ void PanelsOf(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, fl
 
 // One unit of group (b, kvh): Qᵀ·scale·log2e and dOᵀ panels, Q and dO rows where they can't be read in
 // place (bf16: Qᵀ unscaled, and the pair panels and pair rows of Q and dO from these), LSE·log2e, and
-// D = rowsum(dO∘O) in fp32,
-// each row summed in order over Dv (N rows at once, one per lane).
+// D = rowsum(dO∘O) in fp32, each row summed in order over Dv (N rows at once, one per lane).
 void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, float* ot) {
   const auto& p = pl.p;
   const auto& a = p.args;

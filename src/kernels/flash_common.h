@@ -14,6 +14,7 @@
 //   V rows:   (S, ldv) rows, read as is when they have unit column stride and Dv % N == 0, otherwise
 //             packed to (S, Dvp) with Dvp = Dv rounded up to N and zero columns past Dv.
 #include "flash_pack.h"
+#include "pairs.h"  // FlushSubnormals, the pair rounding of whole rows
 
 // ---- Per-target SIMD part ----
 #if defined(ATTN_FLASH_COMMON_TOGGLE) == defined(HWY_TARGET_TOGGLE)

@@ -26,7 +26,6 @@
 #include <numeric>
 #include <type_traits>
 
-#include "attn/cpu.h"
 #include "attn/kernels/half_kv.h"
 #include "attn/kernels/problem.h"
 #include "attn/simd.h"
@@ -86,7 +85,7 @@ Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
   pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(tiles.rows) / double(step * p.G))));
   pl.Br = pl.lq * p.G;
   pl.bf16 = precision == Precision::bf16 && !pl.decode;  // decoding stays fp32 (as linear_rows does)
-  pl.dp = pl.bf16 && kDpTarget && cpu_info().bf16;
+  pl.dp = pl.bf16 && UseDp();
   pl.D2 = (p.D + 1) / 2;
   pl.few = pl.Br <= kFewRows && !pl.bf16;
   pl.pack_k = !pl.few || p.args.k.strides[3] != 1;

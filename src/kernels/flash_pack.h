@@ -7,8 +7,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "pairs.h"
-
 namespace attn::flash {
 
 inline constexpr float kLog2e = 1.44269504088896340736f;  // scores live in the log2 domain: exp(x) = exp2(x·log2 e)

@@ -20,7 +20,6 @@
 #include <string>
 
 #include "attn/check.h"
-#include "attn/cpu.h"
 #include "attn/threads.h"
 #include "gemm_blocking.h"
 #include "pairs.h"
@@ -64,6 +63,7 @@ using regblock::HWY_NAMESPACE::BRows;
 using regblock::HWY_NAMESPACE::DpBlock;
 using regblock::HWY_NAMESPACE::ForBlock;
 using regblock::HWY_NAMESPACE::kDpTarget;
+using regblock::HWY_NAMESPACE::UseDp;
 using namespace attn::pairs;
 
 using DF = hn::ScalableTag<float>;
@@ -182,7 +182,6 @@ HWY_INLINE void MicroCols(int64_t nr, const uint32_t* ap, const uint32_t* bp, in
   });
 }
 
-bool UseDp() { return kDpTarget && cpu_info().bf16; }
 
 void GemmBf16(const Bf16Args& g) {
   const bool dp = UseDp();

@@ -12,6 +12,7 @@
 // lane is its own element) decide who computes an element and when, never its value. DpBlock is the
 // same loop over bf16 pairs (gemm_bf16.cpp's microkernel and the bf16 flash tile products).
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
+#include "attn/cpu.h"                // cpu_info: whether the CPU has AVX512_BF16
 
 #if defined(ATTN_REGISTER_BLOCK_TOGGLE) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_REGISTER_BLOCK_TOGGLE
@@ -115,6 +116,8 @@ inline constexpr bool kDpTarget = true;
 #else
 inline constexpr bool kDpTarget = false;
 #endif
+// Whether DpBlock<kDpTarget> runs VDPBF16PS here: this target can and the CPU has it (set_cpu_bf16 may say not).
+inline bool UseDp() { return kDpTarget && cpu_info().bf16; }
 
 #if ATTN_AVX512_TARGET(HWY_TARGET)
 // acc += a · b pairwise: VDPBF16PS, through the assembler (the compiler is not asked for the feature: a
