@@ -288,13 +288,16 @@ std::vector<Case> bf16_cases() {
   return cases;
 }
 
-}  // namespace
-
-TEST(FlashBf16, WithinTheBoundOfBf16RoundingAgainstFp64) {
+// check (within the bound, returning bf16's error over fp32's) on every case, and bf16's rounding seen in one.
+void expect_bf16_on_every_case(double (*check)(const Case&)) {
   double ratio = 0;
-  for (const Case& cs : bf16_cases()) ratio = std::max(ratio, expect_bf16_close(cs));
+  for (const Case& cs : bf16_cases()) ratio = std::max(ratio, check(cs));
   EXPECT_GT(ratio, 20) << "bf16's error should be that of 8-bit operands, far above fp32 flash's";
 }
+
+}  // namespace
+
+TEST(FlashBf16, WithinTheBoundOfBf16RoundingAgainstFp64) { expect_bf16_on_every_case(expect_bf16_close); }
 
 TEST(FlashBf16, TheSameBitsWithTheInstructionAndItsEmulationOnEveryTargetCacheTileAndThreadCount) {
   Case c = sized(70, 333, 63, 80);
@@ -401,11 +404,7 @@ TEST(FlashBf16, MhaUnderAutocastTrainsWithBf16AttentionForwardAndBackward) {
   EXPECT_LT(err, 0.05 * norm) << "bf16 gradients far from fp32's";
 }
 
-TEST(FlashBf16, BackwardWithinTheBoundOfBf16RoundingAgainstFp64) {
-  double ratio = 0;
-  for (const Case& cs : bf16_cases()) ratio = std::max(ratio, expect_bf16_grads_close(cs));
-  EXPECT_GT(ratio, 20) << "bf16's error should be that of 8-bit operands, far above fp32 flash's";
-}
+TEST(FlashBf16, BackwardWithinTheBoundOfBf16RoundingAgainstFp64) { expect_bf16_on_every_case(expect_bf16_grads_close); }
 
 // Every compiled target, those without FMA too (SSE4, and SCALAR with its one lane: pairs of keys and
 // queries may not be whole vectors there): forward and backward within their bounds on odd sizes.
