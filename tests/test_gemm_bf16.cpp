@@ -1,7 +1,7 @@
-// gemm_bf16 (attn/gemm.h): the bits of VDPBF16PS's arithmetic, written plainly here (one fp32 chain per
-// element over k in pairs, odd k first, each sum rounded once, subnormals flushed), on every SIMD target
-// this CPU runs, with the instruction and with its emulation, any cache size and thread count; the
-// instruction itself against the plain emulation on edge cases; and the accuracy bound against an fp64
+// gemm_bf16 (attn/gemm.h): the bits of AMX's TDPBF16PS arithmetic, written plainly here (per group of 32 k,
+// an fp32 chain over the even k and one over the odd k from 0, then C + (E + O), each sum rounded once,
+// subnormals flushed), on every SIMD target this CPU runs, with AMX, with VDPBF16PS and with the FMA
+// emulation, any cache size and thread count; the instructions against the plain definition on edge cases; and the accuracy bound against an fp64
 // oracle derived from bf16's 8-bit significand. Not speed (bench/gemm_bf16_vs_torch.py).
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
@@ -47,9 +47,13 @@ std::vector<float> plain(bool ta, bool tb, int64_t M, int64_t N, int64_t K, cons
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       float acc = beta == 0.f ? 0.f : beta == 1.f ? C[i * ldc + j] : beta * C[i * ldc + j];
-      for (int64_t k = 0; k < K; k += 2) {
-        acc = flush(std::fma(a(i, k + 1), b(k + 1, j), flush(acc)));  // the odd k first
-        acc = flush(std::fma(a(i, k), b(k, j), acc));
+      for (int64_t k0 = 0; k0 < K; k0 += 32) {  // a group: 16 pairs
+        float even = 0.f, odd = 0.f;
+        for (int64_t k = k0; k < k0 + 32; k += 2) {
+          even = flush(std::fma(a(i, k), b(k, j), even));
+          odd = flush(std::fma(a(i, k + 1), b(k + 1, j), odd));
+        }
+        acc = flush(flush(acc) + flush(even + odd));
       }
       C[i * ldc + j] = acc;
     }
@@ -68,25 +72,29 @@ struct Shape3 {
   float beta;
 };
 
-// Every target this CPU runs; on AVX-512 targets of a CPU with AVX512_BF16, with the instruction and with
-// the emulation.
+// Every target this CPU runs; on AVX-512 targets, with each instruction the CPU has (VDPBF16PS, AMX) and
+// with the emulation.
 struct Path {
   int64_t target;
-  bool bf16;
-  std::string name() const { return std::string(hwy::TargetName(target)) + (bf16 ? " VDPBF16PS" : " emulated"); }
+  bool bf16, amx;
+  std::string name() const {
+    return std::string(hwy::TargetName(target)) + (amx ? " AMX" : bf16 ? " VDPBF16PS" : " emulated");
+  }
 };
 std::vector<Path> paths() {
   std::vector<Path> out;
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    out.push_back({t, false});
-    if (cpu_info().bf16 && avx512_target(t)) out.push_back({t, true});
+    out.push_back({t, false, false});
+    if (cpu_info().bf16 && avx512_target(t)) out.push_back({t, true, false});
+    if (cpu_info().amx && avx512_target(t)) out.push_back({t, true, true});
   }
   return out;
 }
 
-struct Bf16Off {  // set_cpu_bf16 for a scope
-  explicit Bf16Off(bool on) { set_cpu_bf16(on); }
-  ~Bf16Off() { set_cpu_bf16(true); }
+struct Bf16Off {  // set_cpu_bf16 and set_cpu_amx for a scope
+  explicit Bf16Off(bool bf16, bool amx = false) { set_cpu_bf16(bf16), set_cpu_amx(amx); }
+  Bf16Off(const Path& p) : Bf16Off(p.bf16, p.amx) {}
+  ~Bf16Off() { set_cpu_bf16(true), set_cpu_amx(true); }
 };
 
 TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
@@ -94,6 +102,7 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
       {1, 1, 1, false, false, 0.f},   {7, 5, 3, false, true, 0.f},     {13, 70, 37, false, true, 1.f},
       {64, 64, 64, false, false, 0.f}, {31, 97, 129, true, false, 0.5f}, {50, 33, 600, true, true, 0.f},
       {130, 200, 2100, false, true, 0.f},  // K > any K block: later blocks continue the chain
+      {70, 66, 96, true, true, 2.f},       // whole groups, AMX edge blocks on both sides
   };
   const int64_t caches[][2] = {{cpu_info().l1d, cpu_info().l2}, {32 << 10, 512 << 10}, {48 << 10, 2 << 20}};
   std::mt19937 rng(7);
@@ -112,7 +121,7 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
       for (const auto& cs : caches) {
         const int threads = 1 + (n++ % std::min(2, max_threads()));
         const test::PretendMachine as(p.target, cs[0], cs[1], threads);
-        const Bf16Off off(p.bf16);
+        const Bf16Off off(p);
         const std::string where = "M N K " + std::to_string(s.M) + " " + std::to_string(s.N) + " " +
                                   std::to_string(s.K) + ", " + p.name() + ", L1d " + std::to_string(cs[0] >> 10) +
                                   " KiB, " + std::to_string(threads) + " thread(s)";
@@ -130,19 +139,19 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
         ++checked;
       }
   }
-  EXPECT_GE(checked, 7 * 3);
+  EXPECT_GE(checked, 8 * 3);
 }
 
-// Pairs chosen so that each rule decides the result: the order (odd first), one rounding per sum, ties to
-// even, subnormal inputs, a subnormal accumulator, a subnormal sum, signed zeros, infinities, NaN.
+// Pairs chosen so that each rule decides the result: two chains (not VDPBF16PS's one), one rounding per
+// sum, ties to even, subnormal inputs, a subnormal accumulator, a subnormal sum, signed zeros, infinities, NaN.
 TEST(GemmBf16, EdgeCasesOnEveryPathMatchThePlainDefinition) {
   const float tiny = std::ldexp(1.f, -63), min_normal = std::ldexp(1.f, -126);
   struct Case {
     float c, a0, a1, b0, b1;
     bool subnormal_product = false;  // targets without FMA flush the product itself (gemm.h)
   } cases[] = {
-      {1.f, std::ldexp(1.f, -30), -1.f, 1.f, 1.f},              // odd first: 0 + 2^-30; even first: 0
-      {1.f, std::ldexp(1.f, -24), std::ldexp(1.f, -24), 1.f, 1.f},  // two half-ulps, each rounded away
+      {1.f, std::ldexp(1.f, -30), -1.f, 1.f, 1.f},              // 1 + (2^-30 - 1): 0; one chain, odd first: 2^-30
+      {1.f, std::ldexp(1.f, -24), std::ldexp(1.f, -24), 1.f, 1.f},  // 1 + (two half-ulps): 1 + 2^-23; one chain: 1
       {1.f, 3.f * std::ldexp(1.f, -24), 0.f, 1.f, 0.f},         // a tie to even upwards
       {0.f, std::ldexp(1.f, -130), 0.f, 1.f, 0.f},              // a subnormal bf16 input reads as 0
       {std::ldexp(1.f, -127), tiny, 0.f, tiny, 0.f},            // a subnormal accumulator reads as 0
@@ -158,7 +167,7 @@ TEST(GemmBf16, EdgeCasesOnEveryPathMatchThePlainDefinition) {
     for (const Path& p : paths()) {
       if (cs.subnormal_product && !fma_target(p.target)) continue;
       const test::PretendMachine as(p.target, 0, 0, 1);
-      const Bf16Off off(p.bf16);
+      const Bf16Off off(p);
       float got = cs.c;
       gemm_bf16(false, false, 1, 1, 2, a.data(), 2, b.data(), 1, 1.f, &got, 1);
       if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << p.name();
@@ -260,7 +269,7 @@ TEST(GemmBf16, AutocastSendsLinearAndItsBackwardThroughGemmBf16) {
 
 TEST(GemmBf16, InfoNamesThePath) {
   const std::string k = gemm_bf16_kernel();
-  EXPECT_NE(k.find(cpu_info().bf16 && cpu_info().avx512 ? "VDPBF16PS" : "emulated"), std::string::npos) << k;
+  EXPECT_NE(k.find(cpu_info().amx ? "AMX" : cpu_info().bf16 ? "VDPBF16PS" : "emulated"), std::string::npos) << k;
   {
     const Bf16Off off(false);
     EXPECT_NE(gemm_bf16_kernel().find("emulated"), std::string::npos);

@@ -19,12 +19,13 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
 
 // bf16 products. A bf16 number is stored as the upper 16 bits of an fp32 (attn/kernels/half_kv.h's
 // to_half converts). C (M, N) = op(A) (M, K) · op(B) (K, N) + beta · C, fp32 C, in the arithmetic of
-// AVX512_BF16's VDPBF16PS: A and B in bf16 (fp32 operands are rounded to nearest even as they are
-// packed), each C element ONE fp32 chain over k in pairs (2p, 2p+1): the odd k's product is added
-// first, then the even k's, each sum rounded to nearest even; subnormal inputs and sums are flushed to
-// zero; K odd: a zero pairs the last k. CPUs without the instruction compute the same with FMAs (a
-// product of two bf16 is exact in fp32): the same bits on every CPU and thread count, NaN payloads
-// aside (targets without FMA, SSE4 and older: products below 2^-126 are flushed as well).
+// AMX's TDPBF16PS: A and B in bf16 (fp32 operands are rounded to nearest even as they are packed); k in
+// groups of 32 from 0 (the last one zero-padded); per group and C element two fp32 chains from 0, one
+// over the even k's products and one over the odd k's, then C = C + (even + odd); each sum rounded to
+// nearest even, subnormal inputs and sums flushed to zero; beta·C first where beta is not 0 or 1. AMX
+// where the CPU and OS have it, else AVX512_BF16's VDPBF16PS on reordered pairs, else FMAs (a product of
+// two bf16 is exact in fp32): the same bits on every CPU and thread count, NaN payloads aside (targets
+// without FMA, SSE4 and older: products below 2^-126 are flushed as well).
 // beta == 0: C is not read.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
@@ -33,8 +34,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// Which bf16 GEMM runs, for `attn info`: "VDPBF16PS, AVX3 6x64" or "emulated with FMA (no AVX512_BF16),
-// AVX2 4x16".
+// Which bf16 GEMM runs, for `attn info`: "AMX TDPBF16PS, AVX3 32x32", "VDPBF16PS, AVX3 6x32" or
+// "emulated with FMA (no AVX512_BF16), AVX2 4x8".
 std::string gemm_bf16_kernel();
 
 // Which GEMM runs, for `attn info`: "attn packed GEMM, AVX3 6x64 (float), 6x32 (double), max KC ...".

@@ -2,6 +2,7 @@
 #include "attn/cpu.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -90,6 +91,16 @@ void force_caches(CpuInfo& c, const char* spec) {
   c = f;
 }
 
+// Linux hands AMX's 8 KiB of tile state to a process only on request (arch_prctl ARCH_REQ_XCOMP_PERM
+// for XTILEDATA, feature 18); without it the first tile instruction is a SIGILL. Other systems: no AMX.
+bool tiles_granted() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+  return false;
+#endif
+}
+
 CpuInfo read_cpu() {
   CpuInfo c;
   c.name = brand_string();
@@ -101,7 +112,8 @@ CpuInfo read_cpu() {
   unsigned a, b, cx, d;
   c.f16c = __get_cpuid(1, &a, &b, &cx, &d) && (cx & bit_F16C);
   c.bf16 = c.avx512 && __builtin_cpu_supports("avx512bf16");
-  const bool amx_bf16 = __get_cpuid_count(7, 0, &a, &b, &cx, &d) && (d & (1u << 22));  // named, not used
+  const bool amx_bf16 = __get_cpuid_count(7, 0, &a, &b, &cx, &d) && (d & (1u << 22)) && (d & (1u << 24));
+  c.amx = c.avx512 && amx_bf16 && tiles_granted();
   const std::pair<const char*, bool> named[] = {
       {"sse4.2", __builtin_cpu_supports("sse4.2")}, {"avx2", c.avx2}, {"fma", c.fma}, {"f16c", c.f16c},
       {"avx512f", __builtin_cpu_supports("avx512f")}, {"avx512bw", __builtin_cpu_supports("avx512bw")},
@@ -139,5 +151,6 @@ void set_cpu_caches(int64_t l1d, int64_t l2) {
 }
 
 void set_cpu_bf16(bool on) { mutable_info().bf16 = on && as_read().bf16; }
+void set_cpu_amx(bool on) { mutable_info().amx = on && as_read().amx; }
 
 }  // namespace attn

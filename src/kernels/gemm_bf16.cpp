@@ -1,20 +1,22 @@
-// attn's bf16 matrix product (gemm.h's gemm_bf16): the packed GEMM of gemm.cpp over bf16 PAIRS. Each
-// 32-bit lane of a packed panel holds two bf16 of consecutive k (2p low, 2p+1 high), the operand layout
-// of AVX512_BF16's VDPBF16PS, which adds both products of a pair to an fp32 lane: the odd k's first,
-// then the even k's, each sum rounded to nearest even, subnormal inputs and sums flushed to zero (the
-// instruction's DAZ/FTZ). Measured on a Zen 5: exactly that, 2·10^6 random pairs and the edge cases of
-// tests/test_gemm_bf16.cpp. Not AMX (named by attn info where present, not used), no bf16 output.
+// attn's bf16 matrix product (gemm.h's gemm_bf16): the packed GEMM of gemm.cpp over bf16 PAIRS (a 32-bit
+// word holds two bf16 of consecutive k, 2q low, 2q+1 high), in the arithmetic of AMX's TDPBF16PS as
+// measured on an Intel Xeon (docs/kernels.md): k runs in GROUPS of 16 pairs (32 k, the last group
+// zero-padded); per group and element of C, two fp32 chains from +0, E over the even k's products and O
+// over the odd k's, each add rounded to nearest even, then C = C + (E + O); subnormal inputs and sums
+// flushed to zero. A product of two bf16 has at most 16 significant bits, so it is exact in fp32.
 //
-//   for each K block of kc PAIRS: pack op(B) as (kc, NR) pair panels, op(A) as (kc, MR) pair panels
-//   (fp32 operands rounded to bf16 on the way), then per tile the microkernel, as in gemm.cpp
-//   microkernel: acc (MR, NR) = C0; per pair: acc = dp(a pair, b pairs, acc)
+//   for each K block of kc PAIRS (a multiple of 16): pack op(B) as (kc, NR) pair panels, op(A) as
+//   panels of MR rows (fp32 operands rounded to bf16 on the way), then per tile the microkernel
 //
-// Two microkernels share the panels: VDPBF16PS (AVX-512 targets on a CPU with AVX512_BF16), and its
-// emulation everywhere else: the pair widened to two fp32 vectors (a bf16 is the high half of an fp32)
-// and two FMAs, odd then even, under MXCSR's DAZ and FTZ. A product of two bf16 has at most 16
-// significant bits, so it is exact in fp32 and an FMA adds it with the instruction's one rounding: the
-// bits are the same on every CPU. Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides
-// who computes an element, never its value.
+// Three microkernels, one answer:
+// - AMX (a CPU with AMX-BF16 whose OS grants the tiles): 32x32 blocks of C in four tiles, one TDPBF16PS
+//   per 16x16 tile and group; A panels hold 32 rows, each row's pairs along it (AMX's A tile layout).
+// - VDPBF16PS (AVX512_BF16), which adds a word's high product, then its low one: the panels' rows 2s
+//   and 2s+1 are rewritten as (k of pair 2s, k of pair 2s+1) words of the even k's and of the odd k's
+//   (ChainRows), so one VDPBF16PS is two steps of one chain and a group is 8 on E, 8 on O.
+// - Its emulation everywhere else: the same words widened to fp32 and two FMAs, under MXCSR's DAZ/FTZ.
+// Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides who computes an element, never
+// its value. No bf16 output.
 #include "attn/gemm.h"
 
 #include <string>
@@ -28,6 +30,9 @@
 #ifndef ATTN_GEMM_BF16_ONCE
 #define ATTN_GEMM_BF16_ONCE
 namespace attn::gemm_detail {
+
+// Pairs per group: one TDPBF16PS's K with full tiles. Part of the bits: every path sums in these groups.
+constexpr int64_t kGroup = 16;
 
 // One bf16 product: each operand fp32 (rounded when packed) or bf16 bits.
 struct Bf16Args {
@@ -69,22 +74,46 @@ using namespace attn::pairs;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// Register blocks: kMR rows x NV vectors of fp32 accumulators. AVX-512 (32 registers): 6 x 4 with
-// VDPBF16PS (24 accumulators, 4 B vectors), 6 x 3 emulated (each B vector widens to two). The
-// 16-register targets, emulated: 4 x 2 (8 accumulators, 4 widened B vectors, 2 A values).
+// Register blocks: kMR rows x NV vectors of C, two fp32 accumulators each (E and O). AVX-512 (32
+// registers): 6 x 2 with VDPBF16PS (24 accumulators), 6 x 1 emulated (each B vector widens to two). The
+// 16-register targets, emulated: 4 x 1. AMX: 32 x 32 in four 16 x 16 tiles.
 #if ATTN_AVX512_TARGET(HWY_TARGET)
-constexpr int kMR = 6, kNVDp = 4, kNVEmu = 3;
+constexpr int kMR = 6, kNVDp = 2, kNVEmu = 1;
 #else
-constexpr int kMR = 4, kNVDp = 1, kNVEmu = 2;
+constexpr int kMR = 4, kNVDp = 1, kNVEmu = 1;
 #endif
+constexpr int64_t kAmx = 32;  // AMX block: rows of an A panel and columns of a B panel
 
-// Pair words from one packed A panel to the next: kc·kMR plus one cache line (gemm.cpp's PanelStride).
-inline int64_t PanelStride(int64_t kc) { return kc * kMR + 16; }
+enum class Kernel { amx, dp, emu };
 
-// op(B) pairs [q0, q0 + kc) x columns [j0, j0 + nr) -> (kc, nr) words (2p low, 2p+1 high); columns past
-// N and a k past K are 0.
+// Rows of an A panel and columns of a B panel for a kernel.
+inline int64_t PanelRows(Kernel k) { return k == Kernel::amx ? kAmx : kMR; }
+inline int64_t PanelCols(Kernel k) {
+  return k == Kernel::amx ? kAmx : (k == Kernel::dp ? kNVDp : kNVEmu) * static_cast<int64_t>(hn::Lanes(DF()));
+}
+// Pair words from one packed A panel to the next: kc·rows plus one cache line (gemm.cpp's PanelStride).
+inline int64_t PanelStride(int64_t kc, int64_t rows) { return kc * rows + 16; }
+
+// Rows 2s and 2s+1 (pairs 2s, 2s+1; n words each, rows `stride` apart) of a packed panel, from pair words
+// to chain words: row 2s the even k's (pair 2s's high, pair 2s+1's low), row 2s+1 the odd k's, so
+// VDPBF16PS, which adds the high product first, steps a chain through pair 2s, then 2s+1.
+inline void ChainRows(uint32_t* HWY_RESTRICT p, int64_t rows, int64_t stride, int64_t n) {
+  for (int64_t s = 0; s + 1 < rows; s += 2) {
+    uint32_t* HWY_RESTRICT r0 = p + s * stride;
+    uint32_t* HWY_RESTRICT r1 = r0 + stride;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t w0 = r0[j], w1 = r1[j];
+      r0[j] = (w0 << 16) | (w1 & 0xFFFFu);
+      r1[j] = (w0 & 0xFFFF0000u) | (w1 >> 16);
+    }
+  }
+}
+
+// op(B) pairs [q0, q0 + kc) x columns [j0, j0 + nr) -> (kc, nr) words; columns past N and a k past K
+// are 0; chain words (ChainRows) where `chains`.
 template <typename S>
-void PackB(const Bf16Args& g, int64_t j0, int64_t q0, int64_t kc, int64_t nr, uint32_t* HWY_RESTRICT dst) {
+void PackB(const Bf16Args& g, int64_t j0, int64_t q0, int64_t kc, int64_t nr, bool chains,
+           uint32_t* HWY_RESTRICT dst) {
   const S* B = static_cast<const S*>(g.B);
   const int64_t cols = std::min(nr, g.N - j0), k0 = 2 * q0;
   if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: row j of B holds column j's pairs; 16 pairs at a time, so
@@ -100,139 +129,246 @@ void PackB(const Bf16Args& g, int64_t j0, int64_t q0, int64_t kc, int64_t nr, ui
   } else {  // op(B)(k, j) = B[k·ldb + j]: a pair interleaves rows k and k + 1 of B
     for (int64_t p = 0; p < kc; ++p) {
       const int64_t k = k0 + 2 * p;
+      if (k >= g.K) {  // the zero padding of the last group
+        std::fill(dst + p * nr, dst + p * nr + cols, 0u);
+        continue;
+      }
       const S* lo = B + k * g.ldb + j0;
       PairsAcrossRows(lo, k + 1 < g.K ? lo + g.ldb : nullptr, cols, dst + p * nr);
     }
   }
   for (int64_t p = 0; p < kc; ++p)
     for (int64_t j = cols; j < nr; ++j) dst[p * nr + j] = 0;
+  if (chains) ChainRows(dst, kc, nr, nr);
 }
 
-// Panels of op(A) pairs [q0, q0 + kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR) words at
-// dst + p·PanelStride(kc); rows past M and a k past K are 0. Not transposed: panels [b, e), each row's
-// pairs converted along it. Transposed: pairs [b, e) of every panel (rows 2q, 2q + 1 of A, read once,
-// start to end, as gemm.cpp's PackA).
+// Panels of op(A) pairs [q0, q0 + kc), `rows` rows each, at dst + p·PanelStride(kc, rows); rows past M and
+// a k past K are 0. Panel layout: word (q, r) at q·rows + r for VDPBF16PS and the emulation (chain words),
+// (r, q) at r·kc + q for AMX (its A tiles). Not transposed: panels [b, e), each row's pairs converted
+// along it. Transposed: pairs [b, e) of every panel (rows 2q, 2q + 1 of A, read once, start to end, as
+// gemm.cpp's PackA; b and e even where chain words are made).
 template <typename S>
-void PackA(const Bf16Args& g, int64_t b, int64_t e, int64_t q0, int64_t kc, uint32_t* HWY_RESTRICT dst) {
+void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, int64_t kc,
+           uint32_t* HWY_RESTRICT dst) {
   const S* A = static_cast<const S*>(g.A);
-  const int64_t ps = PanelStride(kc), k0 = 2 * q0, mp = ceil_div(g.M, kMR);
+  const int64_t rows = PanelRows(kernel), ps = PanelStride(kc, rows), k0 = 2 * q0, mp = ceil_div(g.M, rows);
+  const int64_t rs = kernel == Kernel::amx ? kc : 1, qs = kernel == Kernel::amx ? 1 : rows;  // word (q, r) at q·qs + r·rs
   if (g.ta) {  // op(A)(i, k) = A[k·lda + i]
-    constexpr int64_t kRows = kRun / kMR * kMR;  // rows of A converted at a time: whole panels
-    uint32_t words[kRows];
+    const int64_t kRows = kRun / rows * rows;  // rows of A converted at a time: whole panels
+    uint32_t words[kRun];
     for (int64_t q = b; q < e; ++q) {
       const int64_t k = k0 + 2 * q;
-      const S* lo = A + k * g.lda;
-      for (int64_t i0 = 0; i0 < mp * kMR; i0 += kRows) {
-        const int64_t m = std::min(kRows, mp * kMR - i0), valid = std::min(m, g.M - i0);
-        PairsAcrossRows(lo + i0, k + 1 < g.K ? lo + g.lda + i0 : nullptr, valid, words);
-        std::fill(words + valid, words + m, 0u);  // rows past M
-        uint32_t* d = dst + i0 / kMR * ps + q * kMR;
-        for (int64_t p = 0; p < m / kMR; ++p)
-#pragma GCC unroll 8
-          for (int r = 0; r < kMR; ++r) d[p * ps + r] = words[p * kMR + r];
+      const S* lo = A + std::min(k, g.K - 1) * g.lda;  // never past A (a k past K packs zeros)
+      for (int64_t i0 = 0; i0 < mp * rows; i0 += kRows) {
+        const int64_t m = std::min(kRows, mp * rows - i0), valid = std::min(m, g.M - i0);
+        if (k < g.K) PairsAcrossRows(lo + i0, k + 1 < g.K ? lo + g.lda + i0 : nullptr, valid, words);
+        else std::fill(words, words + valid, 0u);  // the zero padding of the last group
+        std::fill(words + valid, words + m, 0u);   // rows past M
+        uint32_t* d = dst + i0 / rows * ps + q * qs;
+        for (int64_t p = 0; p < m / rows; ++p)
+          for (int64_t r = 0; r < rows; ++r) d[p * ps + r * rs] = words[p * rows + r];
       }
     }
+    if (kernel != Kernel::amx)
+      for (int64_t p = 0; p < mp; ++p) ChainRows(dst + p * ps + b * rows, e - b, rows, rows);
     return;
   }
   uint32_t words[kRun / 2];
   for (int64_t p = b; p < e; ++p) {  // op(A)(i, k) = A[i·lda + k]
     uint32_t* d = dst + p * ps;
-    const int64_t rows = std::min<int64_t>(kMR, g.M - p * kMR);
-    for (int64_t r = 0; r < rows; ++r)
+    const int64_t valid = std::min<int64_t>(rows, g.M - p * rows);
+    for (int64_t r = 0; r < valid; ++r)
       for (int64_t q0r = 0; q0r < kc; q0r += kRun / 2) {
         const int64_t qn = std::min(kRun / 2, kc - q0r);
-        PairsAlongRow(A + (p * kMR + r) * g.lda + k0 + 2 * q0r, qn, g.K - k0 - 2 * q0r, words);
-        for (int64_t q = 0; q < qn; ++q) d[(q0r + q) * kMR + r] = words[q];
+        PairsAlongRow(A + (p * rows + r) * g.lda + k0 + 2 * q0r, qn, g.K - k0 - 2 * q0r, words);
+        for (int64_t q = 0; q < qn; ++q) d[(q0r + q) * qs + r * rs] = words[q];
       }
-    for (int64_t r = rows; r < kMR; ++r)
-      for (int64_t q = 0; q < kc; ++q) d[q * kMR + r] = 0;
+    for (int64_t r = valid; r < rows; ++r)
+      for (int64_t q = 0; q < kc; ++q) d[q * qs + r * rs] = 0;
+    if (kernel != Kernel::amx) ChainRows(d, kc, rows, rows);
   }
 }
 
-// C (kMR, NV·N) = C0 + A (kMR, kc pairs) · Bp (kc pairs, NV·N), C0 per `start`: a whole block of C, read
-// and written by full vectors (edges: EdgeThroughCopy). ap: the packed A panel (word (q, r) at q·kMR + r),
-// bp: word (q, j) at q·ldbp + j. Each accumulator is one chain over the pairs in order, odd k then even
-// k, whichever microkernel runs.
+// C (kMR, NV·N) = C0 + A (kMR, kc pairs) · Bp (kc pairs, NV·N), C0 = 0 where `zero`, else C: a whole block
+// of C, read and written by full vectors (edges: EdgeThroughCopy). ap: the packed A panel (chain word
+// (q, r) at q·kMR + r), bp: chain word (q, j) at q·ldbp + j. Per group: E over rows 0, 2, …, O over rows
+// 1, 3, …, then C = C + (E + O).
 template <int NV, bool kDp>
 HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
-                        float* HWY_RESTRICT c, int64_t ldc, Start start, float beta) {
+                        float* HWY_RESTRICT c, int64_t ldc, bool zero) {
   const DF df;
   const int64_t N = hn::Lanes(df);
-  VF acc[kMR][NV];
-  ForBlock<kMR, NV>([&](int r, int j) {
-    acc[r][j] = start == Start::zero ? hn::Zero(df) : hn::LoadU(df, c + r * ldc + j * N);
-    if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(df, beta), acc[r][j]);
-  });
-  DpBlock<kDp, kMR, NV>(df, acc, ARows<uint32_t>{ap, 1, kMR}, kMR, BRows<uint32_t>{bp, ldbp, N}, kc);
-  ForBlock<kMR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], df, c + r * ldc + j * N); });
+  VF ev[kMR][NV], od[kMR][NV];
+  for (int64_t q = 0; q < kc; q += kGroup) {
+    ForBlock<kMR, NV>([&](int r, int j) { ev[r][j] = od[r][j] = hn::Zero(df); });
+    const uint32_t* a = ap + q * kMR;
+    const uint32_t* b = bp + q * ldbp;
+    DpBlock<kDp, kMR, NV>(df, ev, ARows<uint32_t>{a, 1, 2 * kMR}, kMR, BRows<uint32_t>{b, 2 * ldbp, N}, kGroup / 2);
+    DpBlock<kDp, kMR, NV>(df, od, ARows<uint32_t>{a + kMR, 1, 2 * kMR}, kMR,
+                          BRows<uint32_t>{b + ldbp, 2 * ldbp, N}, kGroup / 2);
+    const bool from_zero = zero && q == 0;
+    ForBlock<kMR, NV>([&](int r, int j) {
+      float* p = c + r * ldc + j * N;
+      const VF c0 = from_zero ? hn::Zero(df) : hn::LoadU(df, p);
+      hn::StoreU(hn::Add(c0, hn::Add(ev[r][j], od[r][j])), df, p);
+    });
+  }
 }
 
 // The narrowest instance that covers nr columns; an edge block (mr < kMR or a partial last vector)
 // through a copy of its part of C.
 template <bool kDp, int NV>
 HWY_INLINE void MicroCols(int64_t nr, const uint32_t* ap, const uint32_t* bp, int64_t ldbp, int64_t kc, float* c,
-                          int64_t ldc, int64_t mr, Start start, float beta) {
+                          int64_t ldc, int64_t mr, bool zero) {
   const int64_t w = NV * static_cast<int64_t>(hn::Lanes(DF()));
   if constexpr (NV > 1)
     if (nr <= w - static_cast<int64_t>(hn::Lanes(DF())))
-      return MicroCols<kDp, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, start, beta);
-  if (mr == kMR && nr == w) return Micro<NV, kDp>(ap, bp, ldbp, kc, c, ldc, start, beta);
-  EdgeThroughCopy<float, kMR * NV * hn::MaxLanes(DF())>(c, ldc, mr, nr, kMR, w, start, [&](float* tile, int64_t ldt) {
-    Micro<NV, kDp>(ap, bp, ldbp, kc, tile, ldt, start, beta);
-  });
+      return MicroCols<kDp, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, zero);
+  if (mr == kMR && nr == w) return Micro<NV, kDp>(ap, bp, ldbp, kc, c, ldc, zero);
+  EdgeThroughCopy<float, kMR * NV * hn::MaxLanes(DF())>(c, ldc, mr, nr, kMR, w, zero ? Start::zero : Start::c,
+                                                        [&](float* tile, int64_t ldt) {
+                                                          Micro<NV, kDp>(ap, bp, ldbp, kc, tile, ldt, zero);
+                                                        });
 }
 
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+// AMX through the assembler (the compiler is not asked for the feature: it runs only where cpu_info().amx).
+// Eight 16-row x 64-byte tiles: tmm0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), tmm4-5 A, tmm6-7 B.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// The tiles configured for this thread while alive, released after (so a context switch saves no tile data).
+class Tiles {
+ public:
+  Tiles() {
+    static const TileConfig config;
+    asm volatile("ldtilecfg %0" ::"m"(config));
+  }
+  ~Tiles() { asm volatile("tilerelease" ::: "memory"); }
+  Tiles(const Tiles&) = delete;
+  Tiles& operator=(const Tiles&) = delete;
+};
+
+// C (32, 32) = C0 + A (32 rows, kc pairs) · B (kc pairs, 32), C0 = 0 where `zero`, else C. ap: the AMX A
+// panel (word (r, q) at r·kc + q), bp: the B panel (word (q, j) at q·32 + j). One TDPBF16PS per tile and
+// group: E, O and C + (E + O) in the hardware.
+HWY_NOINLINE void MicroAmx(const uint32_t* ap, const uint32_t* bp, int64_t kc, float* c, int64_t ldc, bool zero) {
+  const int64_t cs = ldc * 4, as = kc * 4, bs = kAmx * 4;  // row strides in bytes
+  float* c1 = c + 16 * ldc;
+  if (zero) asm volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory");
+  else
+    asm volatile(
+        "tileloadd (%0,%2,1), %%tmm0\n\ttileloadd (%1,%2,1), %%tmm1\n\t"
+        "tileloadd (%3,%2,1), %%tmm2\n\ttileloadd (%4,%2,1), %%tmm3" ::"r"(c),
+        "r"(c + 16), "r"(cs), "r"(c1), "r"(c1 + 16)
+        : "memory");
+  for (int64_t q = 0; q < kc; q += kGroup) {
+    const uint32_t* a = ap + q;
+    const uint32_t* b = bp + q * kAmx;
+    asm volatile(
+        "tileloadd (%0,%2,1), %%tmm4\n\ttileloadd (%1,%2,1), %%tmm5\n\t"
+        "tileloadd (%3,%5,1), %%tmm6\n\ttileloadd (%4,%5,1), %%tmm7\n\t"
+        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\ttdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a),
+        "r"(a + 16 * kc), "r"(as), "r"(b), "r"(b + 16), "r"(bs)
+        : "memory");
+  }
+  asm volatile(
+      "tilestored %%tmm0, (%0,%2,1)\n\ttilestored %%tmm1, (%1,%2,1)\n\t"
+      "tilestored %%tmm2, (%3,%2,1)\n\ttilestored %%tmm3, (%4,%2,1)" ::"r"(c),
+      "r"(c + 16), "r"(cs), "r"(c1), "r"(c1 + 16)
+      : "memory");
+}
+#endif
+
+Kernel Choose() {
+  if constexpr (kDpTarget)
+    if (cpu_info().amx) return Kernel::amx;
+  return UseDp() ? Kernel::dp : Kernel::emu;
+}
 
 void GemmBf16(const Bf16Args& g) {
-  const bool dp = UseDp();
-  const int64_t M = g.M, N = g.N, K2 = ceil_div(g.K, 2);  // K2: pairs
-  const int64_t nr = (dp ? kNVDp : kNVEmu) * static_cast<int64_t>(hn::Lanes(DF()));
-  const Blocking bl = blocking(M, N, K2, kMR, nr, sizeof(uint32_t), nullptr);
-  const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
-  auto* ap = static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc)) * 4));  // (mp, kc, kMR)
-  auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * 4));          // (np, kc, nr)
+  const Kernel kernel = Choose();
+  const int64_t M = g.M, N = g.N, K2 = ceil_div(ceil_div(g.K, 2), kGroup) * kGroup;  // K2: pairs, whole groups
+  const int64_t mr = PanelRows(kernel), nr = PanelCols(kernel);
+  Blocking bl = blocking(M, N, K2, mr, nr, sizeof(uint32_t), nullptr);
+  bl.kc = ceil_div(bl.kc, kGroup) * kGroup;
+  const int64_t mp = ceil_div(M, mr), np = ceil_div(N, nr);  // panels of A and of B
+  auto* ap = static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc, mr)) * 4));
+  auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * 4));  // (np, kc, nr)
   const auto pack_a = g.a16 ? PackA<uint16_t> : PackA<float>;
   const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
+  const bool chains = kernel != Kernel::amx;
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
+  if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, g.C, g.ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
     const int64_t kc = std::min(bl.kc, K2 - q0);
-    const Start start = q0 > 0 || g.beta == 1.f ? Start::c : g.beta == 0.f ? Start::zero : Start::scaled;
+    const bool zero = q0 == 0 && g.beta == 0.f;
     parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
-      for (int64_t p = b; p < e; ++p) pack_b(g, p * nr, q0, kc, nr, bp + p * nr * kc);
+      for (int64_t p = b; p < e; ++p) pack_b(g, p * nr, q0, kc, nr, chains, bp + p * nr * kc);
     });
-    if (g.ta)  // chunks of pairs: rows of A (see PackA)
-      parallel_for(kc, grain_for(2 * M), [&](int64_t b, int64_t e, int) { pack_a(g, b, e, q0, kc, ap); });
+    if (g.ta)  // chunks of pairs of pairs: rows of A (see PackA)
+      parallel_for(kc / 2, grain_for(4 * M), [&](int64_t b, int64_t e, int) {
+        pack_a(g, kernel, 2 * b, 2 * e, q0, kc, ap);
+      });
     else
-      parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { pack_a(g, b, e, q0, kc, ap); });
+      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) { pack_a(g, kernel, b, e, q0, kc, ap); });
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
-      const FlushSubnormals flush(!dp);
+      const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+      if (kernel == Kernel::amx) {
+        const Tiles tiles;
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;
+          const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
+          for (int64_t i = i0; i < i1; i += kAmx)
+            for (int64_t j = j0; j < j1; j += kAmx) {
+              const uint32_t* a = ap + i / kAmx * PanelStride(kc, kAmx);
+              const int64_t cols = std::min(kAmx, j1 - j), rows = std::min(kAmx, i1 - i);
+              float* c = g.C + i * g.ldc + j;
+              if (rows == kAmx && cols == kAmx) MicroAmx(a, bp + j * kc, kc, c, g.ldc, zero);
+              else
+                EdgeThroughCopy<float, kAmx * kAmx>(c, g.ldc, rows, cols, kAmx, kAmx, zero ? Start::zero : Start::c,
+                                                    [&](float* tile, int64_t ldt) {
+                                                      MicroAmx(a, bp + j * kc, kc, tile, ldt, zero);
+                                                    });
+            }
+        }
+        return;
+      }
+#endif
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
         const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
         for (int64_t i = i0; i < i1; i += kMR)
           for (int64_t j = j0; j < j1; j += nr) {
-            const uint32_t* a = ap + i / kMR * PanelStride(kc);
+            const uint32_t* a = ap + i / kMR * PanelStride(kc, kMR);
             const int64_t cols = std::min(nr, j1 - j), rows = std::min<int64_t>(kMR, i1 - i);
             float* c = g.C + i * g.ldc + j;
             if constexpr (kDpTarget)
-              if (dp) {
-                MicroCols<true, kNVDp>(cols, a, bp + j * kc, nr, kc, c, g.ldc, rows, start, g.beta);
+              if (kernel == Kernel::dp) {
+                MicroCols<true, kNVDp>(cols, a, bp + j * kc, nr, kc, c, g.ldc, rows, zero);
                 continue;
               }
-            MicroCols<false, kNVEmu>(cols, a, bp + j * kc, nr, kc, c, g.ldc, rows, start, g.beta);
+            MicroCols<false, kNVEmu>(cols, a, bp + j * kc, nr, kc, c, g.ldc, rows, zero);
           }
       }
     });
   }
 }
 
-// "VDPBF16PS, AVX3 6x64" or "emulated with FMA (no AVX512_BF16), AVX2 4x16".
+// "AMX TDPBF16PS, AVX3 32x32", "VDPBF16PS, AVX3 6x32" or "emulated with FMA (no AVX512_BF16), AVX2 4x8".
 std::string DescribeBf16() {
-  const bool dp = UseDp();
-  const int64_t nr = (dp ? kNVDp : kNVEmu) * static_cast<int64_t>(hn::Lanes(DF()));
-  return std::string(dp ? "VDPBF16PS, " : "emulated with FMA (no AVX512_BF16), ") + hwy::TargetName(HWY_TARGET) +
-         " " + std::to_string(kMR) + "x" + std::to_string(nr);
+  const Kernel kernel = Choose();
+  const char* how = kernel == Kernel::amx ? "AMX TDPBF16PS, "
+                    : kernel == Kernel::dp ? "VDPBF16PS, "
+                                           : "emulated with FMA (no AVX512_BF16), ";
+  return how + std::string(hwy::TargetName(HWY_TARGET)) + " " + std::to_string(PanelRows(kernel)) + "x" +
+         std::to_string(PanelCols(kernel));
 }
 
 }  // namespace attn::gemm_detail::HWY_NAMESPACE
