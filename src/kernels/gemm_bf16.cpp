@@ -19,6 +19,7 @@
 // its value. No bf16 output.
 #include "attn/gemm.h"
 
+#include <optional>
 #include <string>
 
 #include "attn/check.h"
@@ -282,12 +283,28 @@ HWY_NOINLINE void MicroAmx(const uint32_t* ap, const uint32_t* bp, int64_t kc, f
       "r"(c + 16), "r"(cs), "r"(c1), "r"(c1 + 16)
       : "memory");
 }
+#else
+struct Tiles {};  // no AMX on this target
 #endif
 
 Kernel Choose() {
   if constexpr (kDpTarget)
     if (cpu_info().amx) return Kernel::amx;
   return UseDp() ? Kernel::dp : Kernel::emu;
+}
+
+// One block of C (rows x cols of it at c) on `kernel`'s microkernel, nr = PanelCols(kernel).
+HWY_INLINE void Block(Kernel kernel, const uint32_t* a, const uint32_t* b, int64_t kc, float* c, int64_t ldc,
+                      int64_t rows, int64_t cols, bool zero) {
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if (kernel == Kernel::amx) {
+    if (rows == kAmx && cols == kAmx) return MicroAmx(a, b, kc, c, ldc, zero);
+    return EdgeThroughCopy<float, kAmx * kAmx>(c, ldc, rows, cols, kAmx, kAmx, zero ? Start::zero : Start::c,
+                                               [&](float* tile, int64_t ldt) { MicroAmx(a, b, kc, tile, ldt, zero); });
+  }
+  if (kernel == Kernel::dp) return MicroCols<true, kNVDp>(cols, a, b, PanelCols(kernel), kc, c, ldc, rows, zero);
+#endif
+  MicroCols<false, kNVEmu>(cols, a, b, PanelCols(kernel), kc, c, ldc, rows, zero);
 }
 
 void GemmBf16(const Bf16Args& g) {
@@ -319,42 +336,15 @@ void GemmBf16(const Bf16Args& g) {
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
       const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
-#if ATTN_AVX512_TARGET(HWY_TARGET)
-      if (kernel == Kernel::amx) {
-        const Tiles tiles;
-        for (int64_t t = t0; t < t1; ++t) {
-          const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;
-          const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
-          for (int64_t i = i0; i < i1; i += kAmx)
-            for (int64_t j = j0; j < j1; j += kAmx) {
-              const uint32_t* a = ap + i / kAmx * PanelStride(kc, kAmx);
-              const int64_t cols = std::min(kAmx, j1 - j), rows = std::min(kAmx, i1 - i);
-              float* c = g.C + i * g.ldc + j;
-              if (rows == kAmx && cols == kAmx) MicroAmx(a, bp + j * kc, kc, c, g.ldc, zero);
-              else
-                EdgeThroughCopy<float, kAmx * kAmx>(c, g.ldc, rows, cols, kAmx, kAmx, zero ? Start::zero : Start::c,
-                                                    [&](float* tile, int64_t ldt) {
-                                                      MicroAmx(a, bp + j * kc, kc, tile, ldt, zero);
-                                                    });
-            }
-        }
-        return;
-      }
-#endif
+      [[maybe_unused]] const std::optional<Tiles> tiles = kernel == Kernel::amx ? std::make_optional<Tiles>() : std::nullopt;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
         const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
-        for (int64_t i = i0; i < i1; i += kMR)
+        for (int64_t i = i0; i < i1; i += mr)
           for (int64_t j = j0; j < j1; j += nr) {
-            const uint32_t* a = ap + i / kMR * PanelStride(kc, kMR);
-            const int64_t cols = std::min(nr, j1 - j), rows = std::min<int64_t>(kMR, i1 - i);
-            float* c = g.C + i * g.ldc + j;
-            if constexpr (kDpTarget)
-              if (kernel == Kernel::dp) {
-                MicroCols<true, kNVDp>(cols, a, bp + j * kc, nr, kc, c, g.ldc, rows, zero);
-                continue;
-              }
-            MicroCols<false, kNVEmu>(cols, a, bp + j * kc, nr, kc, c, g.ldc, rows, zero);
+            const uint32_t* a = ap + i / mr * PanelStride(kc, mr);
+            const int64_t cols = std::min(nr, j1 - j), rows = std::min(mr, i1 - i);
+            Block(kernel, a, bp + j * kc, kc, g.C + i * g.ldc + j, g.ldc, rows, cols, zero);
           }
       }
     });
