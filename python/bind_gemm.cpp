@@ -95,7 +95,7 @@ void bind_gemm(py::module_& m) {
       "c = alpha * op(a) @ op(b) + beta * c, in place (float32 or float64, c's dtype decides).");
   m.def("gemm_bf16", &gemm_bf16_arrays, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("beta") = 0.0,
-        "c = op(a) @ op(b) + beta * c in place, bf16 products with fp32 sums (VDPBF16PS's arithmetic, the same "
-        "bits on every CPU); a, b float32 or bf16 bits as uint16/int16; c float32.");
+        "c = op(a) @ op(b) + beta * c in place, bf16 products with fp32 sums (AMX's arithmetic, in groups of 32 k; "
+        "the same bits on every CPU); a, b float32 or bf16 bits as uint16/int16; c float32.");
   m.def("gemm_kernel", &gemm_kernel, "Which GEMM kernel runs: backend, SIMD target, register block.");
 }

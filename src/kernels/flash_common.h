@@ -86,36 +86,7 @@ HWY_INLINE float SumLanes(const VF* acc) {
   return lane[0];
 }
 
-// ---- bf16 pairs (pairs.h's layout) in registers ----
-using DU = hn::RebindToUnsigned<DF>;
-using VU = hn::Vec<DU>;
-
-// x rounded to bf16 in each lane's high half: bits + 0x7FFF + (bit 16) rounds to nearest even; a NaN is
-// truncated instead (the carry could turn it into an infinity), keeping it NaN with its quiet bit. The one
-// fp32 -> bf16 rounding of attn: to_half (flash_decode.cpp) and the bf16 flash's P run it.
-HWY_INLINE VU RoundedBf16(VF x) {
-  const DU du;
-  const VU bits = hn::BitCast(du, x);
-  const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u))));
-  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), bits, rounded);
-}
-
-// The N pair words of 2N consecutive floats, a then b: word q = bf16(element 2q) | bf16(element 2q + 1) << 16.
-HWY_INLINE VU PairWords(VF a, VF b) {
-  const DU du;
-#if HWY_TARGET == HWY_SCALAR
-  return hn::Set(du, hn::GetLane(hn::ShiftRight<16>(RoundedBf16(a))) | (hn::GetLane(RoundedBf16(b)) & 0xFFFF0000u));
-#else
-  const hn::Repartition<uint16_t, DF> d16;  // the odd halves of each lane are the bf16 values, in order
-  return hn::BitCast(du, hn::ConcatOdd(d16, hn::BitCast(d16, RoundedBf16(b)), hn::BitCast(d16, RoundedBf16(a))));
-#endif
-}
-
-// The N pair words of two rows where k runs across them: word j = bf16(lo[j]) | bf16(hi[j]) << 16.
-HWY_INLINE VU PairAcross(VF lo, VF hi) {
-  const DU du;
-  return hn::Or(hn::ShiftRight<16>(RoundedBf16(lo)), hn::And(RoundedBf16(hi), hn::Set(du, 0xFFFF0000u)));
-}
+// ---- bf16 pairs (pairs.h's layout) in registers: RoundedBf16, PairWords, PairAcross (register_block.h) ----
 
 // words[j] = PairAcross of rows lo and hi (hi null: a zero row) for j < n, n a multiple of the lanes.
 HWY_INLINE void PairRowsAcross(const float* HWY_RESTRICT lo, const float* HWY_RESTRICT hi, int64_t n,

@@ -10,13 +10,14 @@
 //
 // Three microkernels, one answer:
 // - AMX (a CPU with AMX-BF16 whose OS grants the tiles): 32x32 blocks of C in four tiles, one TDPBF16PS
-//   per 16x16 tile and group; A panels hold 32 rows, each row's pairs along it (AMX's A tile layout).
+//   per 16x16 tile and group; A panels of 32 rows and B panels of 16 columns laid out group by group,
+//   so that each operand tile is 1 KB in one piece; K blocks sized for L2 (AmxBlocking).
 // - VDPBF16PS (AVX512_BF16), which adds a word's high product, then its low one: the panels' rows 2s
 //   and 2s+1 are rewritten as (k of pair 2s, k of pair 2s+1) words of the even k's and of the odd k's
 //   (ChainRows), so one VDPBF16PS is two steps of one chain and a group is 8 on E, 8 on O.
 // - Its emulation everywhere else: the same words widened to fp32 and two FMAs, under MXCSR's DAZ/FTZ.
 // Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides who computes an element, never
-// its value. No bf16 output.
+// its value (C carries the chain from one K block to the next). No bf16 output.
 #include "attn/gemm.h"
 
 #include <optional>
@@ -68,7 +69,9 @@ using regblock::HWY_NAMESPACE::ARows;
 using regblock::HWY_NAMESPACE::BRows;
 using regblock::HWY_NAMESPACE::DpBlock;
 using regblock::HWY_NAMESPACE::ForBlock;
+using regblock::HWY_NAMESPACE::DU;
 using regblock::HWY_NAMESPACE::kDpTarget;
+using regblock::HWY_NAMESPACE::PairAcross;
 using regblock::HWY_NAMESPACE::UseDp;
 using namespace attn::pairs;
 
@@ -87,10 +90,17 @@ constexpr int64_t kAmx = 32;  // AMX block: rows of an A panel and columns of a 
 
 enum class Kernel { amx, dp, emu };
 
-// Rows of an A panel and columns of a B panel for a kernel.
+// Rows of an A panel, and columns of a block of C and of a packed B panel (AMX: a block's two B tiles
+// are two 16-column panels, each tile 1 KB in one piece), for a kernel.
 inline int64_t PanelRows(Kernel k) { return k == Kernel::amx ? kAmx : kMR; }
-inline int64_t PanelCols(Kernel k) {
+inline int64_t BlockCols(Kernel k) {
   return k == Kernel::amx ? kAmx : (k == Kernel::dp ? kNVDp : kNVEmu) * static_cast<int64_t>(hn::Lanes(DF()));
+}
+inline int64_t PanelCols(Kernel k) { return k == Kernel::amx ? kAmx / 2 : BlockCols(k); }
+// Word (q, r) of an A panel of `rows` rows: group by group (16 pairs); in a group the pairs of each row
+// in a row for AMX (an A tile: 16 rows of 64 bytes, 1 KB in one piece), row by row of pairs otherwise.
+inline int64_t AWord(Kernel k, int64_t rows, int64_t q, int64_t r) {
+  return (q / kGroup) * kGroup * rows + (k == Kernel::amx ? r * kGroup + q % kGroup : q % kGroup * rows + r);
 }
 // Pair words from one packed A panel to the next: kc·rows plus one cache line (gemm.cpp's PanelStride).
 inline int64_t PanelStride(int64_t kc, int64_t rows) { return kc * rows + 16; }
@@ -110,50 +120,59 @@ inline void ChainRows(uint32_t* HWY_RESTRICT p, int64_t rows, int64_t stride, in
   }
 }
 
-// op(B) pairs [q0, q0 + kc) x columns [j0, j0 + nr) -> (kc, nr) words; columns past N and a k past K
-// are 0; chain words (ChainRows) where `chains`.
+// The np B panels of op(B) pairs [q0, q0 + kc), panel p columns [p·nr, (p + 1)·nr) as (kc, nr) words at
+// dst + p·kc·nr; columns past N and a k past K are 0; chain words (ChainRows) where `chains`. Transposed:
+// panels [b, e), each column's pairs converted along a row of B. Not transposed: pairs [b, e) of every
+// panel (rows 2q, 2q + 1 of B, read once, start to end, as PackA's transposed A; b and e even where chain
+// words are made). Each reads B in runs along its rows: panel by panel, a pair row would be nr elements
+// of a row, a page apart from the next.
 template <typename S>
-void PackB(const Bf16Args& g, int64_t j0, int64_t q0, int64_t kc, int64_t nr, bool chains,
+void PackB(const Bf16Args& g, int64_t np, int64_t b, int64_t e, int64_t q0, int64_t kc, int64_t nr, bool chains,
            uint32_t* HWY_RESTRICT dst) {
   const S* B = static_cast<const S*>(g.B);
-  const int64_t cols = std::min(nr, g.N - j0), k0 = 2 * q0;
-  if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: row j of B holds column j's pairs; 16 pairs at a time, so
-               // the writes stay in 16 rows of the panel, in L1
+  const int64_t k0 = 2 * q0, ps = kc * nr;  // ps: words from one panel to the next
+  if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: row j of B holds column j's pairs
     uint32_t words[kRun / 2];
-    for (int64_t p0 = 0; p0 < kc; p0 += kRun / 2) {
-      const int64_t pn = std::min(kRun / 2, kc - p0);
-      for (int64_t j = 0; j < cols; ++j) {
-        PairsAlongRow(B + (j0 + j) * g.ldb + k0 + 2 * p0, pn, g.K - k0 - 2 * p0, words);
-        for (int64_t p = 0; p < pn; ++p) dst[(p0 + p) * nr + j] = words[p];
-      }
-    }
-  } else {  // op(B)(k, j) = B[k·ldb + j]: a pair interleaves rows k and k + 1 of B
-    for (int64_t p = 0; p < kc; ++p) {
-      const int64_t k = k0 + 2 * p;
-      if (k >= g.K) {  // the zero padding of the last group
-        std::fill(dst + p * nr, dst + p * nr + cols, 0u);
+    for (int64_t j = b * nr; j < e * nr; ++j) {
+      uint32_t* d = dst + j / nr * ps + j % nr;
+      if (j >= g.N) {  // columns past N
+        for (int64_t q = 0; q < kc; ++q) d[q * nr] = 0;
         continue;
       }
-      const S* lo = B + k * g.ldb + j0;
-      PairsAcrossRows(lo, k + 1 < g.K ? lo + g.ldb : nullptr, cols, dst + p * nr);
+      for (int64_t q1 = 0; q1 < kc; q1 += kRun / 2) {
+        const int64_t qn = std::min(kRun / 2, kc - q1);
+        PairsAlongRow(B + j * g.ldb + k0 + 2 * q1, qn, g.K - k0 - 2 * q1, words);
+        for (int64_t q = 0; q < qn; ++q) d[(q1 + q) * nr] = words[q];
+      }
+    }
+    if (chains)
+      for (int64_t p = b; p < e; ++p) ChainRows(dst + p * ps, kc, nr, nr);
+    return;
+  }
+  const int64_t lanes = hn::Lanes(DU()), n = np * nr;  // op(B)(k, j) = B[k·ldb + j]: a pair interleaves
+  for (int64_t q = b; q < e; ++q) {                      // rows k and k + 1 of B, made in registers
+    const int64_t k = k0 + 2 * q;
+    const S* lo = B + std::min(k, g.K - 1) * g.ldb;  // never past B (a k past K packs zeros)
+    const S* hi = k + 1 < g.K ? lo + g.ldb : nullptr;
+    for (int64_t j = 0; j < n; j += lanes) {  // nr is a multiple of the lanes
+      const size_t valid = k < g.K ? static_cast<size_t>(std::clamp<int64_t>(g.N - j, 0, lanes)) : 0;
+      hn::StoreU(PairAcross(lo + j, hi ? hi + j : nullptr, valid), DU(), dst + j / nr * ps + q * nr + j % nr);
     }
   }
-  for (int64_t p = 0; p < kc; ++p)
-    for (int64_t j = cols; j < nr; ++j) dst[p * nr + j] = 0;
-  if (chains) ChainRows(dst, kc, nr, nr);
+  if (chains)
+    for (int64_t p = 0; p < np; ++p) ChainRows(dst + p * ps + b * nr, e - b, nr, nr);
 }
 
 // Panels of op(A) pairs [q0, q0 + kc), `rows` rows each, at dst + p·PanelStride(kc, rows); rows past M and
-// a k past K are 0. Panel layout: word (q, r) at q·rows + r for VDPBF16PS and the emulation (chain words),
-// (r, q) at r·kc + q for AMX (its A tiles). Not transposed: panels [b, e), each row's pairs converted
-// along it. Transposed: pairs [b, e) of every panel (rows 2q, 2q + 1 of A, read once, start to end, as
-// gemm.cpp's PackA; b and e even where chain words are made).
+// a k past K are 0. Word (q, r) of a panel at AWord (chain words for VDPBF16PS and the emulation). Not
+// transposed: panels [b, e), each row's pairs converted along it. Transposed: pairs [b, e) of every panel
+// (rows 2q, 2q + 1 of A, read once, start to end, as gemm.cpp's PackA; b and e even where chain words are
+// made).
 template <typename S>
 void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, int64_t kc,
            uint32_t* HWY_RESTRICT dst) {
   const S* A = static_cast<const S*>(g.A);
   const int64_t rows = PanelRows(kernel), ps = PanelStride(kc, rows), k0 = 2 * q0, mp = ceil_div(g.M, rows);
-  const int64_t rs = kernel == Kernel::amx ? kc : 1, qs = kernel == Kernel::amx ? 1 : rows;  // word (q, r) at q·qs + r·rs
   if (g.ta) {  // op(A)(i, k) = A[k·lda + i]
     const int64_t kRows = kRun / rows * rows;  // rows of A converted at a time: whole panels
     uint32_t words[kRun];
@@ -165,9 +184,9 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
         if (k < g.K) PairsAcrossRows(lo + i0, k + 1 < g.K ? lo + g.lda + i0 : nullptr, valid, words);
         else std::fill(words, words + valid, 0u);  // the zero padding of the last group
         std::fill(words + valid, words + m, 0u);   // rows past M
-        uint32_t* d = dst + i0 / rows * ps + q * qs;
+        uint32_t* d = dst + i0 / rows * ps;
         for (int64_t p = 0; p < m / rows; ++p)
-          for (int64_t r = 0; r < rows; ++r) d[p * ps + r * rs] = words[p * rows + r];
+          for (int64_t r = 0; r < rows; ++r) d[p * ps + AWord(kernel, rows, q, r)] = words[p * rows + r];
       }
     }
     if (kernel != Kernel::amx)
@@ -182,10 +201,13 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
       for (int64_t q0r = 0; q0r < kc; q0r += kRun / 2) {
         const int64_t qn = std::min(kRun / 2, kc - q0r);
         PairsAlongRow(A + (p * rows + r) * g.lda + k0 + 2 * q0r, qn, g.K - k0 - 2 * q0r, words);
-        for (int64_t q = 0; q < qn; ++q) d[(q0r + q) * qs + r * rs] = words[q];
+        if (kernel == Kernel::amx)  // a group's pairs of a row lie together (q0r and qn multiples of 16)
+          for (int64_t q = 0; q < qn; q += kGroup) std::memcpy(d + AWord(kernel, rows, q0r + q, r), words + q, kGroup * 4);
+        else
+          for (int64_t q = 0; q < qn; ++q) d[AWord(kernel, rows, q0r + q, r)] = words[q];
       }
     for (int64_t r = valid; r < rows; ++r)
-      for (int64_t q = 0; q < kc; ++q) d[q * qs + r * rs] = 0;
+      for (int64_t q = 0; q < kc; ++q) d[AWord(kernel, rows, q, r)] = 0;
     if (kernel != Kernel::amx) ChainRows(d, kc, rows, rows);
   }
 }
@@ -254,10 +276,11 @@ class Tiles {
 };
 
 // C (32, 32) = C0 + A (32 rows, kc pairs) · B (kc pairs, 32), C0 = 0 where `zero`, else C. ap: the AMX A
-// panel (word (r, q) at r·kc + q), bp: the B panel (word (q, j) at q·32 + j). One TDPBF16PS per tile and
-// group: E, O and C + (E + O) in the hardware.
+// panel (AWord), bp: two B panels of 16 columns, (kc, 16) words each, one after the other. One TDPBF16PS
+// per tile and group: E, O and C + (E + O) in the hardware. Every operand tile is 1 KB in one piece.
 HWY_NOINLINE void MicroAmx(const uint32_t* ap, const uint32_t* bp, int64_t kc, float* c, int64_t ldc, bool zero) {
-  const int64_t cs = ldc * 4, as = kc * 4, bs = kAmx * 4;  // row strides in bytes
+  constexpr int64_t kTile = 16 * kGroup;  // words of an operand tile
+  const int64_t cs = ldc * 4, ts = kGroup * 4;  // row strides in bytes: C, operand tiles
   float* c1 = c + 16 * ldc;
   if (zero) asm volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory");
   else
@@ -267,14 +290,14 @@ HWY_NOINLINE void MicroAmx(const uint32_t* ap, const uint32_t* bp, int64_t kc, f
         "r"(c + 16), "r"(cs), "r"(c1), "r"(c1 + 16)
         : "memory");
   for (int64_t q = 0; q < kc; q += kGroup) {
-    const uint32_t* a = ap + q;
-    const uint32_t* b = bp + q * kAmx;
+    const uint32_t* a = ap + q * kAmx;  // group q / 16: rows 0-15, then 16-31
+    const uint32_t* b = bp + q * 16;     // of the first panel; the second's kc·16 words on
     asm volatile(
         "tileloadd (%0,%2,1), %%tmm4\n\ttileloadd (%1,%2,1), %%tmm5\n\t"
-        "tileloadd (%3,%5,1), %%tmm6\n\ttileloadd (%4,%5,1), %%tmm7\n\t"
+        "tileloadd (%3,%2,1), %%tmm6\n\ttileloadd (%4,%2,1), %%tmm7\n\t"
         "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
         "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\ttdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a),
-        "r"(a + 16 * kc), "r"(as), "r"(b), "r"(b + 16), "r"(bs)
+        "r"(a + kTile), "r"(ts), "r"(b), "r"(b + 16 * kc)
         : "memory");
   }
   asm volatile(
@@ -287,13 +310,24 @@ HWY_NOINLINE void MicroAmx(const uint32_t* ap, const uint32_t* bp, int64_t kc, f
 struct Tiles {};  // no AMX on this target
 #endif
 
+// AMX's K block: its tiles stream from L2 (a 32-row A panel of 2 KB per group outruns L1 after 20
+// groups, and each group's four tile loads then come from L1 or L2 alike at this rate), so K blocks are cut
+// to keep a 32-row A panel in a 32nd of L2 (kc 512 pairs at 2 MiB): fewer loads and stores of C's tiles,
+// one per K block. An Intel Xeon (2 MiB L2), 1 thread: kc 96 (L1's rule) -> 512 took 4096x512x512 NT from
+// 154 to 210 GFLOP/s, 768x128x512 NT from 143 to 170; 2048³ the same for kc 128 to 2048.
+Tuning AmxBlocking() {
+  Tuning t;
+  t.gemm_kc = std::clamp<int64_t>(cpu_info().l2 / 32 / (kAmx * 4) / kGroup * kGroup, 64, 1024);
+  return t;
+}
+
 Kernel Choose() {
   if constexpr (kDpTarget)
     if (cpu_info().amx) return Kernel::amx;
   return UseDp() ? Kernel::dp : Kernel::emu;
 }
 
-// One block of C (rows x cols of it at c) on `kernel`'s microkernel, nr = PanelCols(kernel).
+// One block of C (rows x cols of it at c) on `kernel`'s microkernel, B panels PanelCols(kernel) wide.
 HWY_INLINE void Block(Kernel kernel, const uint32_t* a, const uint32_t* b, int64_t kc, float* c, int64_t ldc,
                       int64_t rows, int64_t cols, bool zero) {
 #if ATTN_AVX512_TARGET(HWY_TARGET)
@@ -310,12 +344,13 @@ HWY_INLINE void Block(Kernel kernel, const uint32_t* a, const uint32_t* b, int64
 void GemmBf16(const Bf16Args& g) {
   const Kernel kernel = Choose();
   const int64_t M = g.M, N = g.N, K2 = ceil_div(ceil_div(g.K, 2), kGroup) * kGroup;  // K2: pairs, whole groups
-  const int64_t mr = PanelRows(kernel), nr = PanelCols(kernel);
-  Blocking bl = blocking(M, N, K2, mr, nr, sizeof(uint32_t), nullptr);
+  const int64_t mr = PanelRows(kernel), nr = BlockCols(kernel), pr = PanelCols(kernel);
+  const Tuning amx = AmxBlocking();
+  Blocking bl = blocking(M, N, K2, mr, nr, sizeof(uint32_t), kernel == Kernel::amx ? &amx : nullptr);
   bl.kc = ceil_div(bl.kc, kGroup) * kGroup;
-  const int64_t mp = ceil_div(M, mr), np = ceil_div(N, nr);  // panels of A and of B
+  const int64_t mp = ceil_div(M, mr), np = ceil_div(N, nr) * (nr / pr);  // panels of A and of B
   auto* ap = static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc, mr)) * 4));
-  auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * 4));  // (np, kc, nr)
+  auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * pr * bl.kc) * 4));  // (np, kc, pr)
   const auto pack_a = g.a16 ? PackA<uint16_t> : PackA<float>;
   const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
   const bool chains = kernel != Kernel::amx;
@@ -324,9 +359,12 @@ void GemmBf16(const Bf16Args& g) {
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
     const int64_t kc = std::min(bl.kc, K2 - q0);
     const bool zero = q0 == 0 && g.beta == 0.f;
-    parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
-      for (int64_t p = b; p < e; ++p) pack_b(g, p * nr, q0, kc, nr, chains, bp + p * nr * kc);
-    });
+    if (g.tb)
+      parallel_for(np, grain_for(kc * pr), [&](int64_t b, int64_t e, int) { pack_b(g, np, b, e, q0, kc, pr, chains, bp); });
+    else  // chunks of pairs of pairs: rows of B
+      parallel_for(kc / 2, grain_for(4 * N), [&](int64_t b, int64_t e, int) {
+        pack_b(g, np, 2 * b, 2 * e, q0, kc, pr, chains, bp);
+      });
     if (g.ta)  // chunks of pairs of pairs: rows of A (see PackA)
       parallel_for(kc / 2, grain_for(4 * M), [&](int64_t b, int64_t e, int) {
         pack_a(g, kernel, 2 * b, 2 * e, q0, kc, ap);
@@ -358,7 +396,7 @@ std::string DescribeBf16() {
                     : kernel == Kernel::dp ? "VDPBF16PS, "
                                            : "emulated with FMA (no AVX512_BF16), ";
   return how + std::string(hwy::TargetName(HWY_TARGET)) + " " + std::to_string(PanelRows(kernel)) + "x" +
-         std::to_string(PanelCols(kernel));
+         std::to_string(BlockCols(kernel));
 }
 
 }  // namespace attn::gemm_detail::HWY_NAMESPACE

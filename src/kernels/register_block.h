@@ -11,6 +11,8 @@
 // whatever the caller put in it. The block size, the strides, the row clamp and the SIMD width (each
 // lane is its own element) decide who computes an element and when, never its value. DpBlock is the
 // same loop over bf16 pairs (gemm_bf16.cpp's microkernel and the bf16 flash tile products).
+#include <algorithm>
+
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
 #include "attn/cpu.h"                // cpu_info: whether the CPU has AVX512_BF16
 
@@ -175,6 +177,61 @@ HWY_INLINE void DpBlock(D d, hn::Vec<D> (&acc)[MR][NV], ARows<uint32_t> A, int64
       }
     }
   }
+}
+
+// ---- bf16 pairs (pairs.h's layout) in registers: the operands of DpBlock, made from fp32 or bf16 ----
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using DU = hn::RebindToUnsigned<DF>;
+using VU = hn::Vec<DU>;
+
+// x rounded to bf16 in each lane's high half: bits + 0x7FFF + (bit 16) rounds to nearest even; a NaN is
+// truncated instead (the carry could turn it into an infinity), keeping it NaN with its quiet bit. The one
+// fp32 -> bf16 rounding of attn: to_half (flash_decode.cpp), the bf16 GEMM's packing and the bf16 flash's P run it.
+HWY_INLINE VU RoundedBf16(VF x) {
+  const DU du;
+  const VU bits = hn::BitCast(du, x);
+  const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u))));
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), bits, rounded);
+}
+
+// The N pair words of 2N consecutive floats, a then b: word q = bf16(element 2q) | bf16(element 2q + 1) << 16.
+HWY_INLINE VU PairWords(VF a, VF b) {
+  const DU du;
+#if HWY_TARGET == HWY_SCALAR
+  return hn::Set(du, hn::GetLane(hn::ShiftRight<16>(RoundedBf16(a))) | (hn::GetLane(RoundedBf16(b)) & 0xFFFF0000u));
+#else
+  const hn::Repartition<uint16_t, DF> d16;  // the odd halves of each lane are the bf16 values, in order
+  return hn::BitCast(du, hn::ConcatOdd(d16, hn::BitCast(d16, RoundedBf16(b)), hn::BitCast(d16, RoundedBf16(a))));
+#endif
+}
+
+// The N pair words of two rows where k runs across them: word j = bf16(lo[j]) | bf16(hi[j]) << 16.
+HWY_INLINE VU PairAcross(VF lo, VF hi) {
+  const DU du;
+  return hn::Or(hn::ShiftRight<16>(RoundedBf16(lo)), hn::And(RoundedBf16(hi), hn::Set(du, 0xFFFF0000u)));
+}
+
+// The first n <= Lanes(d) elements at p, 0 past them; nothing past p + n is read.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> LoadFirst(D d, const T* HWY_RESTRICT p, size_t n) {
+  if (n == hn::Lanes(d)) return hn::LoadU(d, p);
+  HWY_ALIGN T part[hn::MaxLanes(d)] = {};
+  std::copy(p, p + n, part);
+  return hn::Load(d, part);
+}
+
+// The same from memory: word j = pair of lo[j] and hi[j] for the first n <= N elements (fp32 rounded, bf16
+// as is), 0 past n; hi null: a zero row.
+HWY_INLINE VU PairAcross(const uint16_t* HWY_RESTRICT lo, const uint16_t* HWY_RESTRICT hi, size_t n) {
+  const DU du;
+  const hn::Rebind<uint16_t, DU> d16;
+  const VU low = hn::PromoteTo(du, LoadFirst(d16, lo, n));
+  return hi ? hn::Or(low, hn::ShiftLeft<16>(hn::PromoteTo(du, LoadFirst(d16, hi, n)))) : low;
+}
+HWY_INLINE VU PairAcross(const float* HWY_RESTRICT lo, const float* HWY_RESTRICT hi, size_t n) {
+  const DF df;
+  return PairAcross(LoadFirst(df, lo, n), hi ? LoadFirst(df, hi, n) : hn::Zero(df));
 }
 
 }  // namespace attn::regblock::HWY_NAMESPACE
