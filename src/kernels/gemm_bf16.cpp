@@ -71,7 +71,9 @@ using regblock::HWY_NAMESPACE::DpBlock;
 using regblock::HWY_NAMESPACE::ForBlock;
 using regblock::HWY_NAMESPACE::DU;
 using regblock::HWY_NAMESPACE::kDpTarget;
+using regblock::HWY_NAMESPACE::LoadFirst;
 using regblock::HWY_NAMESPACE::PairAcross;
+using regblock::HWY_NAMESPACE::PairWords;
 using regblock::HWY_NAMESPACE::UseDp;
 using namespace attn::pairs;
 
@@ -118,6 +120,35 @@ inline void ChainRows(uint32_t* HWY_RESTRICT p, int64_t rows, int64_t stride, in
       r1[j] = (w0 & 0xFFFF0000u) | (w1 >> 16);
     }
   }
+}
+
+// words[j] = the pair of lo[j] and hi[j] (PairAcross) for j < valid, 0 for valid <= j < n (hi null: a zero
+// row); n <= kRun, words kRun long.
+template <typename S>
+void AcrossRows(const S* HWY_RESTRICT lo, const S* HWY_RESTRICT hi, int64_t valid, int64_t n, uint32_t* HWY_RESTRICT words) {
+  const int64_t lanes = hn::Lanes(DU());
+  for (int64_t j = 0; j < n; j += lanes) {  // kRun is a multiple of the lanes: the last store stays in words
+    const size_t v = static_cast<size_t>(std::clamp<int64_t>(valid - j, 0, lanes));
+    hn::StoreU(PairAcross(lo + j, hi ? hi + j : nullptr, v), DU(), words + j);
+  }
+}
+
+// The 16 pair words of one group of a row along k, x[0, 32) of which the first `valid` (any count) count
+// and the rest are 0: word q = bf16(x[2q]) | bf16(x[2q + 1]) << 16.
+HWY_INLINE void GroupWords(const float* HWY_RESTRICT x, int64_t valid, uint32_t* HWY_RESTRICT out) {
+  const DF df;
+  const int64_t lanes = hn::Lanes(df);
+  for (int64_t w = 0; w < kGroup; w += lanes) {  // words [w, w + lanes): elements [2w, 2w + 2·lanes)
+    const auto part = [&](int64_t at) {
+      return LoadFirst(df, x + at, static_cast<size_t>(std::clamp<int64_t>(valid - at, 0, lanes)));
+    };
+    hn::StoreU(PairWords(part(2 * w), part(2 * w + lanes)), DU(), out + w);
+  }
+}
+HWY_INLINE void GroupWords(const uint16_t* HWY_RESTRICT x, int64_t valid, uint32_t* HWY_RESTRICT out) {
+  const int64_t n = std::clamp<int64_t>(valid, 0, 2 * kGroup);  // bf16 pairs are the words, little-endian
+  std::memcpy(out, x, static_cast<size_t>(n) * 2);
+  std::memset(reinterpret_cast<uint16_t*>(out) + n, 0, static_cast<size_t>(2 * kGroup - n) * 2);
 }
 
 // The np B panels of op(B) pairs [q0, q0 + kc), panel p columns [p·nr, (p + 1)·nr) as (kc, nr) words at
@@ -181,9 +212,7 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
       const S* lo = A + std::min(k, g.K - 1) * g.lda;  // never past A (a k past K packs zeros)
       for (int64_t i0 = 0; i0 < mp * rows; i0 += kRows) {
         const int64_t m = std::min(kRows, mp * rows - i0), valid = std::min(m, g.M - i0);
-        if (k < g.K) PairsAcrossRows(lo + i0, k + 1 < g.K ? lo + g.lda + i0 : nullptr, valid, words);
-        else std::fill(words, words + valid, 0u);  // the zero padding of the last group
-        std::fill(words + valid, words + m, 0u);   // rows past M
+        AcrossRows(lo + i0, k + 1 < g.K ? lo + g.lda + i0 : nullptr, k < g.K ? valid : 0, m, words);
         uint32_t* d = dst + i0 / rows * ps;
         for (int64_t p = 0; p < m / rows; ++p)
           for (int64_t r = 0; r < rows; ++r) d[p * ps + AWord(kernel, rows, q, r)] = words[p * rows + r];
@@ -197,15 +226,18 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
   for (int64_t p = b; p < e; ++p) {  // op(A)(i, k) = A[i·lda + k]
     uint32_t* d = dst + p * ps;
     const int64_t valid = std::min<int64_t>(rows, g.M - p * rows);
-    for (int64_t r = 0; r < valid; ++r)
+    for (int64_t r = 0; r < valid; ++r) {
+      const S* row = A + (p * rows + r) * g.lda + k0;
+      if (kernel == Kernel::amx) {  // a group's pairs of a row lie together: made in registers
+        for (int64_t q = 0; q < kc; q += kGroup) GroupWords(row + 2 * q, g.K - k0 - 2 * q, d + AWord(kernel, rows, q, r));
+        continue;
+      }
       for (int64_t q0r = 0; q0r < kc; q0r += kRun / 2) {
         const int64_t qn = std::min(kRun / 2, kc - q0r);
-        PairsAlongRow(A + (p * rows + r) * g.lda + k0 + 2 * q0r, qn, g.K - k0 - 2 * q0r, words);
-        if (kernel == Kernel::amx)  // a group's pairs of a row lie together (q0r and qn multiples of 16)
-          for (int64_t q = 0; q < qn; q += kGroup) std::memcpy(d + AWord(kernel, rows, q0r + q, r), words + q, kGroup * 4);
-        else
-          for (int64_t q = 0; q < qn; ++q) d[AWord(kernel, rows, q0r + q, r)] = words[q];
+        PairsAlongRow(row + 2 * q0r, qn, g.K - k0 - 2 * q0r, words);
+        for (int64_t q = 0; q < qn; ++q) d[AWord(kernel, rows, q0r + q, r)] = words[q];
       }
+    }
     for (int64_t r = valid; r < rows; ++r)
       for (int64_t q = 0; q < kc; ++q) d[AWord(kernel, rows, q, r)] = 0;
     if (kernel != Kernel::amx) ChainRows(d, kc, rows, rows);
