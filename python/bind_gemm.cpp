@@ -1,7 +1,7 @@
 // Python binding of attn's GEMM: gemm(a, b, c, ...) writes c = alpha·op(a)·op(b) + beta·c in place, on
 // numpy float32/float64 arrays read through their strides (rows may be strided, columns must be unit
 // stride); gemm_bf16(a, b, c, ...) the bf16 product (a, b: float32, or uint16/int16 holding bf16 bits,
-// as torch's bfloat16 tensors viewed as int16; c float32); gemm_kernel() names what runs. For benchmarks against torch.mm and for tests; not an
+// as torch's bfloat16 tensors viewed as int16; c float32, or bf16 bits); gemm_kernel() names what runs. For benchmarks against torch.mm and for tests; not an
 // autograd op and no broadcasting.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -64,17 +64,23 @@ Bf16Operand bf16_operand(py::array& x, const char* name) {
 
 void gemm_bf16_arrays(py::array a, py::array b, py::array c, bool ta, bool tb, double beta) {
   const Bf16Operand A = bf16_operand(a, "a"), B = bf16_operand(b, "b");
-  View<float> C = py_util::view_of<float>(c, "c");
+  const bool c16 = c.dtype().is(py::dtype::of<uint16_t>()) || c.dtype().is(py::dtype::of<int16_t>());
+  if (c16) c = c.attr("view")("uint16").cast<py::array>();
+  View<float> C = c16 ? View<float>{} : py_util::view_of<float>(c, "c");
+  View<uint16_t> C16 = c16 ? py_util::view_of<uint16_t>(c, "c") : View<uint16_t>{};
+  const Shape& cs = c16 ? C16.shape : C.shape;
   int64_t M, N, K;
-  check_shapes(A.shape(), B.shape(), C.shape, ta, tb, &M, &N, &K);
-  ATTN_CHECK(A.unit_cols() && B.unit_cols() && C.stride(1) == 1,
+  check_shapes(A.shape(), B.shape(), cs, ta, tb, &M, &N, &K);
+  ATTN_CHECK(A.unit_cols() && B.unit_cols() && (c16 ? C16.stride(1) : C.stride(1)) == 1,
              "Expected unit column strides for gemm_bf16, but got a, b and c of shapes ", to_string(A.shape()), ", ",
-             to_string(B.shape()), " and ", to_string(C.shape), " with a strided column instead");
+             to_string(B.shape()), " and ", to_string(cs), " with a strided column instead");
   ATTN_CHECK(!A.half || B.half,
              "Expected a and b both float32, both bf16 bits, or a float32 and b bf16, but got a bf16 and b float32 "
              "instead");
+  ATTN_CHECK(!c16 || A.half, "Expected bf16 bits for a and b with a bf16 c, but got a float32 a instead");
   py::gil_scoped_release nogil;
   const float bt = static_cast<float>(beta);
+  if (c16) return gemm_bf16(ta, tb, M, N, K, A.h.data, A.ld(), B.h.data, B.ld(), bt, C16.data, C16.stride(0));
   if (A.half) gemm_bf16(ta, tb, M, N, K, A.h.data, A.ld(), B.h.data, B.ld(), bt, C.data, C.stride(0));
   else if (B.half) gemm_bf16(ta, tb, M, N, K, A.f.data, A.ld(), B.h.data, B.ld(), bt, C.data, C.stride(0));
   else gemm_bf16(ta, tb, M, N, K, A.f.data, A.ld(), B.f.data, B.ld(), bt, C.data, C.stride(0));
@@ -96,6 +102,7 @@ void bind_gemm(py::module_& m) {
   m.def("gemm_bf16", &gemm_bf16_arrays, py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
         py::arg("trans_b") = false, py::arg("beta") = 0.0,
         "c = op(a) @ op(b) + beta * c in place, bf16 products with fp32 sums (AMX's arithmetic, in groups of 32 k; "
-        "the same bits on every CPU); a, b float32 or bf16 bits as uint16/int16; c float32.");
+        "the same bits on every CPU); a, b float32 or bf16 bits as uint16/int16; c float32, or bf16 bits "
+        "(uint16/int16, with bf16 a and b): the fp32 result rounded once.");
   m.def("gemm_kernel", &gemm_kernel, "Which GEMM kernel runs: backend, SIMD target, register block.");
 }

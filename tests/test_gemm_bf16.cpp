@@ -218,7 +218,34 @@ TEST(GemmBf16, NothingToMultiplyScalesCAndEmptyOutputsAreNoOps) {
   EXPECT_TRUE(std::isnan(c[2]));
   gemm_bf16(false, false, 2, 2, 0, &one, 1, &one, 2, 0.f, c.data(), 2);  // beta 0: C not read
   EXPECT_EQ(c[2], 0.f);
-  gemm_bf16(false, false, 0, 2, 3, &one, 3, &one, 2, 0.f, nullptr, 2);
+  gemm_bf16(false, false, 0, 2, 3, &one, 3, &one, 2, 0.f, static_cast<float*>(nullptr), 2);
+}
+
+// A bf16 C is the fp32 C of the same product from C widened, rounded once to nearest even: beta 0 (C not
+// read: NaN there stays out), beta 1 and 0.75, a row stride past N (the columns between never written).
+TEST(GemmBf16, Bf16OutputIsTheFp32ResultRoundedOnce) {
+  const int64_t M = 37, N = 45, K = 70, ldc = N + 3;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> a32(M * K), b32(K * N), c32(M * ldc);
+  for (float& x : a32) x = nd(rng);
+  for (float& x : b32) x = nd(rng);
+  for (float& x : c32) x = nd(rng) * 8.f;
+  const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32), c0 = to_bf16(c32);
+  for (const float beta : {0.f, 1.f, 0.75f}) {
+    std::vector<uint16_t> c16 = c0;
+    if (beta == 0.f)
+      for (int64_t i = 0; i < M; ++i) c16[i * ldc] = 0x7FC0;  // NaN: must not reach the result
+    gemm_bf16(false, true, M, N, K, a.data(), K, b.data(), K, beta, c16.data(), ldc);
+    std::vector<float> want(M * ldc);
+    from_half(KvDtype::bf16, c0.data(), M * ldc, want.data());
+    gemm_bf16(false, true, M, N, K, a.data(), K, b.data(), K, beta, want.data(), ldc);
+    const std::vector<uint16_t> rounded = to_bf16(want);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < ldc; ++j)
+        ASSERT_EQ(c16[i * ldc + j], j < N ? rounded[i * ldc + j] : c0[i * ldc + j])
+            << "beta " << beta << " at " << i << "," << j;
+  }
 }
 
 // Autocast(bf16): linear and linear_backward run gemm_bf16 on this thread while it is alive, and f32

@@ -17,11 +17,12 @@
 //   (ChainRows), so one VDPBF16PS is two steps of one chain and a group is 8 on E, 8 on O.
 // - Its emulation everywhere else: the same words widened to fp32 and two FMAs, under MXCSR's DAZ/FTZ.
 // Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides who computes an element, never
-// its value (C carries the chain from one K block to the next). No bf16 output.
+// its value (C carries the chain from one K block to the next). A bf16 C: the fp32 result rounded once.
 #include "attn/gemm.h"
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attn/check.h"
 #include "attn/threads.h"
@@ -466,6 +467,15 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,
                int64_t ldb, float beta, float* C, int64_t ldc) {
   gemm_detail::run_bf16({ta, tb, M, N, K, A, false, lda, B, true, ldb, beta, C, ldc});
+}
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B,
+               int64_t ldb, float beta, uint16_t* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  std::vector<float> c(static_cast<size_t>(M * N));  // the fp32 C of the products, rounded once at the end
+  if (beta != 0.f)
+    for (int64_t i = 0; i < M; ++i) from_half(KvDtype::bf16, C + i * ldc, N, c.data() + i * N);
+  gemm_detail::run_bf16({ta, tb, M, N, K, A, true, lda, B, true, ldb, beta, c.data(), N});
+  for (int64_t i = 0; i < M; ++i) to_half(KvDtype::bf16, c.data() + i * N, N, C + i * ldc);
 }
 
 }  // namespace attn

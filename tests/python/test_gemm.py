@@ -46,3 +46,22 @@ def test_gemm_bf16_errors_name_the_shapes_and_the_dtypes():
         attn.gemm_bf16(a.view(np.int32).astype(np.int16), np.zeros((5, 3), np.float32), np.zeros((4, 3), np.float32))
     with pytest.raises(attn.AttnError, match="dtype float32"):
         attn.gemm_bf16(a, np.zeros((5, 3), np.float32), np.zeros((4, 3), np.float64))
+    with pytest.raises(attn.AttnError, match="bf16 c, but got a float32 a"):
+        attn.gemm_bf16(a, np.zeros((5, 3), np.float32), np.zeros((4, 3), np.int16))
+
+
+def test_gemm_bf16_with_a_bf16_c_rounds_the_fp32_result_once_and_tracks_torch_mm():
+    rng = np.random.default_rng(2)
+    a16 = torch.from_numpy(rng.standard_normal((40, 96), dtype=np.float32)).to(torch.bfloat16)
+    b16 = torch.from_numpy(rng.standard_normal((50, 96), dtype=np.float32)).to(torch.bfloat16)  # op(b) = bᵀ
+    c16 = torch.from_numpy(rng.standard_normal((40, 50), dtype=np.float32)).to(torch.bfloat16)
+    bits = lambda t: t.view(torch.int16).numpy()
+    out16 = bits(c16).copy()
+    attn.gemm_bf16(bits(a16), bits(b16), out16, trans_b=True, beta=0.5)
+    out32 = c16.float().numpy().copy()  # the same product into fp32 C, from C widened
+    attn.gemm_bf16(bits(a16), bits(b16), out32, trans_b=True, beta=0.5)
+    assert out16.tobytes() == bits(torch.from_numpy(out32).to(torch.bfloat16)).tobytes()
+    # torch.mm on bfloat16 tensors (its own summation order): within a bf16 rounding of each other
+    want = (a16 @ b16.t() + 0.5 * c16).float()
+    got = torch.from_numpy(out16).view(torch.bfloat16).float()
+    assert (got - want).abs().le(2.0**-7 * want.abs() + 1e-2).all()
