@@ -16,7 +16,9 @@
 #include "attn/check.h"
 #include "attn/cpu.h"
 #include "attn/gemm.h"
+#include "attn/gemv.h"
 #include "attn/kernels/half_kv.h"
+#include "attn/nn.h"
 #include "attn/simd.h"
 #include "attn/threads.h"
 #include "test_util.h"
@@ -292,6 +294,37 @@ TEST(GemmBf16, AutocastSendsLinearAndItsBackwardThroughGemmBf16) {
     FAIL() << "fp16 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'fp16'"), std::string::npos) << e.what();
+  }
+}
+
+// A pretrained Linear (given weights) multiplies in the Autocast's precision in either weight layout: GPT-2's
+// (in, out) Conv1D weights once took gemm() directly and stayed fp32 under --dtype bf16.
+TEST(GemmBf16, AutocastReachesAPretrainedLinearOfEitherLayout) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  const int64_t N = kGemvRows + 9, in = 40, out = 24;  // past linear_rows' few rows: the GEMM
+  Tensor x({N, in}), w_oi({out, in}), bias({out});
+  for (Tensor* t : {&x, &w_oi, &bias})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = nd(rng);
+  Tensor w_io({in, out});  // the same matrix transposed
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) w_io.data()[i * out + o] = w_oi.data()[o * in + i];
+  std::vector<float> want(N * out);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t c = 0; c < out; ++c) want[r * out + c] = bias.data()[c];
+  gemm_bf16(false, true, N, out, in, x.data(), in, w_oi.data(), in, 1.f, want.data(), out);
+  for (const WeightLayout layout : {WeightLayout::out_in, WeightLayout::in_out}) {
+    Linear lin(Tensor::copy_of((layout == WeightLayout::in_out ? w_io : w_oi).view()), Tensor::copy_of(bias.view()),
+               layout);
+    Tensor y16, y32 = lin.forward(x.view());
+    {
+      const Autocast bf16(Precision::bf16);
+      y16 = lin.forward(x.view());
+    }
+    for (int64_t i = 0; i < N * out; ++i)
+      ASSERT_EQ(to_bits(y16.data()[i]), to_bits(want[i])) << (layout == WeightLayout::in_out ? "in_out" : "out_in")
+                                                         << " at " << i;
+    EXPECT_NE(std::vector<float>(y32.data(), y32.data() + N * out), want);  // fp32 outside the scope
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "attn/gemv.h"  // WeightLayout
 #include "attn/precision.h"
 #include "attn/tensor.h"
 
@@ -53,9 +54,11 @@ std::string gemm_kernel();
 void check_bf16_native();
 
 // y (N, out) = x (N, in) · Wᵀ (in, out) + bias (out): torch.nn.functional.linear. x and y may have
-// any row stride (a column slice of a wider matrix) but unit column stride; bias may be empty.
+// any row stride (a column slice of a wider matrix) but unit column stride; bias may be empty. W (out, in),
+// or (in, out) read in place with WeightLayout::in_out (GPT-2's Conv1D): y = x · W + bias.
 template <typename T>
-void linear(View<const T> x, View<const T> weight, View<const T> bias, View<T> y);
+void linear(View<const T> x, View<const T> weight, View<const T> bias, View<T> y,
+            WeightLayout layout = WeightLayout::out_in);
 
 // Backward of linear: dx (N, in) = dy · W (overwritten; skipped if empty), dw (out, in) += dyᵀ · x,
 // db (out) += column sums of dy (skipped if empty). Rows of x, dy and dx may be strided.

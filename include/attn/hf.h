@@ -60,9 +60,10 @@ struct BertConfig {
 class PretrainedModel {
  public:
   virtual ~PretrainedModel() = default;
-  // What its matmuls multiply in (gemm.h Precision: an Autocast around each forward); sums, weights,
-  // norms and attention stay fp32, and so do the few-row products of a decode step (gemv.h's
-  // linear_rows: bandwidth-bound, they read the fp32 weights either way).
+  // What its matmuls multiply in (gemm.h Precision: an Autocast around each forward: every Linear of either
+  // weight layout, and sdpa's flash products); sums, weights, norms and the softmax stay fp32, and so do
+  // the few-row products of a decode step (gemv.h's linear_rows: bandwidth-bound, they read the fp32
+  // weights either way).
   Precision precision = Precision::f32;
   virtual std::string architecture() const = 0;
   virtual int64_t hidden_size() const = 0;  // E

@@ -332,10 +332,12 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
 }
 
 template <typename T>
-void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
-  const int64_t n = x.size(0), in = x.size(1), out = w.size(0);
-  ATTN_CHECK(x.rank() == 2 && w.rank() == 2 && w.size(1) == in, "Expected weight of shape (out, ", in,
-             ") for input ", to_string(x.shape), ", but got ", to_string(w.shape), " instead");
+void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y, WeightLayout layout) {
+  const bool io = layout == WeightLayout::in_out;  // W (in, out): op(W) = W, read as (K, N) in place
+  const int64_t n = x.size(0), in = x.size(1), out = w.size(io ? 1 : 0);
+  ATTN_CHECK(x.rank() == 2 && w.rank() == 2 && w.size(io ? 0 : 1) == in, "Expected weight of shape ",
+             io ? "(" + std::to_string(in) + ", out)" : "(out, " + std::to_string(in) + ")", " for input ",
+             to_string(x.shape), ", but got ", to_string(w.shape), " instead");
   ATTN_CHECK(y.rank() == 2 && y.size(0) == n && y.size(1) == out, "Expected output of shape ",
              to_string({n, out}), ", but got ", to_string(y.shape), " instead");
   ATTN_CHECK(bias.empty() || bias.shape == Shape{out}, "Expected bias of shape ", to_string({out}),
@@ -351,10 +353,11 @@ void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y) {
       for (int64_t c = 0; c < out; ++c) y.data[r * ys + c] = bias.data[c * bs];
     beta = 1;
   }
+  const int64_t ldw = io ? out : in;
   if constexpr (std::is_same_v<T, float>)
     if (matmul_precision() == Precision::bf16)
-      return gemm_bf16(false, true, n, out, in, x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
-  gemm(false, true, n, out, in, T(1), x.data, x.stride(0), w.data, in, beta, y.data, y.stride(0));
+      return gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
+  gemm(false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
 }
 
 void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,
@@ -389,8 +392,8 @@ void linear_backward(View<const float> x, View<const float> w, View<const float>
     }
 }
 
-template void linear(View<const float>, View<const float>, View<const float>, View<float>);
-template void linear(View<const double>, View<const double>, View<const double>, View<double>);
+template void linear(View<const float>, View<const float>, View<const float>, View<float>, WeightLayout);
+template void linear(View<const double>, View<const double>, View<const double>, View<double>, WeightLayout);
 
 }  // namespace attn
 #endif  // HWY_ONCE

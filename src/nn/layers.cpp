@@ -114,16 +114,8 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
   const int64_t n = rows.size(0);
   const View<const float> b = bias.data() ? bias.view() : View<const float>{};
   View<float> yr = y.view().reshape({n, out});
-  if (given_ && n <= kGemvRows) {
-    linear_rows(rows, weight.view(), layout, b, yr);
-  } else if (io) {  // y = bias; y += x · W (in, out): gemm reads W as (K, N) in place
-    for (int64_t r = 0; r < n && b.data; ++r) std::copy_n(b.data, out, yr.data + r * yr.stride(0));
-    if (n > 0)
-      gemm(false, false, n, out, in, 1.0f, rows.data, rows.stride(0), weight.data(), out, b.data ? 1.0f : 0.0f,
-           yr.data, yr.stride(0));
-  } else {
-    linear<float>(rows, weight.view(), b, yr);
-  }
+  if (given_ && n <= kGemvRows) linear_rows(rows, weight.view(), layout, b, yr);
+  else linear<float>(rows, weight.view(), b, yr, layout);  // a bf16 Autocast's matmuls too, either layout
   return y;
 }
 
