@@ -7,6 +7,9 @@
 
 #include "attn/gemm.h"
 #include "attn/gemv.h"
+#include "attn/kernels/half_kv.h"
+#include "attn/nn.h"
+#include "attn/precision.h"
 #include "attn/rng.h"
 #include "attn/threads.h"
 
@@ -64,6 +67,47 @@ TEST(LinearRows, OutInIsADotProductWithinTheFloat32Bound) {
       }
   Tensor x({2, 5}), w({4, 6}), y({2, 4});
   EXPECT_THROW(linear_rows(x.view(), w.view(), WeightLayout::out_in, {}, y.view()), Error);
+}
+
+// A weight of bf16 bits reads as the fp32 weight it widens to, bit for bit, in both layouts (vector body,
+// lane tails, K tails); and a Linear with use_bf16_weights() takes it under a bf16 Autocast only: few rows
+// through linear_rows, many through gemm_bf16 with the bits of rounding the fp32 weight in the product.
+TEST(LinearRows, Bf16WeightsReadAsTheirWidenedFp32) {
+  Rng rng(13);
+  for (const WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in})
+    for (int64_t M : {1, 3})
+      for (int64_t K : {1, 17, 100})
+        for (int64_t N : {1, 15, 33}) {
+          const bool io = layout == WeightLayout::in_out;
+          Tensor x = random({M, K}, rng), w = random(io ? Shape{K, N} : Shape{N, K}, rng), b = random({N}, rng);
+          std::vector<uint16_t> w16(size_t(w.numel()));
+          to_half(KvDtype::bf16, w.data(), w.numel(), w16.data());
+          Tensor wide(w.shape());
+          from_half(KvDtype::bf16, w16.data(), w.numel(), wide.data());
+          Tensor want({M, N}), got({M, N});
+          linear_rows(x.view(), wide.view(), layout, b.view(), want.view());
+          linear_rows(x.view(), View<const uint16_t>(w16.data(), w.shape()), layout, b.view(), got.view());
+          ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * size_t(M * N)), 0)
+              << (io ? "in_out " : "out_in ") << M << " " << K << " " << N;
+        }
+  const int64_t in = 40, out = 24;
+  Tensor w = random({out, in}, rng), b = random({out}, rng);
+  Linear plain(Tensor::copy_of(w.view()), Tensor::copy_of(b.view())), bf16(Tensor::copy_of(w.view()), Tensor::copy_of(b.view()));
+  bf16.use_bf16_weights();
+  std::vector<uint16_t> w16(size_t(w.numel()));
+  to_half(KvDtype::bf16, w.data(), w.numel(), w16.data());
+  Tensor wide(w.shape());
+  from_half(KvDtype::bf16, w16.data(), w.numel(), wide.data());
+  for (const int64_t n : {kGemvRows, kGemvRows + 5}) {
+    Tensor x = random({n, in}, rng);
+    auto same = [&](const Tensor& a, const Tensor& c) { return std::memcmp(a.data(), c.data(), sizeof(float) * size_t(a.numel())) == 0; };
+    EXPECT_TRUE(same(bf16.forward(x.view()), plain.forward(x.view()))) << n << " rows: fp32 outside an Autocast";
+    const Autocast scope(Precision::bf16);
+    Tensor want({n, out});
+    if (n <= kGemvRows) linear_rows(x.view(), wide.view(), WeightLayout::out_in, b.view(), want.view());
+    else want = plain.forward(x.view());  // rounds the fp32 weight as it packs it
+    EXPECT_TRUE(same(bf16.forward(x.view()), want)) << n << " rows under Autocast(bf16)";
+  }
 }
 
 }  // namespace

@@ -59,6 +59,10 @@ void check_bf16_native();
 template <typename T>
 void linear(View<const T> x, View<const T> weight, View<const T> bias, View<T> y,
             WeightLayout layout = WeightLayout::out_in);
+// The same over a weight of bf16 bits (a bf16 model's, rounded once when loaded): gemm_bf16 whatever the
+// thread's precision, the bits of the float overload under Autocast(bf16) on the widened weight.
+void linear(View<const float> x, View<const uint16_t> weight, View<const float> bias, View<float> y,
+            WeightLayout layout = WeightLayout::out_in);
 
 // Backward of linear: dx (N, in) = dy · W (overwritten; skipped if empty), dw (out, in) += dyᵀ · x,
 // db (out) += column sums of dy (skipped if empty). Rows of x, dy and dx may be strided.

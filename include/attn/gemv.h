@@ -23,5 +23,9 @@ inline constexpr int64_t kGemvRows = 4;
 //   lanes added by flash_common.h's fixed tree): other bits than gemm(), the same on every CPU.
 void linear_rows(View<const float> x, View<const float> weight, WeightLayout layout, View<const float> bias,
                  View<float> y);
+// The same over a weight of bf16 bits (a bf16 model's), widened exactly: the bits of the overload above on
+// the widened weight, read at half the bytes.
+void linear_rows(View<const float> x, View<const uint16_t> weight, WeightLayout layout, View<const float> bias,
+                 View<float> y);
 
 }  // namespace attn

@@ -61,9 +61,10 @@ class PretrainedModel {
  public:
   virtual ~PretrainedModel() = default;
   // What its matmuls multiply in (gemm.h Precision: an Autocast around each forward: every Linear of either
-  // weight layout, and sdpa's flash products); sums, weights, norms and the softmax stay fp32, and so do
-  // the few-row products of a decode step (gemv.h's linear_rows: bandwidth-bound, they read the fp32
-  // weights either way).
+  // weight layout, and sdpa's flash products); sums, attention weights, norms and the softmax stay fp32.
+  // Loaded in bf16, each Linear's weight is rounded to bf16 once (Linear::use_bf16_weights): the GEMMs'
+  // bits are unchanged by it, and the few-row products of a decode step (gemv.h's linear_rows, fp32 FMAs
+  // over the widened weight) read half the bytes.
   Precision precision = Precision::f32;
   virtual std::string architecture() const = 0;
   virtual int64_t hidden_size() const = 0;  // E
@@ -77,6 +78,8 @@ class PretrainedModel {
   // Per layer, the attention weights (B, H, L, L) of the same forward (0 on padded rows and columns).
   virtual std::vector<Tensor> attention_weights(const int64_t* ids, int64_t B, int64_t L,
                                                 const int64_t* attention_mask = nullptr) = 0;
+  // Every Linear it holds (Pretrained::load in bf16 gives each bf16 weights: Linear::use_bf16_weights).
+  virtual std::vector<Linear*> linears() = 0;
 };
 
 // BERT's encoder (transformers' BertModel, without the pooler): word + absolute position + token type
@@ -106,6 +109,7 @@ class BertModel : public PretrainedModel {
     Linear intermediate, output;         // (I, E), (E, I)
     LayerNorm out_norm;
   };
+  std::vector<Linear*> linears() override;
 
  private:
   Tensor run(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask, const int64_t* types,
@@ -188,6 +192,7 @@ class Gpt2Model : public PretrainedDecoder {
     LayerNorm ln_2;
     Linear c_fc, mlp_proj;  // (E, I), (I, E): in, out
   };
+  std::vector<Linear*> linears() override;
 
  protected:
   Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) override;
@@ -218,6 +223,7 @@ class LlamaModel : public PretrainedDecoder {
     RMSNorm post_norm;
     Linear gate_proj, up_proj, down_proj;   // (I, E) x2, (E, I)
   };
+  std::vector<Linear*> linears() override;
 
  protected:
   Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) override;

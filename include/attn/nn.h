@@ -59,6 +59,10 @@ class Linear : public Layer {
   // add_bias_grad = false: bias_grad left alone, the caller has added it (ActivationLayer::backward_before).
   Tensor backward(View<const float> dout, bool add_bias_grad);
   void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
+  // A bf16 copy of the weight (rounded once, to nearest even), which forward reads instead while a bf16
+  // Autocast is alive: the same bits as rounding it in every product, half the bytes (a decode step's
+  // linear_rows reads it too). For inference over weights that no longer change.
+  void use_bf16_weights();
 
   Tensor weight, bias;            // (out, in) (or (in, out): layout), (out) or empty
   Tensor weight_grad, bias_grad;  // same shapes
@@ -68,6 +72,7 @@ class Linear : public Layer {
   Tensor run(View<const float> x, Tensor* owner);
   Tensor x_;  // (N, in): the saved input
   bool given_ = false;  // over given weights (inference): few rows take linear_rows()
+  std::vector<uint16_t> weight16_;  // use_bf16_weights(): the weight's shape, or empty
 };
 
 class LayerNorm : public Layer {

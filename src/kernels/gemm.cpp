@@ -331,8 +331,10 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
 }
 
-template <typename T>
-void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y, WeightLayout layout) {
+namespace {
+// linear()'s body for either weight type W: T (gemm, or gemm_bf16 under a bf16 Autocast) or bf16 bits (gemm_bf16).
+template <typename T, typename W>
+void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, WeightLayout layout) {
   const bool io = layout == WeightLayout::in_out;  // W (in, out): op(W) = W, read as (K, N) in place
   const int64_t n = x.size(0), in = x.size(1), out = w.size(io ? 1 : 0);
   ATTN_CHECK(x.rank() == 2 && w.rank() == 2 && w.size(io ? 0 : 1) == in, "Expected weight of shape ",
@@ -354,11 +356,22 @@ void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y, Wei
     beta = 1;
   }
   const int64_t ldw = io ? out : in;
-  if constexpr (std::is_same_v<T, float>)
-    if (matmul_precision() == Precision::bf16)
+  if constexpr (std::is_same_v<W, uint16_t> || std::is_same_v<W, float>)
+    if (std::is_same_v<W, uint16_t> || matmul_precision() == Precision::bf16)
       return gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
-  gemm(false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
+  if constexpr (!std::is_same_v<W, uint16_t>)
+    gemm(false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
 }
+}  // namespace
+
+template <typename T>
+void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y, WeightLayout layout) {
+  linear_of(x, w, bias, y, layout);
+}
+void linear(View<const float> x, View<const uint16_t> w, View<const float> bias, View<float> y, WeightLayout layout) {
+  linear_of(x, w, bias, y, layout);
+}
+
 
 void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,
                      View<float> dw, View<float> db) {

@@ -96,6 +96,13 @@ Tensor BertModel::forward(const int64_t* ids, int64_t B, int64_t L, const int64_
   return run(ids, B, L, mask, types, nullptr);
 }
 
+std::vector<Linear*> BertModel::linears() {
+  std::vector<Linear*> l;
+  for (Layer& y : layers_)
+    l.insert(l.end(), {&y.query, &y.key, &y.value, &y.attn_out, &y.intermediate, &y.output});
+  return l;
+}
+
 std::vector<Tensor> BertModel::attention_weights(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask) {
   std::vector<Tensor> w;
   run(ids, B, L, mask, nullptr, &w);

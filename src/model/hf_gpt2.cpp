@@ -107,4 +107,10 @@ void Gpt2Model::layer(int64_t i, Tensor& x, const int64_t*, const Attend& attend
 
 Tensor Gpt2Model::head(View<const float> x) { return lm_head_.forward(ln_f_.forward(x).view()); }
 
+std::vector<Linear*> Gpt2Model::linears() {
+  std::vector<Linear*> l{&lm_head_};
+  for (Layer& y : layers_) l.insert(l.end(), {&y.c_attn, &y.c_proj, &y.c_fc, &y.mlp_proj});
+  return l;
+}
+
 }  // namespace attn

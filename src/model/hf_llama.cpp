@@ -121,4 +121,11 @@ void LlamaModel::layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& a
 
 Tensor LlamaModel::head(View<const float> x) { return lm_head_.forward(norm_.forward(x).view()); }
 
+std::vector<Linear*> LlamaModel::linears() {
+  std::vector<Linear*> l{&lm_head_};
+  for (Layer& y : layers_)
+    l.insert(l.end(), {&y.q_proj, &y.k_proj, &y.v_proj, &y.o_proj, &y.gate_proj, &y.up_proj, &y.down_proj});
+  return l;
+}
+
 }  // namespace attn

@@ -219,6 +219,8 @@ Pretrained Pretrained::load(const std::string& dir, Precision precision) {
   Pretrained p{load_pretrained(dir), HfTokenizer::from_file((fs::path(dir) / "tokenizer.json").string()),
                read_pooling(dir)};
   p.model->precision = precision;
+  if (precision == Precision::bf16)
+    for (Linear* l : p.model->linears()) l->use_bf16_weights();
   return p;
 }
 

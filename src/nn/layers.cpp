@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "attn/gemm.h"
+#include "attn/kernels/half_kv.h"  // to_half: use_bf16_weights
 #include "attn/nn.h"
 #include "attn/threads.h"
 #include "gelu.h"
@@ -114,9 +115,21 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
   const int64_t n = rows.size(0);
   const View<const float> b = bias.data() ? bias.view() : View<const float>{};
   View<float> yr = y.view().reshape({n, out});
-  if (given_ && n <= kGemvRows) linear_rows(rows, weight.view(), layout, b, yr);
-  else linear<float>(rows, weight.view(), b, yr, layout);  // a bf16 Autocast's matmuls too, either layout
+  if (!weight16_.empty() && matmul_precision() == Precision::bf16) {
+    const View<const uint16_t> w16(weight16_.data(), weight.shape());
+    if (given_ && n <= kGemvRows) linear_rows(rows, w16, layout, b, yr);
+    else linear(rows, w16, b, yr, layout);
+  } else if (given_ && n <= kGemvRows) {
+    linear_rows(rows, weight.view(), layout, b, yr);
+  } else {
+    linear<float>(rows, weight.view(), b, yr, layout);  // a bf16 Autocast's matmuls too, either layout
+  }
   return y;
+}
+
+void Linear::use_bf16_weights() {
+  weight16_.resize(size_t(weight.numel()));
+  to_half(KvDtype::bf16, weight.data(), weight.numel(), weight16_.data());
 }
 
 Tensor Linear::backward(View<const float> dout) { return backward(dout, true); }
