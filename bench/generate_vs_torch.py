@@ -3,7 +3,10 @@ attn against transformers' generate with its KV cache (PyTorch eager, SDPA atten
 generating N tokens greedily after a short prompt, and the first-token latency of a long prompt (its
 prefill and one token). Same thread count on both sides, runs interleaved, medians.
 
-    .venv/bin/python bench/generate_vs_torch.py --threads 2 --repeats 3
+    .venv/bin/python bench/generate_vs_torch.py --threads 2 --repeats 3 [--bf16]
+
+--bf16 adds attn loaded with dtype="bfloat16" (bf16 weights, bf16 matmuls) and transformers under
+torch.autocast("cpu", dtype=torch.bfloat16), in the same interleaved rounds (greedy tokens may differ).
 """
 import argparse
 import statistics
@@ -29,6 +32,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=16, help="prompt tokens before the timed generation")
     ap.add_argument("--long-prompt", type=int, default=512, help="prompt tokens of the first-token latency")
     ap.add_argument("--dir", help="a model directory to reuse (written there if empty)")
+    ap.add_argument("--bf16", action="store_true", help="also both sides in bf16")
     a = ap.parse_args()
 
     import numpy as np
@@ -61,6 +65,14 @@ def main():
         return ours.generate(prompt, max_new_tokens=n, eos_token_ids=[])
 
     sides = {"attn": ours_gen, "transformers": torch_gen}
+    if a.bf16:
+        ours16 = attn.models.from_pretrained(d, dtype="bfloat16")
+
+        def torch_gen16(prompt, n):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch_gen(prompt, n)
+        sides["attn bf16"] = lambda prompt, n: ours16.generate(prompt, max_new_tokens=n, eos_token_ids=[])
+        sides["transformers bf16"] = torch_gen16
     for f in sides.values():  # warm-up (and the page cache)
         f(short, 8)
     same = ours_gen(short, a.new_tokens) == torch_gen(short, a.new_tokens)
@@ -75,12 +87,17 @@ def main():
             first[k].append(s * 1e3)
     print(f"\n{a.new_tokens} new tokens after {a.prompt}, first token after {a.long_prompt}; "
           f"{a.repeats} interleaved repeats, medians")
-    print(f"{'':14} {'tokens/s':>10} {'first token (ms)':>17}")
+    print(f"{'':18} {'tokens/s':>10} {'first token (ms)':>17}")
     for k in sides:
-        print(f"{k:14} {statistics.median(rate[k]):10.2f} {statistics.median(first[k]):17.1f}")
-    print(f"attn / transformers: {statistics.median(rate['attn']) / statistics.median(rate['transformers']):.2f}x "
-          f"tokens/s, {statistics.median(first['transformers']) / statistics.median(first['attn']):.2f}x first-token "
-          "latency")
+        print(f"{k:18} {statistics.median(rate[k]):10.2f} {statistics.median(first[k]):17.1f}")
+
+    def ratio(x, y):
+        r, f = statistics.median(rate[x]) / statistics.median(rate[y]), statistics.median(first[y]) / statistics.median(first[x])
+        print(f"{x} / {y}: {r:.2f}x tokens/s, {f:.2f}x first-token latency")
+    ratio("attn", "transformers")
+    if a.bf16:
+        ratio("attn bf16", "attn")
+        ratio("attn bf16", "transformers bf16")
 
 
 if __name__ == "__main__":
