@@ -356,11 +356,14 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
     beta = 1;
   }
   const int64_t ldw = io ? out : in;
-  if constexpr (std::is_same_v<W, uint16_t> || std::is_same_v<W, float>)
-    if (std::is_same_v<W, uint16_t> || matmul_precision() == Precision::bf16)
-      return gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
-  if constexpr (!std::is_same_v<W, uint16_t>)
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
+  } else {
+    if constexpr (std::is_same_v<T, float>)
+      if (matmul_precision() == Precision::bf16)
+        return gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
     gemm(false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
+  }
 }
 }  // namespace
 
@@ -371,7 +374,6 @@ void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y, Wei
 void linear(View<const float> x, View<const uint16_t> w, View<const float> bias, View<float> y, WeightLayout layout) {
   linear_of(x, w, bias, y, layout);
 }
-
 
 void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,
                      View<float> dw, View<float> db) {
