@@ -59,18 +59,4 @@ inline void PairsAlongRow(const S* src, int64_t pairs, int64_t valid, uint32_t* 
   }
 }
 
-// The pair words of two rows where k runs across rows (row k and row k + 1; hi null: a zero row):
-// out[j] = bf16(lo[j]) | bf16(hi[j]) << 16, j < n.
-template <typename S>
-inline void PairsAcrossRows(const S* lo, const S* hi, int64_t n, uint32_t* out) {
-  uint16_t l[kRun], h[kRun];
-  for (int64_t j0 = 0; j0 < n; j0 += kRun) {
-    const int64_t m = std::min(kRun, n - j0);
-    Row16(lo + j0, m, l);
-    if (hi) Row16(hi + j0, m, h);
-    else std::fill(h, h + m, uint16_t(0));
-    for (int64_t j = 0; j < m; ++j) out[j0 + j] = uint32_t(l[j]) | uint32_t(h[j]) << 16;
-  }
-}
-
 }  // namespace attn::pairs
