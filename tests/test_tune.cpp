@@ -127,7 +127,7 @@ TEST(Tune, MalformedFileOrForcedCachesFallBackToDerived) {
   ASSERT_NE(tuned_for(simd_target_bits()), nullptr);
   EXPECT_EQ(tuned_for(simd_target_bits())->gemm_kc, 128);
   const int64_t l1d = cpu_info().l1d, l2 = cpu_info().l2;
-  set_cpu_caches(32 << 10, 512 << 10);  // another CPU's caches: its blocking is derived, not this one's tuning
+  set_cpu_caches(2 * l1d, 2 * l2);  // another CPU's caches: its blocking is derived, not this one's tuning
   EXPECT_EQ(tuned_for(simd_target_bits()), nullptr);
   set_cpu_caches(l1d, l2);
 }
