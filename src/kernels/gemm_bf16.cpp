@@ -15,11 +15,14 @@
 // - VDPBF16PS (AVX512_BF16), which adds a word's high product, then its low one: the panels' rows 2s
 //   and 2s+1 are rewritten as (k of pair 2s, k of pair 2s+1) words of the even k's and of the odd k's
 //   (ChainRows), so one VDPBF16PS is two steps of one chain and a group is 8 on E, 8 on O.
-// - Its emulation everywhere else: the same words widened to fp32 and two FMAs, under MXCSR's DAZ/FTZ.
+// - Its emulation everywhere else: the pair panels widened to fp32 (a bf16 is the high half of an fp32;
+//   Widen), then attn's fp32 microkernel (register_block.h FmaBlock) over the even k's rows for E and the
+//   odd k's for O, under MXCSR's DAZ/FTZ: each product exact, each FMA rounded once, as the instruction.
 // Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides who computes an element, never
 // its value (C carries the chain from one K block to the next). A bf16 C: the fp32 result rounded once.
 #include "attn/gemm.h"
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,8 +72,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 using regblock::HWY_NAMESPACE::ARows;
 using regblock::HWY_NAMESPACE::BRows;
 using regblock::HWY_NAMESPACE::DpBlock;
+using regblock::HWY_NAMESPACE::FmaBlock;
 using regblock::HWY_NAMESPACE::ForBlock;
 using regblock::HWY_NAMESPACE::DU;
+using regblock::HWY_NAMESPACE::LoadU;
 using regblock::HWY_NAMESPACE::kDpTarget;
 using regblock::HWY_NAMESPACE::LoadFirst;
 using regblock::HWY_NAMESPACE::PairAcross;
@@ -81,14 +86,11 @@ using namespace attn::pairs;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-// Register blocks: kMR rows x NV vectors of C, two fp32 accumulators each (E and O). AVX-512 (32
-// registers): 6 x 2 with VDPBF16PS (24 accumulators), 6 x 1 emulated (each B vector widens to two). The
-// 16-register targets, emulated: 4 x 1. AMX: 32 x 32 in four 16 x 16 tiles.
-#if ATTN_AVX512_TARGET(HWY_TARGET)
-constexpr int kMR = 6, kNVDp = 2, kNVEmu = 1;
-#else
-constexpr int kMR = 4, kNVDp = 1, kNVEmu = 1;
-#endif
+// Register blocks: kMR rows x NV vectors of C, two fp32 accumulators each (E and O). VDPBF16PS (AVX-512,
+// 32 registers): 6 x 2, E and O together (24 accumulators). Emulated: the fp32 GEMM's block (6 x 4 on
+// AVX-512, 6 x 2 on the 16-register targets), E, then O (E waits on the stack). AMX: 32 x 32 in four
+// 16 x 16 tiles.
+constexpr int kMR = regblock::HWY_NAMESPACE::kMR, kNVDp = 2, kNVEmu = regblock::HWY_NAMESPACE::kNV;
 constexpr int64_t kAmx = 32;  // AMX block: rows of an A panel and columns of a B panel
 
 enum class Kernel { amx, dp, emu };
@@ -100,6 +102,8 @@ inline int64_t BlockCols(Kernel k) {
   return k == Kernel::amx ? kAmx : (k == Kernel::dp ? kNVDp : kNVEmu) * static_cast<int64_t>(hn::Lanes(DF()));
 }
 inline int64_t PanelCols(Kernel k) { return k == Kernel::amx ? kAmx / 2 : BlockCols(k); }
+// 32-bit words of a packed operand per pair: the emulation's are two fp32.
+inline int64_t PairWidth(Kernel k) { return k == Kernel::emu ? 2 : 1; }
 // Word (q, r) of an A panel of `rows` rows: group by group (16 pairs); in a group the pairs of each row
 // in a row for AMX (an A tile: 16 rows of 64 bytes, 1 KB in one piece), row by row of pairs otherwise.
 inline int64_t AWord(Kernel k, int64_t rows, int64_t q, int64_t r) {
@@ -121,6 +125,22 @@ inline void ChainRows(uint32_t* HWY_RESTRICT p, int64_t rows, int64_t stride, in
       r1[j] = (w0 & 0xFFFF0000u) | (w1 >> 16);
     }
   }
+}
+
+// Pair rows [b, e) of a packed panel (w words a row) as the emulation's fp32 rows 2q (k = 2q, a word's low
+// half) and 2q + 1 (its high half) of `out`.
+inline void Widen(const uint32_t* HWY_RESTRICT words, int64_t b, int64_t e, int64_t w, float* HWY_RESTRICT out) {
+  const auto as_float = [](uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+  };
+  for (int64_t q = b; q < e; ++q)
+    for (int64_t j = 0; j < w; ++j) {
+      const uint32_t x = words[q * w + j];
+      out[2 * q * w + j] = as_float(x << 16);
+      out[(2 * q + 1) * w + j] = as_float(x & 0xFFFF0000u);
+    }
 }
 
 // words[j] = the pair of lo[j] and hi[j] (PairAcross) for j < valid, 0 for valid <= j < n (hi null: a zero
@@ -196,7 +216,7 @@ void PackB(const Bf16Args& g, int64_t np, int64_t b, int64_t e, int64_t q0, int6
 }
 
 // Panels of op(A) pairs [q0, q0 + kc), `rows` rows each, at dst + p·PanelStride(kc, rows); rows past M and
-// a k past K are 0. Word (q, r) of a panel at AWord (chain words for VDPBF16PS and the emulation). Not
+// a k past K are 0. Word (q, r) of a panel at AWord (chain words for VDPBF16PS). Not
 // transposed: panels [b, e), each row's pairs converted along it. Transposed: pairs [b, e) of every panel
 // (rows 2q, 2q + 1 of A, read once, start to end, as gemm.cpp's PackA; b and e even where chain words are
 // made).
@@ -219,7 +239,7 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
           for (int64_t r = 0; r < rows; ++r) d[p * ps + AWord(kernel, rows, q, r)] = words[p * rows + r];
       }
     }
-    if (kernel != Kernel::amx)
+    if (kernel == Kernel::dp)
       for (int64_t p = 0; p < mp; ++p) ChainRows(dst + p * ps + b * rows, e - b, rows, rows);
     return;
   }
@@ -241,27 +261,37 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
     }
     for (int64_t r = valid; r < rows; ++r)
       for (int64_t q = 0; q < kc; ++q) d[AWord(kernel, rows, q, r)] = 0;
-    if (kernel != Kernel::amx) ChainRows(d, kc, rows, rows);
+    if (kernel == Kernel::dp) ChainRows(d, kc, rows, rows);
   }
 }
 
 // C (kMR, NV·N) = C0 + A (kMR, kc pairs) · Bp (kc pairs, NV·N), C0 = 0 where `zero`, else C: a whole block
-// of C, read and written by full vectors (edges: EdgeThroughCopy). ap: the packed A panel (chain word
-// (q, r) at q·kMR + r), bp: chain word (q, j) at q·ldbp + j. Per group: E over rows 0, 2, …, O over rows
-// 1, 3, …, then C = C + (E + O).
-template <int NV, bool kDp>
-HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
+// of C, read and written by full vectors (edges: EdgeThroughCopy). Per group: E over the even k, O over the
+// odd k, then C = C + (E + O). T = uint32_t: VDPBF16PS on chain words, ap's word (q, r) at q·kMR + r, bp's
+// (q, j) at q·ldbp + j (E over rows 0, 2, …, O over rows 1, 3, …). T = float: the emulation on widened
+// panels (Widen), element (k, r) of A at k·kMR + r, (k, j) of B at k·ldbp + j (E over rows 0, 2, …, O
+// over rows 1, 3, …).
+template <int NV, typename T>
+HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
                         float* HWY_RESTRICT c, int64_t ldc, bool zero) {
   const DF df;
   const int64_t N = hn::Lanes(df);
   VF ev[kMR][NV], od[kMR][NV];
   for (int64_t q = 0; q < kc; q += kGroup) {
     ForBlock<kMR, NV>([&](int r, int j) { ev[r][j] = od[r][j] = hn::Zero(df); });
-    const uint32_t* a = ap + q * kMR;
-    const uint32_t* b = bp + q * ldbp;
-    DpBlock<kDp, kMR, NV>(df, ev, ARows<uint32_t>{a, 1, 2 * kMR}, kMR, BRows<uint32_t>{b, 2 * ldbp, N}, kGroup / 2);
-    DpBlock<kDp, kMR, NV>(df, od, ARows<uint32_t>{a + kMR, 1, 2 * kMR}, kMR,
-                          BRows<uint32_t>{b + ldbp, 2 * ldbp, N}, kGroup / 2);
+    if constexpr (std::is_same_v<T, float>) {
+      const float* a = ap + 2 * q * kMR;
+      const float* b = bp + 2 * q * ldbp;
+      FmaBlock<kMR, NV>(df, ev, ARows<float>{a, 1, 2 * kMR}, kMR, BRows<float>{b, 2 * ldbp, N}, kGroup, LoadU());
+      FmaBlock<kMR, NV>(df, od, ARows<float>{a + kMR, 1, 2 * kMR}, kMR, BRows<float>{b + ldbp, 2 * ldbp, N},
+                        kGroup, LoadU());
+    } else {
+      const uint32_t* a = ap + q * kMR;
+      const uint32_t* b = bp + q * ldbp;
+      DpBlock<true, kMR, NV>(df, ev, ARows<uint32_t>{a, 1, 2 * kMR}, kMR, BRows<uint32_t>{b, 2 * ldbp, N}, kGroup / 2);
+      DpBlock<true, kMR, NV>(df, od, ARows<uint32_t>{a + kMR, 1, 2 * kMR}, kMR,
+                             BRows<uint32_t>{b + ldbp, 2 * ldbp, N}, kGroup / 2);
+    }
     const bool from_zero = zero && q == 0;
     ForBlock<kMR, NV>([&](int r, int j) {
       float* p = c + r * ldc + j * N;
@@ -273,17 +303,17 @@ HWY_NOINLINE void Micro(const uint32_t* HWY_RESTRICT ap, const uint32_t* HWY_RES
 
 // The narrowest instance that covers nr columns; an edge block (mr < kMR or a partial last vector)
 // through a copy of its part of C.
-template <bool kDp, int NV>
-HWY_INLINE void MicroCols(int64_t nr, const uint32_t* ap, const uint32_t* bp, int64_t ldbp, int64_t kc, float* c,
-                          int64_t ldc, int64_t mr, bool zero) {
+template <int NV, typename T>
+HWY_INLINE void MicroCols(int64_t nr, const T* ap, const T* bp, int64_t ldbp, int64_t kc, float* c, int64_t ldc,
+                          int64_t mr, bool zero) {
   const int64_t w = NV * static_cast<int64_t>(hn::Lanes(DF()));
   if constexpr (NV > 1)
     if (nr <= w - static_cast<int64_t>(hn::Lanes(DF())))
-      return MicroCols<kDp, NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, zero);
-  if (mr == kMR && nr == w) return Micro<NV, kDp>(ap, bp, ldbp, kc, c, ldc, zero);
+      return MicroCols<NV - 1>(nr, ap, bp, ldbp, kc, c, ldc, mr, zero);
+  if (mr == kMR && nr == w) return Micro<NV>(ap, bp, ldbp, kc, c, ldc, zero);
   EdgeThroughCopy<float, kMR * NV * hn::MaxLanes(DF())>(c, ldc, mr, nr, kMR, w, zero ? Start::zero : Start::c,
                                                         [&](float* tile, int64_t ldt) {
-                                                          Micro<NV, kDp>(ap, bp, ldbp, kc, tile, ldt, zero);
+                                                          Micro<NV>(ap, bp, ldbp, kc, tile, ldt, zero);
                                                         });
 }
 
@@ -360,50 +390,74 @@ Kernel Choose() {
   return UseDp() ? Kernel::dp : Kernel::emu;
 }
 
-// One block of C (rows x cols of it at c) on `kernel`'s microkernel, B panels PanelCols(kernel) wide.
-HWY_INLINE void Block(Kernel kernel, const uint32_t* a, const uint32_t* b, int64_t kc, float* c, int64_t ldc,
-                      int64_t rows, int64_t cols, bool zero) {
+// One block of C (rows x cols of it at c) on `kernel`'s microkernel, B panels PanelCols(kernel) wide: a, b
+// pair words, or for the emulation their widened floats.
+HWY_INLINE void Block(Kernel kernel, const void* a, const void* b, int64_t kc, float* c, int64_t ldc, int64_t rows,
+                      int64_t cols, bool zero) {
 #if ATTN_AVX512_TARGET(HWY_TARGET)
+  const auto* aw = static_cast<const uint32_t*>(a);
+  const auto* bw = static_cast<const uint32_t*>(b);
   if (kernel == Kernel::amx) {
-    if (rows == kAmx && cols == kAmx) return MicroAmx(a, b, kc, c, ldc, zero);
+    if (rows == kAmx && cols == kAmx) return MicroAmx(aw, bw, kc, c, ldc, zero);
     return EdgeThroughCopy<float, kAmx * kAmx>(c, ldc, rows, cols, kAmx, kAmx, zero ? Start::zero : Start::c,
-                                               [&](float* tile, int64_t ldt) { MicroAmx(a, b, kc, tile, ldt, zero); });
+                                               [&](float* tile, int64_t ldt) { MicroAmx(aw, bw, kc, tile, ldt, zero); });
   }
-  if (kernel == Kernel::dp) return MicroCols<true, kNVDp>(cols, a, b, PanelCols(kernel), kc, c, ldc, rows, zero);
+  if (kernel == Kernel::dp) return MicroCols<kNVDp>(cols, aw, bw, PanelCols(kernel), kc, c, ldc, rows, zero);
 #endif
-  MicroCols<false, kNVEmu>(cols, a, b, PanelCols(kernel), kc, c, ldc, rows, zero);
+  MicroCols<kNVEmu>(cols, static_cast<const float*>(a), static_cast<const float*>(b), PanelCols(kernel), kc, c, ldc,
+                    rows, zero);
 }
 
 void GemmBf16(const Bf16Args& g) {
   const Kernel kernel = Choose();
   const int64_t M = g.M, N = g.N, K2 = ceil_div(ceil_div(g.K, 2), kGroup) * kGroup;  // K2: pairs, whole groups
-  const int64_t mr = PanelRows(kernel), nr = BlockCols(kernel), pr = PanelCols(kernel);
+  const int64_t mr = PanelRows(kernel), nr = BlockCols(kernel), pr = PanelCols(kernel), wide = PairWidth(kernel);
   const Tuning amx = AmxBlocking();
-  Blocking bl = blocking(M, N, K2, mr, nr, sizeof(uint32_t), kernel == Kernel::amx ? &amx : nullptr);
+  Blocking bl = blocking(M, N, K2, mr, nr, wide * 4, kernel == Kernel::amx ? &amx : nullptr);
   bl.kc = ceil_div(bl.kc, kGroup) * kGroup;
   const int64_t mp = ceil_div(M, mr), np = ceil_div(N, nr) * (nr / pr);  // panels of A and of B
   auto* ap = static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc, mr)) * 4));
   auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * pr * bl.kc) * 4));  // (np, kc, pr)
+  // The emulation's widened panels, of each task's packed pairs: A panels PanelStride(2·kc, mr) floats
+  // apart, B's 2·kc·pr. Elsewhere the kernel reads the pair words.
+  float* wa = kernel == Kernel::emu ? static_cast<float*>(scratch(2, static_cast<size_t>(mp * PanelStride(wide * bl.kc, mr)) * 4))
+                                    : nullptr;
+  float* wb = kernel == Kernel::emu ? static_cast<float*>(scratch(3, static_cast<size_t>(np * pr * 2 * bl.kc) * 4))
+                                    : nullptr;
   const auto pack_a = g.a16 ? PackA<uint16_t> : PackA<float>;
   const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
-  const bool chains = kernel != Kernel::amx;
+  const bool chains = kernel == Kernel::dp;
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
   if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, g.C, g.ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
-    const int64_t kc = std::min(bl.kc, K2 - q0);
+    const int64_t kc = std::min(bl.kc, K2 - q0), kpw = PanelStride(wide * kc, mr);
+    const auto widen_a = [&](int64_t p0, int64_t p1, int64_t b, int64_t e) {  // panels [p0, p1), pairs [b, e)
+      for (int64_t p = p0; wa && p < p1; ++p) Widen(ap + p * PanelStride(kc, mr), b, e, mr, wa + p * kpw);
+    };
+    const auto widen_b = [&](int64_t p0, int64_t p1, int64_t b, int64_t e) {
+      for (int64_t p = p0; wb && p < p1; ++p) Widen(bp + p * kc * pr, b, e, pr, wb + p * 2 * kc * pr);
+    };
     const bool zero = q0 == 0 && g.beta == 0.f;
     if (g.tb)
-      parallel_for(np, grain_for(kc * pr), [&](int64_t b, int64_t e, int) { pack_b(g, np, b, e, q0, kc, pr, chains, bp); });
+      parallel_for(np, grain_for(kc * pr), [&](int64_t b, int64_t e, int) {
+        pack_b(g, np, b, e, q0, kc, pr, chains, bp);
+        widen_b(b, e, 0, kc);
+      });
     else  // chunks of pairs of pairs: rows of B
       parallel_for(kc / 2, grain_for(4 * N), [&](int64_t b, int64_t e, int) {
         pack_b(g, np, 2 * b, 2 * e, q0, kc, pr, chains, bp);
+        widen_b(0, np, 2 * b, 2 * e);
       });
     if (g.ta)  // chunks of pairs of pairs: rows of A (see PackA)
       parallel_for(kc / 2, grain_for(4 * M), [&](int64_t b, int64_t e, int) {
         pack_a(g, kernel, 2 * b, 2 * e, q0, kc, ap);
+        widen_a(0, mp, 2 * b, 2 * e);
       });
     else
-      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) { pack_a(g, kernel, b, e, q0, kc, ap); });
+      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) {
+        pack_a(g, kernel, b, e, q0, kc, ap);
+        widen_a(b, e, 0, kc);
+      });
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
       const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
@@ -413,9 +467,10 @@ void GemmBf16(const Bf16Args& g) {
         const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
         for (int64_t i = i0; i < i1; i += mr)
           for (int64_t j = j0; j < j1; j += nr) {
-            const uint32_t* a = ap + i / mr * PanelStride(kc, mr);
             const int64_t cols = std::min(nr, j1 - j), rows = std::min(mr, i1 - i);
-            Block(kernel, a, bp + j * kc, kc, g.C + i * g.ldc + j, g.ldc, rows, cols, zero);
+            const void* a = wa ? static_cast<const void*>(wa + i / mr * kpw) : ap + i / mr * PanelStride(kc, mr);
+            const void* b = wb ? static_cast<const void*>(wb + j * 2 * kc) : bp + j * kc;
+            Block(kernel, a, b, kc, g.C + i * g.ldc + j, g.ldc, rows, cols, zero);
           }
       }
     });
