@@ -267,18 +267,36 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
   }
 }
 
-// The emulation's A panels where op(A) is not transposed, straight to fp32 (no pair words): panels [b, e),
-// element (k, r) of panel p at dst + p·PanelStride(2·kc, kMR) + k·kMR + r, the bf16 of op(A)(r, k)
-// widened; rows past M and a k past K 0. k outer, so the panel is written in order from its kMR rows
-// converted a run at a time (gemm.cpp's PackA); row by row, PackA's scattered stores took 17% of a
-// 768x128x512 NT product on a Zen 3.
+// The emulation's A panels straight to fp32 (no pair words): element (k, r) of panel p at dst +
+// p·PanelStride(2·kc, kMR) + k·kMR + r, the bf16 of op(A)(p·kMR + r, 2·q0 + k) widened; rows past M and a k
+// past K 0. Each row of A converted a run at a time, then the panels written as gemm.cpp's PackA writes
+// them. Not transposed: panels [b, e), k outer, so a panel is written in order from its kMR rows (as pair
+// words scattered row by row and widened after, the stores took 17% of 768x128x512 NT on a Zen 3).
+// Transposed: pairs [b, e) of every panel, rows 2q, 2q + 1 of A read once, start to end (pair words then
+// widened: 20% of 512x128x4096 TN).
 template <typename S>
 void PackAWide(const Bf16Args& g, int64_t b, int64_t e, int64_t q0, int64_t kc, float* HWY_RESTRICT dst) {
   const S* A = static_cast<const S*>(g.A);
-  const int64_t k0 = 2 * q0, n = std::clamp<int64_t>(g.K - k0, 0, 2 * kc);
+  const int64_t k0 = 2 * q0, ps = PanelStride(2 * kc, kMR);
+  const auto widened = [](uint16_t h) { return AsFloat(uint32_t(h) << 16); };
+  if (g.ta) {  // op(A)(i, k) = A[k·lda + i]
+    const int64_t mp = ceil_div(g.M, kMR), kRows = kRun / kMR * kMR;  // rows of A converted at a time: whole panels
+    uint16_t h[kRun];
+    for (int64_t k = 2 * b; k < 2 * e; ++k)
+      for (int64_t i0 = 0; i0 < mp * kMR; i0 += kRows) {
+        const int64_t m = std::min(kRows, mp * kMR - i0), valid = k0 + k < g.K ? std::min(m, g.M - i0) : 0;
+        if (valid > 0) Row16(A + (k0 + k) * g.lda + i0, valid, h);
+        std::fill(h + valid, h + m, uint16_t(0));
+        for (int64_t p = 0; p < m / kMR; ++p)
+#pragma GCC unroll 16
+          for (int r = 0; r < kMR; ++r) dst[(i0 / kMR + p) * ps + k * kMR + r] = widened(h[p * kMR + r]);
+      }
+    return;
+  }
+  const int64_t n = std::clamp<int64_t>(g.K - k0, 0, 2 * kc);  // op(A)(i, k) = A[i·lda + k]
   uint16_t h[kMR][kRun];
   for (int64_t p = b; p < e; ++p) {
-    float* d = dst + p * PanelStride(2 * kc, kMR);
+    float* d = dst + p * ps;
     const int64_t rows = std::min<int64_t>(kMR, g.M - p * kMR);
     for (int64_t k1 = 0; k1 < 2 * kc; k1 += kRun) {
       const int64_t m = std::min(kRun, 2 * kc - k1), valid = std::clamp<int64_t>(n - k1, 0, m);
@@ -289,7 +307,7 @@ void PackAWide(const Bf16Args& g, int64_t b, int64_t e, int64_t q0, int64_t kc, 
       }
       for (int64_t k = 0; k < m; ++k)
 #pragma GCC unroll 16
-        for (int r = 0; r < kMR; ++r) d[(k1 + k) * kMR + r] = AsFloat(uint32_t(h[r][k]) << 16);
+        for (int r = 0; r < kMR; ++r) d[(k1 + k) * kMR + r] = widened(h[r][k]);
     }
   }
 }
@@ -461,9 +479,6 @@ void GemmBf16(const Bf16Args& g) {
   if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, g.C, g.ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
     const int64_t kc = std::min(bl.kc, K2 - q0), kpw = PanelStride(wide * kc, mr);
-    const auto widen_a = [&](int64_t b, int64_t e) {  // pairs [b, e) of every panel
-      for (int64_t p = 0; wa && p < mp; ++p) Widen(ap + p * PanelStride(kc, mr), b, e, mr, wa + p * kpw);
-    };
     const auto widen_b = [&](int64_t p0, int64_t p1, int64_t b, int64_t e) {
       for (int64_t p = p0; wb && p < p1; ++p) Widen(bp + p * kc * pr, b, e, pr, wb + p * 2 * kc * pr);
     };
@@ -480,13 +495,14 @@ void GemmBf16(const Bf16Args& g) {
       });
     if (g.ta)  // chunks of pairs of pairs: rows of A (see PackA)
       parallel_for(kc / 2, grain_for(4 * M), [&](int64_t b, int64_t e, int) {
-        pack_a(g, kernel, 2 * b, 2 * e, q0, kc, ap);
-        widen_a(2 * b, 2 * e);
+        if (wa) pack_a_wide(g, 2 * b, 2 * e, q0, kc, wa);
+        else pack_a(g, kernel, 2 * b, 2 * e, q0, kc, ap);
       });
-    else if (wa)
-      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) { pack_a_wide(g, b, e, q0, kc, wa); });
     else
-      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) { pack_a(g, kernel, b, e, q0, kc, ap); });
+      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) {
+        if (wa) pack_a_wide(g, b, e, q0, kc, wa);
+        else pack_a(g, kernel, b, e, q0, kc, ap);
+      });
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
       const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
