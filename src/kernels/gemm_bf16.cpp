@@ -15,9 +15,10 @@
 // - VDPBF16PS (AVX512_BF16), which adds a word's high product, then its low one: the panels' rows 2s
 //   and 2s+1 are rewritten as (k of pair 2s, k of pair 2s+1) words of the even k's and of the odd k's
 //   (ChainRows), so one VDPBF16PS is two steps of one chain and a group is 8 on E, 8 on O.
-// - Its emulation everywhere else: the pair panels widened to fp32 (a bf16 is the high half of an fp32;
-//   Widen), then attn's fp32 microkernel (register_block.h FmaBlock) over the even k's rows for E and the
-//   odd k's for O, under MXCSR's DAZ/FTZ: each product exact, each FMA rounded once, as the instruction.
+// - Its emulation everywhere else: fp32 panels (a bf16 is the high half of an fp32), op(A)'s packed
+//   straight (PackAWide), B's pair panels widened (Widen), then attn's fp32 microkernel (register_block.h
+//   FmaBlock) over the even k's rows for E and the odd k's for O, under MXCSR's DAZ/FTZ: each product
+//   exact, each FMA rounded once, as the instruction.
 // Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides who computes an element, never
 // its value (C carries the chain from one K block to the next). A bf16 C: the fp32 result rounded once.
 #include "attn/gemm.h"
@@ -102,8 +103,6 @@ inline int64_t BlockCols(Kernel k) {
   return k == Kernel::amx ? kAmx : (k == Kernel::dp ? kNVDp : kNVEmu) * static_cast<int64_t>(hn::Lanes(DF()));
 }
 inline int64_t PanelCols(Kernel k) { return k == Kernel::amx ? kAmx / 2 : BlockCols(k); }
-// 32-bit words of a packed operand per pair: the emulation's are two fp32.
-inline int64_t PairWidth(Kernel k) { return k == Kernel::emu ? 2 : 1; }
 // Word (q, r) of an A panel of `rows` rows: group by group (16 pairs); in a group the pairs of each row
 // in a row for AMX (an A tile: 16 rows of 64 bytes, 1 KB in one piece), row by row of pairs otherwise.
 inline int64_t AWord(Kernel k, int64_t rows, int64_t q, int64_t r) {
@@ -316,7 +315,7 @@ void PackAWide(const Bf16Args& g, int64_t b, int64_t e, int64_t q0, int64_t kc, 
 // of C, read and written by full vectors (edges: EdgeThroughCopy). Per group: E over the even k, O over the
 // odd k, then C = C + (E + O). T = uint32_t: VDPBF16PS on chain words, ap's word (q, r) at q·kMR + r, bp's
 // (q, j) at q·ldbp + j (E over rows 0, 2, …, O over rows 1, 3, …). T = float: the emulation on widened
-// panels (Widen), element (k, r) of A at k·kMR + r, (k, j) of B at k·ldbp + j (E over rows 0, 2, …, O
+// panels (PackAWide, Widen), element (k, r) of A at k·kMR + r, (k, j) of B at k·ldbp + j (E over rows 0, 2, …, O
 // over rows 1, 3, …).
 template <int NV, typename T>
 HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
@@ -458,19 +457,18 @@ HWY_INLINE void Block(Kernel kernel, const void* a, const void* b, int64_t kc, f
 void GemmBf16(const Bf16Args& g) {
   const Kernel kernel = Choose();
   const int64_t M = g.M, N = g.N, K2 = ceil_div(ceil_div(g.K, 2), kGroup) * kGroup;  // K2: pairs, whole groups
-  const int64_t mr = PanelRows(kernel), nr = BlockCols(kernel), pr = PanelCols(kernel), wide = PairWidth(kernel);
+  const int64_t mr = PanelRows(kernel), nr = BlockCols(kernel), pr = PanelCols(kernel);
   const Tuning amx = AmxBlocking();
-  Blocking bl = blocking(M, N, K2, mr, nr, wide * 4, kernel == Kernel::amx ? &amx : nullptr);
+  const bool emu = kernel == Kernel::emu;  // its packed pair: two fp32, else one word
+  Blocking bl = blocking(M, N, K2, mr, nr, emu ? 8 : 4, kernel == Kernel::amx ? &amx : nullptr);
   bl.kc = ceil_div(bl.kc, kGroup) * kGroup;
   const int64_t mp = ceil_div(M, mr), np = ceil_div(N, nr) * (nr / pr);  // panels of A and of B
   auto* ap = static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc, mr)) * 4));
   auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * pr * bl.kc) * 4));  // (np, kc, pr)
-  // The emulation's widened panels, of each task's packed pairs: A panels PanelStride(2·kc, mr) floats
-  // apart, B's 2·kc·pr. Elsewhere the kernel reads the pair words.
-  float* wa = kernel == Kernel::emu ? static_cast<float*>(scratch(2, static_cast<size_t>(mp * PanelStride(wide * bl.kc, mr)) * 4))
-                                    : nullptr;
-  float* wb = kernel == Kernel::emu ? static_cast<float*>(scratch(3, static_cast<size_t>(np * pr * 2 * bl.kc) * 4))
-                                    : nullptr;
+  // The emulation's fp32 panels: A's packed straight (PackAWide), PanelStride(2·kc, mr) floats apart; B's
+  // widened from its pair words (Widen), 2·kc·pr apart. The other kernels read the pair words.
+  float* wa = emu ? static_cast<float*>(scratch(2, static_cast<size_t>(mp * PanelStride(2 * bl.kc, mr)) * 4)) : nullptr;
+  float* wb = emu ? static_cast<float*>(scratch(3, static_cast<size_t>(np * pr * 2 * bl.kc) * 4)) : nullptr;
   const auto pack_a = g.a16 ? PackA<uint16_t> : PackA<float>;
   const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
   const auto pack_a_wide = g.a16 ? PackAWide<uint16_t> : PackAWide<float>;
@@ -478,7 +476,7 @@ void GemmBf16(const Bf16Args& g) {
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
   if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, g.C, g.ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
-    const int64_t kc = std::min(bl.kc, K2 - q0), kpw = PanelStride(wide * kc, mr);
+    const int64_t kc = std::min(bl.kc, K2 - q0), kpw = PanelStride(2 * kc, mr);
     const auto widen_b = [&](int64_t p0, int64_t p1, int64_t b, int64_t e) {
       for (int64_t p = p0; wb && p < p1; ++p) Widen(bp + p * kc * pr, b, e, pr, wb + p * 2 * kc * pr);
     };
