@@ -70,7 +70,7 @@ def main():
                   f"{'bf16/f32':>9} {'attn/torch':>11}")
         else:
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
-        cases, warms = [], []  # (label, flops, {side: timed closure}, {side: [seconds per call]}, reps); {side: one call}
+        cases, warms = [], []  # (label, flops, {side: timed closure}, {side: [seconds per call]}, {side: reps}); {side: one call}
         for what, M, N, K, ta, tb in list(shapes())[: 1 if args.quick else None]:
             a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
             b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
@@ -80,9 +80,8 @@ def main():
             opb = tb_t.t() if tb else tb_t
             tc = torch.empty(M, N)
             flops = 2.0 * M * N * K
-            reps = max(1, int(3e9 / flops / t))  # ~30 ms of work per timing
 
-            # one call of each side; a timing repeats it reps times, and one untimed call precedes it
+            # one call of each side; a timing repeats it reps times (~30 ms of its work), and one untimed call precedes it
             calls = {"attn": lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb),
                      "torch": lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc)}
             calls["attn"](), calls["torch"]()
@@ -98,7 +97,14 @@ def main():
                          "torch": lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16)}
                 calls["attn16"](), calls["torch"]()
                 assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
-            runs = {k: (lambda f=f, reps=reps: [f() for _ in range(reps)]) for k, f in calls.items()}
+            # per side from one timed call: where torch's bf16 is a slow fallback (1.25 GFLOP/s on a Zen 3 without
+            # AVX512_BF16), its timings would otherwise run minutes
+            reps = {}
+            for k, f in calls.items():
+                t0 = time.perf_counter()
+                f()
+                reps[k] = max(1, round(0.03 / (time.perf_counter() - t0)))
+            runs = {k: (lambda f=f, n=reps[k]: [f() for _ in range(n)]) for k, f in calls.items()}
             op = ("T" if ta else "N") + ("T" if tb else "N")
             cases.append((f"{what:<13} {f'{M}x{N}x{K} {op}':>18}", flops, runs, {k: [] for k in runs}, reps))
             warms.append(calls)
@@ -111,7 +117,7 @@ def main():
                     warm[name]()  # and this side's awake: one untimed call
                     t0 = time.perf_counter()
                     fn()
-                    times[name].append((time.perf_counter() - t0) / reps)
+                    times[name].append((time.perf_counter() - t0) / reps[name])
         for label, flops, runs, times, reps in cases:
             gf = {k: flops / statistics.median(v) * 1e-9 for k, v in times.items()}
             if args.dtype == "bf16":
