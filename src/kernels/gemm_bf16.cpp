@@ -314,9 +314,9 @@ void PackAWide(const Bf16Args& g, int64_t b, int64_t e, int64_t q0, int64_t kc, 
 // C (kMR, NV·N) = C0 + A (kMR, kc pairs) · Bp (kc pairs, NV·N), C0 = 0 where `zero`, else C: a whole block
 // of C, read and written by full vectors (edges: EdgeThroughCopy). Per group: E over the even k, O over the
 // odd k, then C = C + (E + O). T = uint32_t: VDPBF16PS on chain words, ap's word (q, r) at q·kMR + r, bp's
-// (q, j) at q·ldbp + j (E over rows 0, 2, …, O over rows 1, 3, …). T = float: the emulation on widened
-// panels (PackAWide, Widen), element (k, r) of A at k·kMR + r, (k, j) of B at k·ldbp + j (E over rows 0, 2, …, O
-// over rows 1, 3, …).
+// (q, j) at q·ldbp + j (E over rows 0, 2, …, O over rows 1, 3, …). T = float: the emulation on fp32
+// panels (PackAWide, Widen), element (k, r) of A at k·kMR + r, (k, j) of B at k·ldbp + j (E over rows 0,
+// 2, …, O over rows 1, 3, …).
 template <int NV, typename T>
 HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
                         float* HWY_RESTRICT c, int64_t ldc, bool zero) {
@@ -463,12 +463,12 @@ void GemmBf16(const Bf16Args& g) {
   Blocking bl = blocking(M, N, K2, mr, nr, emu ? 8 : 4, kernel == Kernel::amx ? &amx : nullptr);
   bl.kc = ceil_div(bl.kc, kGroup) * kGroup;
   const int64_t mp = ceil_div(M, mr), np = ceil_div(N, nr) * (nr / pr);  // panels of A and of B
-  auto* ap = static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc, mr)) * 4));
-  auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * pr * bl.kc) * 4));  // (np, kc, pr)
-  // The emulation's fp32 panels: A's packed straight (PackAWide), PanelStride(2·kc, mr) floats apart; B's
-  // widened from its pair words (Widen), 2·kc·pr apart. The other kernels read the pair words.
-  float* wa = emu ? static_cast<float*>(scratch(2, static_cast<size_t>(mp * PanelStride(2 * bl.kc, mr)) * 4)) : nullptr;
-  float* wb = emu ? static_cast<float*>(scratch(3, static_cast<size_t>(np * pr * 2 * bl.kc) * 4)) : nullptr;
+  // Pair words: A's panels (not for the emulation, which packs A straight to fp32: PackAWide, PanelStride(2·kc,
+  // mr) floats apart) and B's (np, kc, pr), which the emulation widens (Widen) to 2·kc·pr floats a panel.
+  auto* ap = emu ? nullptr : static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc, mr)) * 4));
+  auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * pr * bl.kc) * 4));
+  float* wa = emu ? static_cast<float*>(scratch(0, static_cast<size_t>(mp * PanelStride(2 * bl.kc, mr)) * 4)) : nullptr;
+  float* wb = emu ? static_cast<float*>(scratch(2, static_cast<size_t>(np * pr * 2 * bl.kc) * 4)) : nullptr;
   const auto pack_a = g.a16 ? PackA<uint16_t> : PackA<float>;
   const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
   const auto pack_a_wide = g.a16 ? PackAWide<uint16_t> : PackAWide<float>;
