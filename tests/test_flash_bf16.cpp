@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "attn/gemm.h"
 #include "attn/mha.h"
 #include "attn/threads.h"
+#include "attn/train.h"  // fnv1a64
 #include "sdpa_harness.h"
 #include "test_util.h"
 
@@ -456,6 +459,24 @@ TEST(FlashBf16, BackwardTheSameBitsWithTheInstructionAndItsEmulationOnEveryTarge
   }
   EXPECT_GE(fma_targets, cpu_info().avx512 ? 2 : 1);  // AVX2, and AVX3 where the CPU has AVX-512
   EXPECT_EQ(runs, 12 * fma_targets);
+}
+
+// The bits the instruction gives, on every CPU: on one without AVX512_BF16 the tests above compare the
+// emulation only with itself, so these hashes (FNV-1a of the forward's out and LSE and of the backward's
+// dQ, dK, dV on the two cases above) pin it to VDPBF16PS's bits. Recorded on 2026-12-04 on a Zen 3 from the
+// emulation that the tests above had found equal to VDPBF16PS on a Zen 4 and AMX's Xeon; print again with
+// ATTN_PRINT_GOLDEN=1.
+TEST(FlashBf16, TheGoldenBitsOfTheInstructionOnEveryCpu) {
+  Case c = sized(70, 333, 63, 80);
+  c.H = 4, c.Hkv = 2, c.causal = Causal::top_left, c.mask = additive();
+  const std::vector<uint32_t> fwd = bits(Inputs(c));
+  c.L = 71, c.dropout_p = 0.1;
+  const std::vector<uint32_t> bwd = grad_bits(Inputs(c));
+  const uint64_t hf = fnv1a64(fwd.data(), fwd.size() * 4), hb = fnv1a64(bwd.data(), bwd.size() * 4);
+  if (std::getenv("ATTN_PRINT_GOLDEN")) std::printf("forward 0x%016llxull backward 0x%016llxull\n",
+                                                    (unsigned long long)hf, (unsigned long long)hb);
+  EXPECT_EQ(hf, 0x9cdd6541eecca7c8ull) << "the bf16 flash forward's bits";
+  EXPECT_EQ(hb, 0x5b59f52e877f1671ull) << "the bf16 flash backward's bits";
 }
 
 TEST(FlashBf16, SdpaBackwardUnderAutocastIsTheBf16Kernel) {
