@@ -346,7 +346,7 @@ void QKFrom(const Plan& pl, const Block& k, const E* a, int64_t lda, int64_t dep
       const int64_t mr = std::min<int64_t>(kMR, k.bc - r);
       const E* b = panels + j0 * depth * N;
       if constexpr (std::is_same_v<E, float>)
-        QK(mr, je - j0, a + r * lda, lda, b, depth * N, depth, out + r * pl.Br + j0 * N, pl.Br, false);
+        QK(mr, je - j0, a + r * lda, lda, b, depth * N, depth, 1.f, out + r * pl.Br + j0 * N, pl.Br, false);
       else
         RunBlock<QK16Op<kDp>>(mr, je - j0, a + r * lda, lda, b, depth * N, depth, qscale, out + r * pl.Br + j0 * N,
                               pl.Br, false);

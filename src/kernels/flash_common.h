@@ -114,24 +114,79 @@ HWY_INLINE void PairRow(const float* HWY_RESTRICT row, int64_t n, uint32_t* HWY_
     hn::StoreU(PairWords(hn::LoadU(d, row + j), j + N < n ? hn::LoadU(d, row + j + N) : hn::Zero(d)), DU(), words + j / 2);
 }
 
+// ---- bf16 as the emulation multiplies it: fp32 values in chain order ----
+// Without VDPBF16PS the bf16 flash products run on the fp32 microkernel (FmaBlock) over operands rounded to
+// bf16 and kept as fp32 (a bf16 is an fp32's high half), each pair of k swapped: k = 2q + 1, then 2q. The
+// one FMA chain over k then adds each pair's odd product, then its even one, exactly as VDPBF16PS does
+// (DpBlock), under DAZ/FTZ: the same bits, at fp32's speed (no widening in the loop, no extra registers).
+
+// x rounded to bf16 (RoundedBf16), as an fp32.
+HWY_INLINE VF Bf16Value(VF x) { return hn::BitCast(DF(), hn::And(RoundedBf16(x), hn::Set(DU(), 0xFFFF0000u))); }
+
+// Elements [0, 2N) of a row along k (a, then b) in chain order: each pair (2q, 2q + 1) rounded and swapped.
+HWY_INLINE void ChainAlong(VF& a, VF& b) {
+#if HWY_TARGET == HWY_SCALAR
+  const VF t = Bf16Value(a);
+  a = Bf16Value(b), b = t;
+#else
+  a = hn::Reverse2(DF(), Bf16Value(a)), b = hn::Reverse2(DF(), Bf16Value(b));
+#endif
+}
+
+// The chain row of x[0, n) along k, any n, into out (2⌈n/2⌉ floats; out may be x): x[n] = 0 where n is odd.
+HWY_INLINE void ChainRow(const float* x, int64_t n, float* out) {
+  const DF d;
+  const int64_t N = hn::Lanes(d), n2 = round_up(n, 2);
+  const auto first = [&](int64_t at) { return static_cast<size_t>(std::clamp<int64_t>(n - at, 0, N)); };
+  for (int64_t j = 0; j < n2; j += 2 * N) {
+    VF a = LoadFirst(d, x + std::min(j, n - 1), first(j)), b = LoadFirst(d, x + std::min(j + N, n - 1), first(j + N));
+    ChainAlong(a, b);
+    HWY_ALIGN float part[2 * hn::MaxLanes(d)];
+    hn::Store(a, d, part), hn::Store(b, d, part + N);
+    std::copy(part, part + std::min(2 * N, n2 - j), out + j);
+  }
+}
+
+// The chain rows of `rows` rows where k runs across them (ld apart, width a multiple of the lanes): out row
+// 2i (ldo apart) = row 2i + 1 rounded, out row 2i + 1 = row 2i rounded, an odd last row's partner a zero
+// row: 2⌈rows/2⌉ rows. Kᵀ panels' rows are d, so this chains a panel along D; rows of keys, V across keys.
+HWY_INLINE void ChainRowsOf(const float* x, int64_t rows, int64_t ld, int64_t width, float* out, int64_t ldo) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  for (int64_t i = 0; 2 * i < rows; ++i) {
+    const float* lo = x + 2 * i * ld;
+    for (int64_t j = 0; j < width; j += N) {
+      hn::StoreU(2 * i + 1 < rows ? Bf16Value(hn::LoadU(d, lo + ld + j)) : hn::Zero(d), d, out + 2 * i * ldo + j);
+      hn::StoreU(Bf16Value(hn::LoadU(d, lo + j)), d, out + (2 * i + 1) * ldo + j);
+    }
+  }
+}
+
 // row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes); returns the sum of the new row over the
-// virtual lanes (SumLanes). With words (bf16): the new row goes to words as PairRow writes it, not to row.
-HWY_INLINE float Exp2Row(float* HWY_RESTRICT row, int64_t n, float m, uint32_t* HWY_RESTRICT words = nullptr) {
+// virtual lanes (SumLanes). With words (bf16): the new row goes to words as PairRow writes it, not to row;
+// with chain (the emulation's bf16): to row as ChainRow writes it (2^(row[n]) = 0 where n is odd).
+HWY_INLINE float Exp2Row(float* HWY_RESTRICT row, int64_t n, float m, uint32_t* HWY_RESTRICT words = nullptr,
+                         bool chain = false) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const VF vm = hn::Set(d, m);
   VF sum[kSumVecs];
   for (int64_t v = 0; v < kSumVecs; ++v) sum[v] = hn::Zero(d);
-  if (words) {  // vector i of the row goes to virtual lanes i % kSumVecs, in order, as below
+  if (words || chain) {  // vector i of the row goes to virtual lanes i % kSumVecs, in order, as below
     for (int64_t j = 0; j < n; j += 2 * N) {
-      const VF p0 = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+      VF p0 = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
       VF p1 = hn::Zero(d);
       sum[(j / N) % kSumVecs] = hn::Add(sum[(j / N) % kSumVecs], p0);
       if (j + N < n) {
         p1 = Exp2(d, hn::Sub(hn::LoadU(d, row + j + N), vm));
         sum[(j / N + 1) % kSumVecs] = hn::Add(sum[(j / N + 1) % kSumVecs], p1);
       }
-      hn::StoreU(PairWords(p0, p1), DU(), words + j / 2);
+      if (words) {
+        hn::StoreU(PairWords(p0, p1), DU(), words + j / 2);
+      } else {  // the row has room for whole pairs of vectors (a tile's width is a multiple of 2N)
+        ChainAlong(p0, p1);
+        hn::StoreU(p0, d, row + j), hn::StoreU(p1, d, row + j + N);
+      }
     }
     return SumLanes(sum);
   }
@@ -147,19 +202,21 @@ HWY_INLINE float Exp2Row(float* HWY_RESTRICT row, int64_t n, float m, uint32_t* 
   return SumLanes(sum);
 }
 
-// S (MR, NV·N) = Q (MR, D) · Kᵀ (D, NV·N), plus what S holds already if `add` (the mask bias).
-// q: MR rows, row stride ldq. kt: NV consecutive Kᵀ panels, ldp floats apart. s: row stride lds.
+// S (MR, NV·N) = scale · (Q (MR, D) · Kᵀ (D, NV·N)), plus what S holds already if `add` (the mask bias).
+// q: MR rows, row stride ldq. kt: NV consecutive Kᵀ panels, ldp floats apart. s: row stride lds. scale: 1
+// where Q carries it (fp32; the product by 1 is exact), else applied to the fp32 sum (bf16, as QK16Block).
 template <int MR, int NV>
 HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float* HWY_RESTRICT kt, int64_t ldp,
-                          int64_t D, float* HWY_RESTRICT s, int64_t lds, bool add) {
+                          int64_t D, float scale, float* HWY_RESTRICT s, int64_t lds, bool add) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
   ForBlock<MR, NV>([&](int r, int j) { acc[r][j] = hn::Zero(d); });
   FmaBlock<MR, NV>(d, acc, ARows<float>{q, ldq, 1}, MR, BRows<float>{kt, N, ldp}, D, LoadF32());
+  const VF vs = hn::Set(d, scale);
   ForBlock<MR, NV>([&](int r, int j) {
     float* dst = s + r * lds + j * N;
-    hn::StoreU(add ? hn::Add(acc[r][j], hn::LoadU(d, dst)) : acc[r][j], d, dst);
+    hn::StoreU(add ? hn::MulAdd(acc[r][j], vs, hn::LoadU(d, dst)) : hn::Mul(acc[r][j], vs), d, dst);
   });
 }
 
@@ -273,12 +330,12 @@ HWY_INLINE void ForTile(int64_t rows, int64_t nvec, F&& f) {
     for (int64_t r = 0; r < rows; r += kMR) f(r, c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(kNV, nvec - c));
 }
 
-// S (rows, lds) = Q (rows, D) · Kᵀ over np panels (+ S if add), blocked kMR x kNV.
-HWY_INLINE void QKTile(const float* q, int64_t rows, int64_t D, const float* kt, int64_t np, float* s,
+// S (rows, lds) = scale · Q (rows, D) · Kᵀ over np panels (+ S if add), blocked kMR x kNV.
+HWY_INLINE void QKTile(const float* q, int64_t rows, int64_t D, const float* kt, int64_t np, float scale, float* s,
                        int64_t lds, bool add) {
   const int64_t N = hn::Lanes(DF());
   ForTile(rows, np, [&](int64_t r, int64_t j, int64_t mr, int64_t nv) {
-    QK(mr, nv, q + r * D, D, kt + j * D * N, D * N, D, s + r * lds + j * N, lds, add);
+    QK(mr, nv, q + r * D, D, kt + j * D * N, D * N, D, scale, s + r * lds + j * N, lds, add);
   });
 }
 

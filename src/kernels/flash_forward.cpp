@@ -8,11 +8,12 @@
 // instead, computing Sᵀ = K·Qᵀ, since packing would cost more than the few rows' arithmetic.
 // Scores are kept in the log2 domain: Q is scaled by scale·log2(e) when packed, masks are multiplied
 // by log2(e), and exp2 replaces exp; LSE is converted back to natural log at the end.
-// bf16 (precision bf16, an Autocast): Q, K, V rounded to bf16 pairs when packed (K always as Kᵀ pair
-// panels, V as pair rows), S = scale·log2(e)·(Q·Kᵀ) from fp32 sums of pair products, the softmax in
-// fp32, P written as pairs by exp2 (after dropout, where there is some), O += P·V in fp32 sums: the
-// products by VDPBF16PS or its exact emulation (register_block.h DpBlock), the whole tile under DAZ/FTZ,
-// so the bits are the same on every FMA CPU. Measured on a Zen 4: 1.35-1.67x the fp32 kernel.
+// bf16 (precision bf16, an Autocast): Q, K, V rounded to bf16 when packed (K always as Kᵀ panels, V as
+// rows), S = scale·log2(e)·(Q·Kᵀ) from fp32 sums of pair products, the softmax in fp32, P rounded by
+// exp2 (after dropout, where there is some), O += P·V in fp32 sums, the whole tile under DAZ/FTZ, so the
+// bits are the same on every FMA CPU. With VDPBF16PS the operands are pair words (DpBlock; measured on a
+// Zen 4: 1.35-1.67x the fp32 kernel); without, they are bf16 values as fp32 in chain order and the fp32
+// blocks run them (flash_common.h ChainRow: the instruction's bits, at fp32's speed).
 //
 // Threads: attn's pool (parallel_items) over independent (batch, KV head, query tile) items, each
 // reduced in a fixed order by one thread, so any thread count gives bitwise the same output. Decoding
@@ -68,9 +69,10 @@ struct Plan {
   bool pack_v = false;  // V rows can't be read in place (column stride != 1 or Dv % N != 0)
   float qscale = 0;     // scale·log2(e), folded into Q (bf16: applied to each fp32 score)
   int64_t bc = 0;       // keys per tile (flash_tiles().keys): where the online softmax rescales
-  bool bf16 = false;    // Q·Kᵀ and P·V over bf16 pairs (Q, K, V and P rounded), K and V packed as pairs
-  bool dp = false;      // bf16 by VDPBF16PS, else its emulation
+  bool bf16 = false;    // Q·Kᵀ and P·V over bf16 pairs (Q, K, V and P rounded)
+  bool dp = false;      // bf16 by VDPBF16PS (K, V, Q, P as pair words), else in chain order (fp32 blocks)
   int64_t D2 = 0;       // bf16: pairs along D
+  int64_t Dq = 0;       // floats per Q row and per key of a Kᵀ panel: D; bf16 in chain order 2·D2
 };
 
 Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
@@ -87,6 +89,7 @@ Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
   pl.bf16 = precision == Precision::bf16 && !pl.decode;  // decoding stays fp32 (as linear_rows does)
   pl.dp = pl.bf16 && UseDp();
   pl.D2 = (p.D + 1) / 2;
+  pl.Dq = pl.bf16 && !pl.dp ? 2 * pl.D2 : p.D;
   pl.few = pl.Br <= kFewRows && !pl.bf16;
   pl.pack_k = !pl.few || p.args.k.strides[3] != 1;
   pl.pack_v = pl.bf16 || p.args.v.strides[3] != 1 || p.Dv % pl.N != 0;
@@ -96,7 +99,7 @@ Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
 
 // Per-worker scratch (from the call's Scratch): one query tile and its running statistics.
 struct Tile {
-  float* q;      // (Br, D) Q rows times scale·log2(e)
+  float* q;      // (Br, Dq) Q rows times scale·log2(e) (bf16: as given; in chain order without VDPBF16PS)
   float* s;      // (Br, bc) scores, then probabilities P
   float* o;      // (Br, Dvp) unnormalised output
   float* m;      // (Br,) running max, log2 domain
@@ -104,8 +107,8 @@ struct Tile {
   float* alpha;  // (Br,) rescale factor of this key tile
   float* qt;     // few rows only: (D, Brp) Qᵀ panels of q, Brp = Br rounded up to N
   float* st;     // few rows only: (bc, Brp) scores transposed, as K·Qᵀ gives them
-  uint32_t* q16 = nullptr;  // bf16 only: (Br, D2) pair words of Q (unscaled)
-  uint32_t* p16 = nullptr;  // bf16 only: (Br, bc/2) pair words of P
+  uint32_t* q16 = nullptr;  // VDPBF16PS only: (Br, D2) pair words of Q (unscaled)
+  uint32_t* p16 = nullptr;  // VDPBF16PS only: (Br, bc/2) pair words of P
   int64_t b = 0, kvh = 0, l0 = 0, rows = 0;
 
   // Floats and (bf16) pair words of one Tile, 64-byte aligned parts: what the constructor's x and w hold.
@@ -113,11 +116,11 @@ struct Tile {
     Sizes z(pl);
     return z.nq + z.ns + z.no + 3 * z.nr + z.nqt + z.nst;
   }
-  static int64_t words(const Plan& pl) { return pl.bf16 ? round_up(pl.Br * pl.D2, 16) + pl.Br * pl.bc / 2 : 0; }
+  static int64_t words(const Plan& pl) { return pl.dp ? round_up(pl.Br * pl.D2, 16) + pl.Br * pl.bc / 2 : 0; }
   Tile(const Plan& pl, float* x, uint32_t* w) {
     const Sizes z(pl);
     q = x, s = q + z.nq, o = s + z.ns, m = o + z.no, l = m + z.nr, alpha = l + z.nr, qt = alpha + z.nr, st = qt + z.nqt;
-    if (pl.bf16) q16 = w, p16 = q16 + round_up(pl.Br * pl.D2, 16);
+    if (pl.dp) q16 = w, p16 = q16 + round_up(pl.Br * pl.D2, 16);
   }
 
  private:
@@ -125,7 +128,7 @@ struct Tile {
     int64_t nq, ns, no, nr, nqt, nst;
     explicit Sizes(const Plan& pl) {
       const int64_t Br = pl.Br, a = 16, Brp = pl.few ? round_up(Br, pl.N) : 0;
-      nq = round_up(Br * pl.p.D, a), ns = round_up(Br * pl.bc, a), no = round_up(Br * pl.Dvp, a);
+      nq = round_up(Br * pl.Dq, a), ns = round_up(Br * pl.bc, a), no = round_up(Br * pl.Dvp, a);
       nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = round_up(pl.bc * Brp, a);
     }
   };
@@ -142,13 +145,14 @@ void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t 
   t.b = b, t.kvh = kvh, t.l0 = l0, t.rows = nl * pl.p.G;
   for (int64_t r = 0; r < t.rows; ++r) {
     const float* src = Q.data + b * Q.strides[0] + t.row_h(pl.p, r) * Q.strides[1] + t.row_l(pl.p, r) * Q.strides[2];
-    float* dst = t.q + r * D;
-    const float f = pl.bf16 ? 1.f : pl.qscale;  // bf16: Q as given, its pairs rounded
+    float* dst = t.q + r * pl.Dq;
+    const float f = pl.bf16 ? 1.f : pl.qscale;  // bf16: Q as given, rounded
     if (Q.strides[3] == 1)
       for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * f;  // vectorized
     else
       for (int64_t d = 0; d < D; ++d) dst[d] = src[d * Q.strides[3]] * f;
-    if (pl.bf16) pairs::PairsAlongRow(dst, pl.D2, D, t.q16 + r * pl.D2);
+    if (pl.dp) pairs::PairsAlongRow(dst, pl.D2, D, t.q16 + r * pl.D2);
+    else if (pl.bf16) ChainRow(dst, D, dst);
   }
   if (pl.few) pack_panels(t.q, D, 1, t.rows, D, pl.N, t.qt);
   std::fill(t.m, t.m + t.rows, -kInf);
@@ -186,7 +190,7 @@ void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t n,
   for (int64_t j = 0; j < np; j += kNV)
     for (int64_t s = 0; s < n; s += kMR)
       QK(std::min<int64_t>(kMR, n - s), std::min<int64_t>(kNV, np - j), k + s * ldk, ldk, t.qt + j * D * pl.N,
-         D * pl.N, D, t.st + s * ldst + j * pl.N, ldst, false);
+         D * pl.N, D, 1.f, t.st + s * ldst + j * pl.N, ldst, false);
   for (int64_t r = 0; r < t.rows; ++r) {
     float* row = t.s + r * pl.bc;
     if (add)
@@ -198,12 +202,14 @@ void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t n,
 
 // The online softmax of the tile's rows over keys [s_begin, s_end), s_begin a multiple of N.
 // k: from key s_begin on, Kᵀ panels, or K rows ldk apart for a few-rows tile; v: V rows from key
-// s_begin on, ldv apart. E = uint32_t: bf16 pairs (pl.bf16), Kᵀ pair panels (ldk = D2) and V pair rows
-// (ldv = Dvp) from key s_begin (even) on; P is rounded to pairs before P·V.
+// s_begin on, ldv apart. E = uint32_t: bf16 pairs (pl.dp), Kᵀ pair panels (ldk = D2) and V pair rows
+// (ldv = Dvp) from key s_begin (even) on; P is rounded to pairs before P·V. E = float with pl.bf16: the
+// same in chain order (Kᵀ panels of Dq rows, V rows), P rounded in place.
 template <typename E>
 void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const E* k, int64_t ldk, const E* v,
                  int64_t ldv) {
   constexpr bool k16 = std::is_same_v<E, uint32_t>;
+  const bool chain = !k16 && pl.bf16;
   const auto& p = pl.p;
   const bool causal = p.args.causal != Causal::none;
   const int64_t first_end = p.key_end(t.l0);  // the causal edge of the tile's first, most limited row
@@ -226,12 +232,12 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
       if (bias && !FillMask(pl, t, r0, nr, s0, nb, nbp)) continue;
       if constexpr (k16) {
         const uint32_t* kt = k + (s0 - s_begin) * ldk;
-        if (pl.dp) QK16Tile<kDpTarget>(t.q16 + r0 * pl.D2, nr, pl.D2, kt, nbp / pl.N, pl.qscale, t.s + r0 * pl.bc, pl.bc, bias);
-        else QK16Tile<false>(t.q16 + r0 * pl.D2, nr, pl.D2, kt, nbp / pl.N, pl.qscale, t.s + r0 * pl.bc, pl.bc, bias);
+        QK16Tile<kDpTarget>(t.q16 + r0 * pl.D2, nr, pl.D2, kt, nbp / pl.N, pl.qscale, t.s + r0 * pl.bc, pl.bc, bias);
       } else if (pl.few) {  // one band: rows <= kFewRows < kCutBand
         QKFromRows(pl, t, k + (s0 - s_begin) * ldk, ldk, nb, bias);
       } else {
-        QKTile(t.q + r0 * p.D, nr, p.D, k + (s0 - s_begin) * p.D, nbp / pl.N, t.s + r0 * pl.bc, pl.bc, bias);
+        QKTile(t.q + r0 * pl.Dq, nr, pl.Dq, k + (s0 - s_begin) * pl.Dq, nbp / pl.N, chain ? pl.qscale : 1.f,
+               t.s + r0 * pl.bc, pl.bc, bias);
       }
       if (!bias && (nbp != nb || (cut && p.key_end(t.row_l(pl.p, r0)) < s0 + nb))) MaskEdge(pl, t, r0, nr, s0, nb, nbp);
       // m_new = max(m, rowmax(S)); P = 2^(S - m_new); l = 2^(m - m_new)·l + rowsum(P)
@@ -244,22 +250,27 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
         const float a = t.m[r] == -kInf || t.m[r] == m_new ? 1.f : std::exp2(t.m[r] - m_use);
         t.alpha[r] = a;
         rescale |= a != 1.f;
-        // bf16 without dropout: P straight to its pair words
-        t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use, k16 && !p.dropout() ? t.p16 + r * (pl.bc / 2) : nullptr);
+        // bf16 without dropout: P straight to its pair words, or rounded in chain order
+        t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use, k16 && !p.dropout() ? t.p16 + r * (pl.bc / 2) : nullptr,
+                                      chain && !p.dropout());
         t.m[r] = m_new;
       }
       if (p.dropout()) Dropout(pl, t, r0, nr, s0, nb);
-      if (k16 && p.dropout())
-        for (int64_t r = r0; r < r0 + nr; ++r) PairRow(t.s + r * pl.bc, nbp, t.p16 + r * (pl.bc / 2));
+      if (pl.bf16 && p.dropout())
+        for (int64_t r = r0; r < r0 + nr; ++r) {
+          float* row = t.s + r * pl.bc;
+          if constexpr (k16) PairRow(row, nbp, t.p16 + r * (pl.bc / 2));
+          else ChainRow(row, nbp, row);
+        }
       // O = α ⊙ O + P·V; the rescale only when some row's max changed
       const float* alpha = rescale ? t.alpha + r0 : nullptr;
       if constexpr (k16) {  // P's pairs (keys past nb: 0, as -inf scores give) times V's pair rows
         const int64_t n2 = (nb + 1) / 2, ld2 = pl.bc / 2;
         const uint32_t* vp = v + (s0 - s_begin) / 2 * ldv;
-        if (pl.dp) PV16Tile<kDpTarget>(t.p16 + r0 * ld2, nr, ld2, vp, n2, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
-        else PV16Tile<false>(t.p16 + r0 * ld2, nr, ld2, vp, n2, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
-      } else {
-        PVTile(t.s + r0 * pl.bc, nr, pl.bc, v + (s0 - s_begin) * ldv, ldv, nb, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
+        PV16Tile<kDpTarget>(t.p16 + r0 * ld2, nr, ld2, vp, n2, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
+      } else {  // chain order: whole pairs of keys (key nb's P is 0, as above)
+        PVTile(t.s + r0 * pl.bc, nr, pl.bc, v + (s0 - s_begin) * ldv, ldv, chain ? round_up(nb, 2) : nb,
+               t.o + r0 * pl.Dvp, pl.Dvp, alpha);
       }
     }
   }
@@ -275,7 +286,7 @@ const float* VRows(const Plan& pl, int64_t b, int64_t kvh, const float* packed, 
 // K of (b, kvh) as ProcessKeys reads it: the packed copy (panels, or rows D apart) or K itself.
 const float* KRows(const Plan& pl, int64_t b, int64_t kvh, const float* packed, int64_t* ldk) {
   const auto& K = pl.p.args.k;
-  *ldk = pl.pack_k ? pl.p.D : K.strides[2];
+  *ldk = pl.pack_k ? pl.Dq : K.strides[2];
   return pl.pack_k ? packed : K.data + b * K.strides[0] + kvh * K.strides[1];
 }
 
@@ -293,15 +304,15 @@ void PackKeys(const Plan& pl, int64_t b, int64_t kvh, int64_t s0, int64_t n, flo
 }
 
 // Prefill/training path: items (b, kvh, query tile). K/V of a batch of KV heads are packed once and
-// shared by all their query tiles and query heads: as fp32 (E = float, where needed), or as bf16 pairs
-// (E = uint32_t, pl.bf16: always).
+// shared by all their query tiles and query heads: as fp32 (E = float, where needed), bf16 in chain
+// order (E = float, pl.bf16: always), or as bf16 pairs (E = uint32_t, pl.dp: always).
 template <typename E>
 void ForwardTiles(const Plan& pl) {
   constexpr bool k16 = std::is_same_v<E, uint32_t>;
   const auto& p = pl.p;
   const int64_t heads = p.B * p.Hkv, nt = (p.L + pl.lq - 1) / pl.lq;
-  const int64_t kt_size = k16 ? round_up(p.S, pl.N) * pl.D2 : pl.pack_k ? round_up(p.S, pl.N) * p.D : 0;
-  const int64_t v_size = k16 ? round_up(p.S, 2) / 2 * pl.Dvp : pl.pack_v ? p.S * pl.Dvp : 0;
+  const int64_t kt_size = k16 ? round_up(p.S, pl.N) * pl.D2 : pl.pack_k ? round_up(p.S, pl.N) * pl.Dq : 0;
+  const int64_t v_size = k16 ? round_up(p.S, 2) / 2 * pl.Dvp : pl.bf16 ? round_up(p.S, 2) * pl.Dvp : pl.pack_v ? p.S * pl.Dvp : 0;
   const int64_t per_pair = round_up(kt_size + v_size, 16);
   const int64_t batch = std::clamp<int64_t>(kPackBudget / std::max<int64_t>(1, per_pair * 4), 1, heads);
   // One Scratch for the call: the packed K/V, and a Tile per worker.
@@ -317,7 +328,7 @@ void ForwardTiles(const Plan& pl) {
       const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows, n = std::min(kPackRows, p.S - s0);
       const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv;
       E* kt = pack + (i / blocks) * per_pair;
-      if constexpr (k16) {  // N keys at a time as fp32 (a Kᵀ panel, V rows), then paired; s0 is even
+      if (pl.bf16) {  // N keys at a time as fp32 (a Kᵀ panel, V rows), then paired or chained; s0 is even
         const auto& K = p.args.k;
         const auto& V = p.args.v;
         const float* ks = K.data + b * K.strides[0] + kvh * K.strides[1] + s0 * K.strides[2];
@@ -327,12 +338,18 @@ void ForwardTiles(const Plan& pl) {
         for (int64_t s = 0; s < n; s += step) {
           const int64_t m = std::min(step, n - s);
           pack_panels(ks + s * K.strides[2], K.strides[2], K.strides[3], m, p.D, pl.N, tmp.data());
-          for (int64_t j = 0; j < m; j += pl.N)  // each panel along D
-            PairRowsOf(tmp.data() + j * p.D, p.D, pl.N, pl.N, kt + (s0 + s + j) * pl.D2, pl.N);
+          for (int64_t j = 0; j < m; j += pl.N) {  // each panel along D
+            const float* panel = tmp.data() + j * p.D;
+            if constexpr (k16) PairRowsOf(panel, p.D, pl.N, pl.N, kt + (s0 + s + j) * pl.D2, pl.N);
+            else ChainRowsOf(panel, p.D, pl.N, pl.N, kt + (s0 + s + j) * pl.Dq, pl.N);
+          }
           pack_rows(vs + s * V.strides[2], V.strides[2], V.strides[3], m, p.Dv, pl.Dvp, tmp.data());
-          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) / 2 * pl.Dvp, pl.Dvp);  // V across keys
+          if constexpr (k16)  // V across keys
+            PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) / 2 * pl.Dvp, pl.Dvp);
+          else
+            ChainRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) * pl.Dvp, pl.Dvp);
         }
-      } else {
+      } else if constexpr (!k16) {
         PackKeys(pl, b, kvh, s0, n, kt + s0 * p.D, kt + kt_size + s0 * pl.Dvp);
       }
     });
@@ -361,7 +378,7 @@ void FlashForward(const SdpaProblem<float>& p, Precision precision) {
   if (p.B == 0 || p.H == 0 || p.L == 0) return;
   const Plan pl = MakePlan(p, precision);
   if (pl.decode) flash_decode(p);  // flash_decode.cpp's kernel, over fp32 K/V
-  else if (pl.bf16) ForwardTiles<uint32_t>(pl);
+  else if (pl.dp) ForwardTiles<uint32_t>(pl);
   else ForwardTiles<float>(pl);
 }
 
