@@ -40,7 +40,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
                const uint16_t* B, int64_t ldb, float beta, uint16_t* C, int64_t ldc);
 
 // Which bf16 GEMM runs, for `attn info`: "AMX TDPBF16PS, AVX3 32x32", "VDPBF16PS, AVX3 6x32" or
-// "emulated with FMA (no AVX512_BF16), AVX2 4x8".
+// "emulated with FMA (no AVX512_BF16), AVX2 6x16".
 std::string gemm_bf16_kernel();
 
 // Which GEMM runs, for `attn info`: "attn packed GEMM, AVX3 6x64 (float), 6x32 (double), max KC ...".

@@ -31,8 +31,10 @@
 // rounded after their fp32 elementwise steps; scores, LSE, D, the softmax and every sum stay fp32. Each
 // product's operands are paired along its depth: Qᵀ and dOᵀ panels and K, V rows along D (Sᵀ, dPᵀ), Pᵀ and
 // dSᵀ along queries with Q and dO pair rows (dV, dK), dSᵀ's pair rows along keys with K's (dQ). A block
-// of rows starting at a causal edge starts at the even query below it (the one more is P = 0). Every task
-// runs under DAZ/FTZ, so VDPBF16PS and its emulation give the same bits on every FMA CPU.
+// of rows starting at a causal edge starts at the even query below it (the one more is P = 0). The pairs
+// are E: pair words for VDPBF16PS (uint32_t, DpBlock), or without it bf16 values as fp32 in chain order
+// (float, flash_common.h: each pair of k swapped, the fp32 blocks run them; a pair row is two rows, a pair
+// along a row two elements). Every task runs under DAZ/FTZ: the instruction's bits on every FMA CPU.
 //
 // Sections, one function each: PackUnit (Qᵀ, dOᵀ panels, LSE·log2e, D), then per task KV block j: LoadKV,
 // per query tile ScoresT (Sᵀ, masks, causal edge, Pᵀ) and GradScoresT (dPᵀ, dropout, dSᵀ), Products,
@@ -65,6 +67,7 @@ constexpr int64_t kMinTasks = 16;  // split each KV head's blocks into chunks un
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // What the backward needs of the rows [l_begin, l_end) of query head (b, h), packed (n = rows rounded up to N):
+template <typename E>
 struct QHead {
   float* qt;          // (n/N, D, N) Qᵀ panels · scale·log2e (bf16: unscaled, before pairing)
   float* dot;         // (n/N, Dv, N) dOᵀ panels
@@ -74,11 +77,11 @@ struct QHead {
   const float* dout;  // (rows, Dvp) dO rows from l_begin, row stride lddo: likewise
   float* dq;          // (rows, Dp) this chunk's dQ partial / scale
   int64_t ldq, lddo, h, l_begin, l_end;
-  // bf16 only, from Q and dO rounded (Q unscaled):
-  uint32_t* qt16 = nullptr;   // (n/N, D2, N) Qᵀ pair panels (pairs along D)
-  uint32_t* dot16 = nullptr;  // (n/N, Dv2, N) dOᵀ pair panels
-  uint32_t* q2 = nullptr;     // (n/2, Dp) Q pair rows (queries 2i, 2i + 1)
-  uint32_t* do2 = nullptr;    // (n/2, Dvp) dO pair rows
+  // bf16 only, from Q and dO rounded (Q unscaled), pairs E (the header):
+  E* qt16 = nullptr;   // (n/N, D2, N) Qᵀ pair panels (pairs along D)
+  E* dot16 = nullptr;  // (n/N, Dv2, N) dOᵀ pair panels
+  E* q2 = nullptr;     // (n/2, Dp) Q pair rows (queries 2i, 2i + 1)
+  E* do2 = nullptr;    // (n/2, Dvp) dO pair rows
 };
 
 // The sizes and buffers every section shares.
@@ -88,14 +91,15 @@ struct Plan {
   const SdpaGrads<float>& g;
   int64_t N, Br, Bc, Dp, Dvp, nkv, C;  // lanes; queries per tile, keys per block; padded D, Dv; KV blocks, chunks
   bool q_in_place, dout_in_place;      // Q and dO rows read where they are
-  bool bf16, dp;                       // products over bf16 pairs; by VDPBF16PS, else its emulation
-  int64_t D2, Dv2, Dw, Dvw, Bw;        // bf16: pairs along D, Dv; words per row of K, V (Dp, Dvp paired), of (Bc, Br) tiles
+  bool bf16, dp;                       // products over bf16 pairs; by VDPBF16PS (uint32_t pairs), else in chain order (float)
+  int64_t D2, Dv2, Dw, Dvw, Bw;        // bf16: pairs along D, Dv; pairs per row of K, V (Dp, Dvp paired), of (Bc, Br) tiles
   int64_t Ls, nseg;                    // query rows per segment (a multiple of Br), segments per head
   int64_t units, per_phase;            // units G·nseg (unit u: head u / nseg of the group, segment u % nseg); per phase
-  int64_t per_row, per_row16;          // floats (and bf16: pair words) packed per query row
+  int64_t pw;                          // elements per pair: 1 (a pair word), 2 in chain order
+  int64_t per_row, per_row16;          // floats (and bf16: pair elements) packed per query row
   // From the call's Scratch (Backward), of the sizes n_*:
   float* packed = nullptr;      // (B, Hkv, per_phase, Ls, per_row)
-  uint32_t* packed16 = nullptr; // bf16: (B, Hkv, per_phase, Ls, per_row16)
+  void* packed16 = nullptr;     // bf16: (B, Hkv, per_phase, Ls, per_row16) pairs (uint32_t or float)
   float* dq = nullptr;          // (C, B, Hkv, per_phase, Ls, Dp) the dQ partial of each chunk
   int64_t n_packed, n_packed16, n_dq;
 
@@ -103,7 +107,7 @@ struct Plan {
       : p(p_), dout(dout_), g(g_) {
     N = static_cast<int64_t>(hn::Lanes(DF()));
     const FlashTiles t = flash_backward_tiles(p.L, p.S);
-    bf16 = precision == Precision::bf16, dp = bf16 && UseDp();
+    bf16 = precision == Precision::bf16, dp = bf16 && UseDp(), pw = bf16 && !dp ? 2 : 1;
     Br = round_up(t.rows, bf16 ? 2 * N : N), Bc = t.keys;  // bf16: tiles start at even queries (rows change no bits)
     Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
     nkv = (p.S + Bc - 1) / Bc;
@@ -114,7 +118,7 @@ struct Plan {
     // Q and dO rows are read in place when they have unit column stride and no padding is needed.
     q_in_place = p.args.q.strides[3] == 1 && p.D == Dp, dout_in_place = dout.strides[3] == 1 && p.Dv == Dvp;
     per_row = p.D + p.Dv + 2 + (q_in_place ? 0 : Dp) + (dout_in_place ? 0 : Dvp);
-    per_row16 = bf16 ? D2 + Dv2 + (Dp + Dvp + 1) / 2 : 0;  // Ls is even: a multiple of Br, itself of 2N
+    per_row16 = bf16 ? pw * (D2 + Dv2 + (Dp + Dvp + 1) / 2) : 0;  // Ls is even: a multiple of Br, itself of 2N
     // Segments: the whole of L where every unit fits the budget, else as many tiles as one unit's budget holds.
     const int64_t groups = std::max<int64_t>(1, p.B * p.Hkv), row_floats = groups * (per_row + per_row16 + C * Dp);
     const int64_t Lr = round_up(std::max<int64_t>(p.L, 1), Br);
@@ -126,10 +130,11 @@ struct Plan {
     n_packed = groups * per_phase * Ls * per_row, n_packed16 = groups * per_phase * Ls * per_row16;
     n_dq = C * groups * per_phase * Ls * Dp;
   }
-  // Unit u (the ju-th of its phase) of group (b, kvh), chunk c's dQ partial.
-  QHead head(int64_t b, int64_t kvh, int64_t u, int64_t ju, int64_t c) const {
+  // Unit u (the ju-th of its phase) of group (b, kvh), chunk c's dQ partial; bf16 pairs E.
+  template <typename E = float>
+  QHead<E> head(int64_t b, int64_t kvh, int64_t u, int64_t ju, int64_t c) const {
     const auto& a = p.args;
-    QHead r;
+    QHead<E> r;
     r.h = p.first_head(kvh) + u / nseg, r.l_begin = u % nseg * Ls, r.l_end = std::min(p.L, r.l_begin + Ls);
     const int64_t slot = (b * p.Hkv + kvh) * per_phase + ju;
     float* x = packed + slot * Ls * per_row;
@@ -145,8 +150,8 @@ struct Plan {
     r.lddo = dout_in_place ? dout.strides[2] : Dvp;
     r.dq = dq + ((c * p.B * p.Hkv) * per_phase + slot) * Ls * Dp;
     if (bf16) {
-      uint32_t* w = packed16 + slot * Ls * per_row16;
-      r.qt16 = w, r.dot16 = w + Ls * D2, r.q2 = r.dot16 + Ls * Dv2, r.do2 = r.q2 + Ls / 2 * Dp;
+      E* w = static_cast<E*>(packed16) + slot * Ls * per_row16;
+      r.qt16 = w, r.dot16 = w + pw * Ls * D2, r.q2 = r.dot16 + pw * Ls * Dv2, r.do2 = r.q2 + pw * (Ls / 2) * Dp;
     }
     return r;
   }
@@ -202,13 +207,14 @@ void PanelsOf(const float* src, int64_t rs, int64_t cs, int64_t n, int64_t D, fl
 
 // One unit of group (b, kvh): Qᵀ·scale·log2e and dOᵀ panels, Q and dO rows where they can't be read in
 // place (bf16: Qᵀ unscaled, and the pair panels and pair rows of Q and dO from these), LSE·log2e, and
-// D = rowsum(dO∘O) in fp32, each row summed in order over Dv (N rows at once, one per lane).
+// D = rowsum(dO∘O) in fp32, each row summed in order over Dv (N rows at once, one per lane). bf16 pairs E.
+template <typename E>
 void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, float* ot) {
   const auto& p = pl.p;
   const auto& a = p.args;
   const DF df;
   const int64_t D = p.D, Dv = p.Dv, N = pl.N;
-  QHead r = pl.head(b, kvh, u, ju, 0);
+  QHead<E> r = pl.head<E>(b, kvh, u, ju, 0);
   const int64_t n = r.l_end - r.l_begin, filled = round_up(n, N);  // panels cover [0, filled), padding 0
   const float* q = a.q.data + b * a.q.strides[0] + r.h * a.q.strides[1] + r.l_begin * a.q.strides[2];
   const float* dO = pl.dout.data + b * pl.dout.strides[0] + r.h * pl.dout.strides[1] + r.l_begin * pl.dout.strides[2];
@@ -223,8 +229,8 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
     pack_rows(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, pl.Dvp, const_cast<float*>(r.dout));
   if (pl.bf16) {  // the pairs from the fp32 panels (along D, Dv) and rows (across queries)
     for (int64_t l0 = 0; l0 < filled; l0 += N) {
-      PairRowsOf(r.qt + l0 * D, D, N, N, r.qt16 + l0 * pl.D2, N);
-      PairRowsOf(r.dot + l0 * Dv, Dv, N, N, r.dot16 + l0 * pl.Dv2, N);
+      PairRowsOf(r.qt + l0 * D, D, N, N, r.qt16 + pl.pw * l0 * pl.D2, N);
+      PairRowsOf(r.dot + l0 * Dv, Dv, N, N, r.dot16 + pl.pw * l0 * pl.Dv2, N);
     }
     PairRowsOf(r.q, n, r.ldq, pl.Dp, r.q2, pl.Dp);
     PairRowsOf(r.dout, n, r.lddo, pl.Dvp, r.do2, pl.Dvp);
@@ -243,7 +249,8 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
   }
 }
 
-// Per-worker scratch of one KV block and one (keys, queries) tile.
+// Per-worker scratch of one KV block and one (keys, queries) tile; bf16 pairs E.
+template <typename E>
 struct Block {
   float* kr;    // (Bc, Dp) K_j rows, zero past D
   float* vr;    // (Bc, Dvp) V_j rows, zero past Dv
@@ -255,29 +262,32 @@ struct Block {
   int64_t* hid; // (Bc) queries of the tile hidden from each key by the causal edge (the first ones)
   int64_t b, kvh, s0, bc;  // keys [s0, s0 + bc) of KV head (b, kvh)
   // bf16 only, from kr and vr:
-  uint32_t* kr16 = nullptr;  // (Bc, Dw) K_j pair words along D
-  uint32_t* vr16 = nullptr;  // (Bc, Dvw) V_j pair words along Dv
-  uint32_t* k2 = nullptr;    // (Bc/2, Dp) K_j pair rows (keys 2i, 2i + 1), Bc/2 rounded up
-  uint32_t* pt16 = nullptr;  // (Bc, Bw) P(_dropped)ᵀ pair words along queries
-  uint32_t* dst16 = nullptr; // (Bc, Bw) dSᵀ pair words along queries
-  uint32_t* ds2 = nullptr;   // (Bc/2, Br) dSᵀ pair rows: dS pair words along keys
+  E* kr16 = nullptr;  // (Bc, Dw) K_j pairs along D
+  E* vr16 = nullptr;  // (Bc, Dvw) V_j pairs along Dv
+  E* k2 = nullptr;    // (Bc/2, Dp) K_j pair rows (keys 2i, 2i + 1), Bc/2 rounded up
+  E* pt16 = nullptr;  // (Bc, Bw) P(_dropped)ᵀ pairs along queries
+  E* dst16 = nullptr; // (Bc, Bw) dSᵀ pairs along queries
+  E* ds2 = nullptr;   // (Bc/2, Br) dSᵀ pair rows: dS pairs along keys
   static int64_t size(const Plan& pl) { return round_up(pl.Bc * (2 * pl.Dp + 2 * pl.Dvp + 3 * pl.Br), 16); }
+  // 32-bit elements (a pair word or a float)
   static int64_t size16(const Plan& pl) {
     const int64_t half = (pl.Bc + 1) / 2;
-    return pl.bf16 ? round_up(pl.Bc * (pl.Dw + pl.Dvw + 2 * pl.Bw) + half * (pl.Dp + pl.Br), 16) : 0;
+    return pl.bf16 ? pl.pw * round_up(pl.Bc * (pl.Dw + pl.Dvw + 2 * pl.Bw) + half * (pl.Dp + pl.Br), 16) : 0;
   }
-  Block(const Plan& pl, float* x, uint32_t* w, int64_t* hid_) : hid(hid_) {
+  Block(const Plan& pl, float* x, E* w, int64_t* hid_) : hid(hid_) {
     kr = x, vr = kr + pl.Bc * pl.Dp, dk = vr + pl.Bc * pl.Dvp, dv = dk + pl.Bc * pl.Dp;
     st = dv + pl.Bc * pl.Dvp, dpt = st + pl.Bc * pl.Br, keep = dpt + pl.Bc * pl.Br;
     if (!pl.bf16) return;
-    kr16 = w, vr16 = kr16 + pl.Bc * pl.Dw, pt16 = vr16 + pl.Bc * pl.Dvw, dst16 = pt16 + pl.Bc * pl.Bw;
-    k2 = dst16 + pl.Bc * pl.Bw, ds2 = k2 + (pl.Bc + 1) / 2 * pl.Dp;
+    const int64_t pw = pl.pw;
+    kr16 = w, vr16 = kr16 + pw * pl.Bc * pl.Dw, pt16 = vr16 + pw * pl.Bc * pl.Dvw, dst16 = pt16 + pw * pl.Bc * pl.Bw;
+    k2 = dst16 + pw * pl.Bc * pl.Bw, ds2 = k2 + pw * ((pl.Bc + 1) / 2) * pl.Dp;
   }
 };
 
 // K_j and V_j rows of keys [s0, s0 + bc); dK_j and dV_j zeroed, or (a later phase) what the earlier
 // phases left in the caller's dK, dV.
-void LoadKV(const Plan& pl, Block& k, bool first) {
+template <typename E>
+void LoadKV(const Plan& pl, Block<E>& k, bool first) {
   const auto& a = pl.p.args;
   const int64_t D = pl.p.D, Dv = pl.p.Dv;
   const float* ks = a.k.data + k.b * a.k.strides[0] + k.kvh * a.k.strides[1] + k.s0 * a.k.strides[2];
@@ -286,8 +296,8 @@ void LoadKV(const Plan& pl, Block& k, bool first) {
   pack_rows(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, pl.Dvp, k.vr);
   if (pl.bf16) {  // the pairs from the fp32 rows: along each row (K, V), and across two (K)
     for (int64_t s = 0; s < k.bc; ++s) {
-      PairRow(k.kr + s * pl.Dp, pl.Dp, k.kr16 + s * pl.Dw);
-      PairRow(k.vr + s * pl.Dvp, pl.Dvp, k.vr16 + s * pl.Dvw);
+      PairRow(k.kr + s * pl.Dp, pl.Dp, k.kr16 + pl.pw * s * pl.Dw);
+      PairRow(k.vr + s * pl.Dvp, pl.Dvp, k.vr16 + pl.pw * s * pl.Dvw);
     }
     PairRowsOf(k.kr, k.bc, pl.Dp, pl.Dp, k.k2, pl.Dp);
   }
@@ -319,7 +329,8 @@ void ZeroRow(float* x, int64_t n) {
 }
 
 // dK = scale·dSᵀ·Q (or, before the last phase, dSᵀ·Q as it is) and dV of the block into g.
-void StoreKV(const Plan& pl, const Block& k, bool last) {
+template <typename E>
+void StoreKV(const Plan& pl, const Block<E>& k, bool last) {
   const auto& GK = pl.g.dk;
   const auto& GV = pl.g.dv;
   const float scale = last ? float(pl.p.scale) : 1.f;
@@ -333,9 +344,9 @@ void StoreKV(const Plan& pl, const Block& k, bool last) {
 
 // (bc, Br) tile = A (bc, depth) rows lda apart · (depth, N) panels: each block of kMR rows
 // from the panel holding its first row's first visible query (hid), so the causal triangle costs little.
-// E = uint32_t: bf16 pair words (depth in pairs), each sum times qscale (fp32 folds it into the panels).
-template <bool kDp, typename E>
-void QKFrom(const Plan& pl, const Block& k, const E* a, int64_t lda, int64_t depth, const E* panels, int64_t np,
+// E = uint32_t: bf16 pair words (depth in pairs); each sum times qscale (fp32 folds it into the panels: 1).
+template <typename E, class Blk>
+void QKFrom(const Plan& pl, const Blk& k, const E* a, int64_t lda, int64_t depth, const E* panels, int64_t np,
             float qscale, float* out) {
   const int64_t N = pl.N;
   for (int64_t j = 0; j < np; j += kNV) {
@@ -346,10 +357,10 @@ void QKFrom(const Plan& pl, const Block& k, const E* a, int64_t lda, int64_t dep
       const int64_t mr = std::min<int64_t>(kMR, k.bc - r);
       const E* b = panels + j0 * depth * N;
       if constexpr (std::is_same_v<E, float>)
-        QK(mr, je - j0, a + r * lda, lda, b, depth * N, depth, 1.f, out + r * pl.Br + j0 * N, pl.Br, false);
+        QK(mr, je - j0, a + r * lda, lda, b, depth * N, depth, qscale, out + r * pl.Br + j0 * N, pl.Br, false);
       else
-        RunBlock<QK16Op<kDp>>(mr, je - j0, a + r * lda, lda, b, depth * N, depth, qscale, out + r * pl.Br + j0 * N,
-                              pl.Br, false);
+        RunBlock<QK16Op>(mr, je - j0, a + r * lda, lda, b, depth * N, depth, qscale, out + r * pl.Br + j0 * N,
+                         pl.Br, false);
     }
   }
 }
@@ -357,16 +368,17 @@ void QKFrom(const Plan& pl, const Block& k, const E* a, int64_t lda, int64_t dep
 // Pᵀ (bc, w) of query head r.h, queries [l0, l0 + w) (l0 from the unit's first row): Sᵀ = K_j·Q_iᵀ (log2
 // units) + log2e·bias; keys past a query's causal edge -inf; Pᵀ = exp2(Sᵀ − LSE·log2e), written 0 where
 // not computed. Returns false when Pᵀ is all 0 (a fully masked tile: no gradient).
-template <bool kDp>
-bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, int64_t w) {
+template <typename E>
+bool ScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t br, int64_t w) {
   const auto& p = pl.p;
   const DF df;
   const int64_t N = pl.N, lg = r.l_begin + l0;  // lg: the tile's first query in the head
   for (int64_t s = 0; s < k.bc; ++s) k.hid[s] = HiddenQueries(p, k.s0 + s, lg, w);
+  const int64_t pw = pl.pw;
   if (pl.bf16)
-    QKFrom<kDp>(pl, k, k.kr16, pl.Dw, pl.D2, r.qt16 + l0 * pl.D2, w / N, float(p.scale) * kLog2e, k.st);
+    QKFrom(pl, k, k.kr16, pw * pl.Dw, pw * pl.D2, r.qt16 + pw * l0 * pl.D2, w / N, float(p.scale) * kLog2e, k.st);
   else
-    QKFrom<kDp>(pl, k, k.kr, pl.Dp, p.D, r.qt + l0 * p.D, w / N, 1.f, k.st);
+    QKFrom(pl, k, k.kr, pl.Dp, p.D, r.qt + l0 * p.D, w / N, 1.f, k.st);
   if (p.has_bias())
     for (int64_t l = 0; l < br; ++l)
       AddMaskRow(p, k.b, r.h, lg + l, k.s0, VisibleKeys(p, lg + l, k.s0, k.bc), k.st + l, pl.Br);
@@ -388,15 +400,15 @@ bool ScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, i
 // dPᵀ = V_j·dO_iᵀ; dSᵀ = Pᵀ ∘ (dPᵀ∘keep/(1-p) − D), and Pᵀ ← Pᵀ∘keep/(1-p) for dV. The keep tile is
 // 1 with the dropped elements zeroed by DropRow, the forward's function, one query column at a time.
 // bf16: Pᵀ and dSᵀ rounded straight to their pair words along queries, and dSᵀ to its pair rows along keys.
-template <bool kDp>
-void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br, int64_t w) {
+template <typename E>
+void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t br, int64_t w) {
   const auto& p = pl.p;
   const DF df;
-  const int64_t N = pl.N, lg = r.l_begin + l0, ld = pl.Br;
+  const int64_t N = pl.N, lg = r.l_begin + l0, ld = pl.Br, pw = pl.pw;
   if (pl.bf16)
-    QKFrom<kDp>(pl, k, k.vr16, pl.Dvw, pl.Dv2, r.dot16 + l0 * pl.Dv2, w / N, 1.f, k.dpt);
+    QKFrom(pl, k, k.vr16, pw * pl.Dvw, pw * pl.Dv2, r.dot16 + pw * l0 * pl.Dv2, w / N, 1.f, k.dpt);
   else
-    QKFrom<kDp>(pl, k, k.vr, pl.Dvp, p.Dv, r.dot + l0 * p.Dv, w / N, 1.f, k.dpt);
+    QKFrom(pl, k, k.vr, pl.Dvp, p.Dv, r.dot + l0 * p.Dv, w / N, 1.f, k.dpt);
   const bool drop = p.dropout();
   if (drop) {
     for (int64_t s = 0; s < k.bc; ++s) std::fill(k.keep + s * ld, k.keep + s * ld + w, 1.f);
@@ -425,10 +437,9 @@ void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t b
     }
     return;
   }
-  // bf16: two key rows by 2N queries at a time, straight to the pair words (no fp32 tile written): rows s and
-  // s + 1 of dSᵀ's pair rows, and of each row Pᵀ's and dSᵀ's words along queries. 0 below a row's causal edge
+  // bf16: two key rows by 2N queries at a time, straight to the pairs (no fp32 tile written): rows s and
+  // s + 1 of dSᵀ's pair rows, and of each row Pᵀ's and dSᵀ's pairs along queries. 0 below a row's causal edge
   // (ha, as the fp32 tile's ZeroRow), past w (the odd last vector's partner) and for a missing row s + 1.
-  const DU du;
   for (int64_t s = 0; s < k.bc; s += 2) {
     const int64_t rows = std::min<int64_t>(2, k.bc - s), ha[2] = {k.hid[s] / N * N, rows == 2 ? k.hid[s + 1] / N * N : w};
     for (int64_t l = 0; l < w; l += 2 * N) {
@@ -440,11 +451,11 @@ void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t b
           if (i < rows && q < w && q >= ha[i]) grad(s + i, q, ds[i][c], pd[i][c]);
         }
       for (int i = 0; i < rows; ++i) {
-        hn::StoreU(PairWords(pd[i][0], pd[i][1]), du, k.pt16 + (s + i) * pl.Bw + l / 2);
-        hn::StoreU(PairWords(ds[i][0], ds[i][1]), du, k.dst16 + (s + i) * pl.Bw + l / 2);
+        StorePairs(pd[i][0], pd[i][1], k.pt16 + pw * ((s + i) * pl.Bw + l / 2));
+        StorePairs(ds[i][0], ds[i][1], k.dst16 + pw * ((s + i) * pl.Bw + l / 2));
       }
       for (int c = 0; c < 2 && l + c * N < w; ++c)
-        hn::StoreU(PairAcross(ds[0][c], ds[1][c]), du, k.ds2 + s / 2 * pl.Br + l + c * N);
+        StoreAcross(ds[0][c], ds[1][c], k.ds2 + pw * (s / 2) * pl.Br + l + c * N, pl.Br);
     }
   }
 }
@@ -454,8 +465,8 @@ void GradScoresT(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t b
 // edge: the terms skipped are zeros at the start or the end of a sum, so every sum keeps its bits. bf16:
 // a key block starts at the even query at or below it, a query block ends at the pair of keys holding its
 // edge (the extra term is P = 0 or dS = 0 times a finite value, or a zero row of padding).
-template <bool kDp>
-void Products(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br) {
+template <typename E>
+void Products(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t br) {
   const auto& p = pl.p;
   const int64_t N = pl.N, lg = r.l_begin + l0, even = pl.bf16 ? 2 : 1;
   // f(s, c, mr, nv, q0) for each block of keys [s, s + mr) x vectors [c, c + nv) of width: its first query q0
@@ -475,18 +486,23 @@ void Products(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br) 
       }
   };
   float* dq = r.dq + l0 * pl.Dp;
-  if (pl.bf16) {
-    const auto keys_by_queries = [&](const uint32_t* a, const uint32_t* rows, int64_t ldr, float* acc, int64_t width) {
+  if (pl.bf16) {  // depths in pairs: n2 pair words, or 2·n2 floats in chain order
+    const int64_t pw = pl.pw;
+    const auto pv = [&](auto trans_a, int64_t mr, int64_t nv, const E* a, int64_t lda, const E* b, int64_t ldb,
+                        int64_t n2, float* o, int64_t ldo) {
+      if constexpr (std::is_same_v<E, float>) PV<kNV, trans_a.value>(mr, nv, a, lda, b, ldb, 2 * n2, o, ldo, nullptr);
+      else RunBlock<PV16Op<trans_a.value>>(mr, nv, a, lda, b, ldb, n2, o, ldo, nullptr);
+    };
+    const auto keys_by_queries = [&](const E* a, const E* rows, int64_t ldr, float* acc, int64_t width) {
       key_blocks(width, [&](int64_t s, int64_t c, int64_t mr, int64_t nv, int64_t q0) {
-        RunBlock<PV16Op<kDp>>(mr, nv, a + s * pl.Bw + q0 / 2, pl.Bw, rows + (l0 + q0) / 2 * ldr + c * N, ldr,
-                              (br - q0 + 1) / 2, acc + s * width + c * N, width, nullptr);
+        pv(std::false_type(), mr, nv, a + pw * (s * pl.Bw + q0 / 2), pw * pl.Bw, rows + pw * ((l0 + q0) / 2) * ldr + c * N,
+           ldr, (br - q0 + 1) / 2, acc + s * width + c * N, width);
       });
     };
     keys_by_queries(k.pt16, r.do2, pl.Dvp, k.dv, pl.Dvp);
     keys_by_queries(k.dst16, r.q2, pl.Dp, k.dk, pl.Dp);
     query_blocks([&](int64_t l, int64_t c, int64_t mr, int64_t nv, int64_t n) {
-      RunBlock<PV16Op<kDp, true>>(mr, nv, k.ds2 + l, pl.Br, k.k2 + c * N, pl.Dp, (n + 1) / 2, dq + l * pl.Dp + c * N,
-                                  pl.Dp, nullptr);
+      pv(std::true_type(), mr, nv, k.ds2 + l, pl.Br, k.k2 + c * N, pl.Dp, (n + 1) / 2, dq + l * pl.Dp + c * N, pl.Dp);
     });
     return;
   }
@@ -505,8 +521,8 @@ void Products(const Plan& pl, Block& k, const QHead& r, int64_t l0, int64_t br) 
 
 // One KV block against every query tile of the phase's units [u0, u1) (in order: head within the group,
 // then segment): dK_j, dV_j accumulated, dQ partials of chunk c accumulated.
-template <bool kDp>
-void BlockTask(const Plan& pl, Block& k, int64_t c, int64_t u0, int64_t u1, bool first, bool last) {
+template <typename E>
+void BlockTask(const Plan& pl, Block<E>& k, int64_t c, int64_t u0, int64_t u1, bool first, bool last) {
   const auto& p = pl.p;
   bool seen = false;  // does any query of the phase see a key of the block? (causal: later blocks may not)
   for (int64_t u = u0; u < u1 && !seen; ++u) {
@@ -516,13 +532,13 @@ void BlockTask(const Plan& pl, Block& k, int64_t c, int64_t u0, int64_t u1, bool
   if (!seen && !first && !last) return;  // dK_j, dV_j wait in g unchanged
   LoadKV(pl, k, first);
   for (int64_t u = u0; u < u1; ++u) {
-    const QHead r = pl.head(k.b, k.kvh, u, u - u0, c);
+    const QHead<E> r = pl.head<E>(k.b, k.kvh, u, u - u0, c);
     for (int64_t l0 = 0; l0 < r.l_end - r.l_begin; l0 += pl.Br) {
       const int64_t br = std::min(pl.Br, r.l_end - r.l_begin - l0), w = round_up(br, pl.N);
       if (p.key_end(r.l_begin + l0 + br - 1) <= k.s0) continue;  // causal: the tile's last query sees no key of it
-      if (!ScoresT<kDp>(pl, k, r, l0, br, w)) continue;
-      GradScoresT<kDp>(pl, k, r, l0, br, w);
-      Products<kDp>(pl, k, r, l0, br);
+      if (!ScoresT(pl, k, r, l0, br, w)) continue;
+      GradScoresT(pl, k, r, l0, br, w);
+      Products(pl, k, r, l0, br);
     }
   }
   StoreKV(pl, k, last);
@@ -535,7 +551,7 @@ void StoreDq(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju) {
   const DF df;
   const int64_t N = pl.N;
   const float scale = float(p.scale);
-  const QHead r = pl.head(b, kvh, u, ju, 0);
+  const QHead<float> r = pl.head(b, kvh, u, ju, 0);
   const int64_t chunk = p.B * p.Hkv * pl.per_phase * pl.Ls * pl.Dp;  // floats between two chunks' partials
   const int64_t vec_end = GQ.strides[3] == 1 ? p.D / N * N : 0;       // columns stored a vector at a time
   float* gq = GQ.data + b * GQ.strides[0] + r.h * GQ.strides[1] + r.l_begin * GQ.strides[2];
@@ -555,17 +571,26 @@ void StoreDq(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju) {
   }
 }
 
+// f(E*{}) with the plan's kind of bf16 pairs E: pair words where VDPBF16PS runs, else floats (fp32 too).
+template <class F>
+void WithPairs(const Plan& pl, F&& f) {
+  if constexpr (kDpTarget)
+    if (pl.dp) return f(static_cast<uint32_t*>(nullptr));
+  f(static_cast<float*>(nullptr));
+}
+
 void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGrads<float>& g, Precision precision) {
   if (p.B == 0 || p.H == 0) return;
   Plan pl(p, dout, g, precision);
-  const int64_t groups = p.B * p.Hkv, size = Block::size(pl), size16 = Block::size16(pl), T = num_threads();
+  const int64_t groups = p.B * p.Hkv, size = Block<float>::size(pl), size16 = Block<float>::size16(pl);
+  const int64_t T = num_threads();
   Scratch scratch(Scratch::bytes_of<float>(pl.n_packed) + Scratch::bytes_of<uint32_t>(pl.n_packed16) +
                   Scratch::bytes_of<float>(pl.n_dq) + Scratch::bytes_of<float>(T * size) +
                   Scratch::bytes_of<uint32_t>(T * size16));
-  pl.packed = scratch.take<float>(pl.n_packed), pl.packed16 = scratch.take<uint32_t>(pl.n_packed16);
+  pl.packed = scratch.take<float>(pl.n_packed), pl.packed16 = scratch.take<uint32_t>(pl.n_packed16);  // or floats
   pl.dq = scratch.take<float>(pl.n_dq);
   float* bufs = scratch.take<float>(T * size);  // one Block per worker
-  uint32_t* bufs16 = scratch.take<uint32_t>(T * size16);
+  uint32_t* bufs16 = scratch.take<uint32_t>(T * size16);  // pair words or floats
   std::vector<int64_t> hids(static_cast<size_t>(num_threads() * pl.Bc));                  // Block::hid
   std::vector<float> ots(static_cast<size_t>(num_threads() * p.Dv * pl.N));               // PackUnit's O panel
   const int64_t nphase = (pl.units + pl.per_phase - 1) / pl.per_phase;
@@ -574,27 +599,32 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
     parallel_items(groups * nu, pl.Ls * (p.D + 2 * p.Dv) * 2, [&](int64_t item, int worker) {
       const pairs::FlushSubnormals flush(pl.bf16);  // bf16: every fp32 step as VDPBF16PS rounds (the header)
       const int64_t pair = item / nu, ju = item % nu;
-      PackUnit(pl, pair / p.Hkv, pair % p.Hkv, u0 + ju, ju, ots.data() + worker * p.Dv * pl.N);
+      WithPairs(pl, [&](auto* e) {
+        PackUnit<std::remove_pointer_t<decltype(e)>>(pl, pair / p.Hkv, pair % p.Hkv, u0 + ju, ju,
+                                                     ots.data() + worker * p.Dv * pl.N);
+      });
     });
     // KV blocks outer (task (b, kvh, c) takes blocks j ≡ c mod C), Q tiles inner
     const int64_t cost = (pl.nkv + pl.C - 1) / pl.C * pl.Bc * nu * pl.Ls * (p.D + p.Dv) * 3;
     parallel_items(groups * pl.C, cost, [&](int64_t item, int worker) {
       const pairs::FlushSubnormals flush(pl.bf16);
-      Block k(pl, bufs + worker * size, pl.bf16 ? bufs16 + worker * size16 : nullptr,
-              hids.data() + worker * pl.Bc);
-      k.b = item / (p.Hkv * pl.C), k.kvh = item / pl.C % p.Hkv;
-      const int64_t c = item % pl.C;
-      for (int64_t ju = 0; ju < nu; ++ju) {
-        float* dq = pl.head(k.b, k.kvh, u0 + ju, ju, c).dq;
-        std::fill(dq, dq + pl.Ls * pl.Dp, 0.f);
-      }
-      for (int64_t j = c; j < pl.nkv; j += pl.C) {
-        k.s0 = j * pl.Bc, k.bc = std::min(pl.Bc, p.S - k.s0);
-        if (pl.dp) BlockTask<kDpTarget>(pl, k, c, u0, u1, ph == 0, ph == nphase - 1);
-        else BlockTask<false>(pl, k, c, u0, u1, ph == 0, ph == nphase - 1);
-      }
-      if (pl.C == 1)  // the task owns its heads' dQ rows
-        for (int64_t ju = 0; ju < nu; ++ju) StoreDq(pl, k.b, k.kvh, u0 + ju, ju);
+      WithPairs(pl, [&](auto* e) {
+        using E = std::remove_pointer_t<decltype(e)>;
+        Block<E> k(pl, bufs + worker * size, pl.bf16 ? reinterpret_cast<E*>(bufs16 + worker * size16) : nullptr,
+                   hids.data() + worker * pl.Bc);
+        k.b = item / (p.Hkv * pl.C), k.kvh = item / pl.C % p.Hkv;
+        const int64_t c = item % pl.C;
+        for (int64_t ju = 0; ju < nu; ++ju) {
+          float* dq = pl.head(k.b, k.kvh, u0 + ju, ju, c).dq;
+          std::fill(dq, dq + pl.Ls * pl.Dp, 0.f);
+        }
+        for (int64_t j = c; j < pl.nkv; j += pl.C) {
+          k.s0 = j * pl.Bc, k.bc = std::min(pl.Bc, p.S - k.s0);
+          BlockTask(pl, k, c, u0, u1, ph == 0, ph == nphase - 1);
+        }
+        if (pl.C == 1)  // the task owns its heads' dQ rows
+          for (int64_t ju = 0; ju < nu; ++ju) StoreDq(pl, k.b, k.kvh, u0 + ju, ju);
+      });
     });
     if (pl.C > 1)
       parallel_items(groups * nu, pl.Ls * p.D * pl.C, [&](int64_t item, int) {

@@ -1,7 +1,8 @@
 // FlashAttention building blocks shared by the CPU flash kernels (forward and backward): the
 // packing of K (as Kᵀ panels) and V, the register-blocked tile products S = Q·Kᵀ and O = α⊙O + P·V (on
-// register_block.h's microkernel, the GEMM's; in fp32, or over bf16 pairs on its DpBlock), and a
-// vectorized exp2 (which can write P as bf16 pairs). Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
+// register_block.h's microkernel, the GEMM's; in fp32, or over bf16 pairs: pair words on its DpBlock,
+// VDPBF16PS, or bf16 values in chain order on FmaBlock, its exact emulation), and a vectorized exp2 (which
+// can write P as bf16 pairs). Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
 // these over tiles) and not a general GEMM (sizes are those of attention tiles).
 //
 // The target-independent part (packing, constants) is flash_pack.h. This SIMD part
@@ -86,107 +87,89 @@ HWY_INLINE float SumLanes(const VF* acc) {
   return lane[0];
 }
 
-// ---- bf16 pairs (pairs.h's layout) in registers: RoundedBf16, PairWords, PairAcross (register_block.h) ----
-
-// words[j] = PairAcross of rows lo and hi (hi null: a zero row) for j < n, n a multiple of the lanes.
-HWY_INLINE void PairRowsAcross(const float* HWY_RESTRICT lo, const float* HWY_RESTRICT hi, int64_t n,
-                               uint32_t* HWY_RESTRICT words) {
-  const DF d;
-  const int64_t N = hn::Lanes(d);
-  for (int64_t j = 0; j < n; j += N)
-    hn::StoreU(PairAcross(hn::LoadU(d, lo + j), hi ? hn::LoadU(d, hi + j) : hn::Zero(d)), DU(), words + j);
-}
-
-// The pair rows of `rows` rows of floats (ld apart, width a multiple of the lanes): row i of out (ldo words
-// apart) pairs rows 2i and 2i + 1 (PairRowsAcross; an odd last row with zeros). Kᵀ panels' rows are d, so
-// this pairs a panel along D; rows of keys or queries, it pairs them across.
-HWY_INLINE void PairRowsOf(const float* x, int64_t rows, int64_t ld, int64_t width, uint32_t* out, int64_t ldo) {
-  for (int64_t i = 0; 2 * i < rows; ++i)
-    PairRowsAcross(x + 2 * i * ld, 2 * i + 1 < rows ? x + (2 * i + 1) * ld : nullptr, width, out + i * ldo);
-}
-
-// words[q] for the elements of row [0, n), n a multiple of the lanes: ceil(n/2N)·N words (an odd last
-// vector is paired with zeros).
-HWY_INLINE void PairRow(const float* HWY_RESTRICT row, int64_t n, uint32_t* HWY_RESTRICT words) {
-  const DF d;
-  const int64_t N = hn::Lanes(d);
-  for (int64_t j = 0; j < n; j += 2 * N)
-    hn::StoreU(PairWords(hn::LoadU(d, row + j), j + N < n ? hn::LoadU(d, row + j + N) : hn::Zero(d)), DU(), words + j / 2);
-}
-
-// ---- bf16 as the emulation multiplies it: fp32 values in chain order ----
-// Without VDPBF16PS the bf16 flash products run on the fp32 microkernel (FmaBlock) over operands rounded to
-// bf16 and kept as fp32 (a bf16 is an fp32's high half), each pair of k swapped: k = 2q + 1, then 2q. The
-// one FMA chain over k then adds each pair's odd product, then its even one, exactly as VDPBF16PS does
-// (DpBlock), under DAZ/FTZ: the same bits, at fp32's speed (no widening in the loop, no extra registers).
+// ---- bf16 pairs as the kernels store them, of two kinds E ----
+// uint32_t: pair words (pairs.h's layout, VDPBF16PS's operands: DpBlock multiplies them); RoundedBf16,
+// PairWords and PairAcross (register_block.h) make them.
+// float: without VDPBF16PS, bf16 values kept as fp32 (a bf16 is an fp32's high half) in CHAIN ORDER, each
+// pair of k swapped (k = 2q + 1, then 2q), and the fp32 blocks (FmaBlock) multiply them: their one FMA chain
+// over k adds each pair's odd product, then its even one, exactly as VDPBF16PS does, under DAZ/FTZ: the
+// instruction's bits at fp32's speed. A pair row is then two rows, a pair along a row two elements.
 
 // x rounded to bf16 (RoundedBf16), as an fp32.
 HWY_INLINE VF Bf16Value(VF x) { return hn::BitCast(DF(), hn::And(RoundedBf16(x), hn::Set(DU(), 0xFFFF0000u))); }
 
-// Elements [0, 2N) of a row along k (a, then b) in chain order: each pair (2q, 2q + 1) rounded and swapped.
-HWY_INLINE void ChainAlong(VF& a, VF& b) {
+// 2N elements of a row along k (a, then b) as pairs at out: N pair words, or 2N floats in chain order.
+HWY_INLINE void StorePairs(VF a, VF b, uint32_t* out) { hn::StoreU(PairWords(a, b), DU(), out); }
+HWY_INLINE void StorePairs(VF a, VF b, float* out) {
+  const DF d;
 #if HWY_TARGET == HWY_SCALAR
-  const VF t = Bf16Value(a);
-  a = Bf16Value(b), b = t;
+  hn::StoreU(Bf16Value(b), d, out), hn::StoreU(Bf16Value(a), d, out + 1);
 #else
-  a = hn::Reverse2(DF(), Bf16Value(a)), b = hn::Reverse2(DF(), Bf16Value(b));
+  hn::StoreU(hn::Reverse2(d, Bf16Value(a)), d, out), hn::StoreU(hn::Reverse2(d, Bf16Value(b)), d, out + hn::Lanes(d));
 #endif
 }
 
-// The chain row of x[0, n) along k, any n, into out (2⌈n/2⌉ floats; out may be x): x[n] = 0 where n is odd.
-HWY_INLINE void ChainRow(const float* x, int64_t n, float* out) {
+// Two rows where k runs across them (lo: k = 2i, hi: 2i + 1) as the pair row i at out: one row of words, or
+// the rows out (hi) and out + ld (lo) in chain order.
+HWY_INLINE void StoreAcross(VF lo, VF hi, uint32_t* out, int64_t) { hn::StoreU(PairAcross(lo, hi), DU(), out); }
+HWY_INLINE void StoreAcross(VF lo, VF hi, float* out, int64_t ld) {
+  hn::StoreU(Bf16Value(hi), DF(), out), hn::StoreU(Bf16Value(lo), DF(), out + ld);
+}
+
+// The pair rows of `rows` rows of floats (ld apart, width a multiple of the lanes): pair row i of out (rows
+// ldo apart) pairs rows 2i and 2i + 1 (StoreAcross; an odd last row with a zero row). Kᵀ panels' rows are
+// d, so this pairs a panel along D; rows of keys or queries, it pairs them across.
+template <typename E>
+HWY_INLINE void PairRowsOf(const float* x, int64_t rows, int64_t ld, int64_t width, E* out, int64_t ldo) {
+  const DF d;
+  const int64_t N = hn::Lanes(d), pw = std::is_same_v<E, float> ? 2 : 1;
+  for (int64_t i = 0; 2 * i < rows; ++i) {
+    const float* lo = x + 2 * i * ld;
+    for (int64_t j = 0; j < width; j += N)
+      StoreAcross(hn::LoadU(d, lo + j), 2 * i + 1 < rows ? hn::LoadU(d, lo + ld + j) : hn::Zero(d),
+                  out + pw * i * ldo + j, ldo);
+  }
+}
+
+// The pairs of row x[0, n) along k (StorePairs; x[n] = 0 where n is odd): ⌈n/2⌉ pair words, rounded up to
+// the lanes; or in chain order 2⌈n/2⌉ floats, any n (out may be x).
+HWY_INLINE void PairRow(const float* HWY_RESTRICT x, int64_t n, uint32_t* HWY_RESTRICT words) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  for (int64_t j = 0; j < n; j += 2 * N) StorePairs(hn::LoadU(d, x + j), j + N < n ? hn::LoadU(d, x + j + N) : hn::Zero(d), words + j / 2);
+}
+HWY_INLINE void PairRow(const float* x, int64_t n, float* out) {
   const DF d;
   const int64_t N = hn::Lanes(d), n2 = round_up(n, 2);
   const auto first = [&](int64_t at) { return static_cast<size_t>(std::clamp<int64_t>(n - at, 0, N)); };
-  for (int64_t j = 0; j < n2; j += 2 * N) {
-    VF a = LoadFirst(d, x + std::min(j, n - 1), first(j)), b = LoadFirst(d, x + std::min(j + N, n - 1), first(j + N));
-    ChainAlong(a, b);
+  for (int64_t j = 0; j < n2; j += 2 * N) {  // whole vectors through a buffer: nothing read or written past the row
     HWY_ALIGN float part[2 * hn::MaxLanes(d)];
-    hn::Store(a, d, part), hn::Store(b, d, part + N);
+    StorePairs(LoadFirst(d, x + std::min(j, n - 1), first(j)), LoadFirst(d, x + std::min(j + N, n - 1), first(j + N)), part);
     std::copy(part, part + std::min(2 * N, n2 - j), out + j);
   }
 }
 
-// The chain rows of `rows` rows where k runs across them (ld apart, width a multiple of the lanes): out row
-// 2i (ldo apart) = row 2i + 1 rounded, out row 2i + 1 = row 2i rounded, an odd last row's partner a zero
-// row: 2⌈rows/2⌉ rows. Kᵀ panels' rows are d, so this chains a panel along D; rows of keys, V across keys.
-HWY_INLINE void ChainRowsOf(const float* x, int64_t rows, int64_t ld, int64_t width, float* out, int64_t ldo) {
-  const DF d;
-  const int64_t N = hn::Lanes(d);
-  for (int64_t i = 0; 2 * i < rows; ++i) {
-    const float* lo = x + 2 * i * ld;
-    for (int64_t j = 0; j < width; j += N) {
-      hn::StoreU(2 * i + 1 < rows ? Bf16Value(hn::LoadU(d, lo + ld + j)) : hn::Zero(d), d, out + 2 * i * ldo + j);
-      hn::StoreU(Bf16Value(hn::LoadU(d, lo + j)), d, out + (2 * i + 1) * ldo + j);
-    }
-  }
-}
-
 // row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes); returns the sum of the new row over the
-// virtual lanes (SumLanes). With words (bf16): the new row goes to words as PairRow writes it, not to row;
-// with chain (the emulation's bf16): to row as ChainRow writes it (2^(row[n]) = 0 where n is odd).
-HWY_INLINE float Exp2Row(float* HWY_RESTRICT row, int64_t n, float m, uint32_t* HWY_RESTRICT words = nullptr,
-                         bool chain = false) {
+// virtual lanes (SumLanes). With pairs (bf16): the new row goes to pairs as PairRow writes it (pair words,
+// not to row; or in chain order, which may be row itself: 2^(row[n]) = 0 where n is odd, and pairs has room
+// for whole pairs of vectors, as a tile's width, a multiple of 2N).
+template <typename E = uint32_t>
+HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr) {
   const DF d;
-  const int64_t N = hn::Lanes(d);
+  const int64_t N = hn::Lanes(d), pw = std::is_same_v<E, float> ? 2 : 1;
   const VF vm = hn::Set(d, m);
   VF sum[kSumVecs];
   for (int64_t v = 0; v < kSumVecs; ++v) sum[v] = hn::Zero(d);
-  if (words || chain) {  // vector i of the row goes to virtual lanes i % kSumVecs, in order, as below
+  if (pairs) {  // vector i of the row goes to virtual lanes i % kSumVecs, in order, as below
     for (int64_t j = 0; j < n; j += 2 * N) {
-      VF p0 = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+      const VF p0 = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
       VF p1 = hn::Zero(d);
       sum[(j / N) % kSumVecs] = hn::Add(sum[(j / N) % kSumVecs], p0);
       if (j + N < n) {
         p1 = Exp2(d, hn::Sub(hn::LoadU(d, row + j + N), vm));
         sum[(j / N + 1) % kSumVecs] = hn::Add(sum[(j / N + 1) % kSumVecs], p1);
       }
-      if (words) {
-        hn::StoreU(PairWords(p0, p1), DU(), words + j / 2);
-      } else {  // the row has room for whole pairs of vectors (a tile's width is a multiple of 2N)
-        ChainAlong(p0, p1);
-        hn::StoreU(p0, d, row + j), hn::StoreU(p1, d, row + j + N);
-      }
+      StorePairs(p0, p1, pairs + pw * j / 2);
     }
     return SumLanes(sum);
   }
@@ -214,9 +197,10 @@ HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float*
   ForBlock<MR, NV>([&](int r, int j) { acc[r][j] = hn::Zero(d); });
   FmaBlock<MR, NV>(d, acc, ARows<float>{q, ldq, 1}, MR, BRows<float>{kt, N, ldp}, D, LoadF32());
   const VF vs = hn::Set(d, scale);
+  const bool scaled = scale != 1.f;
   ForBlock<MR, NV>([&](int r, int j) {
     float* dst = s + r * lds + j * N;
-    hn::StoreU(add ? hn::MulAdd(acc[r][j], vs, hn::LoadU(d, dst)) : hn::Mul(acc[r][j], vs), d, dst);
+    hn::StoreU(add ? hn::MulAdd(acc[r][j], vs, hn::LoadU(d, dst)) : scaled ? hn::Mul(acc[r][j], vs) : acc[r][j], d, dst);
   });
 }
 
@@ -257,14 +241,14 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY
 // S (MR, NV·N) = qscale · (Q (MR, D2) · Kᵀ (D2, NV·N)) over bf16 pairs (DpBlock), plus what S holds already
 // if `add` (the mask bias): q: MR rows of D2 pair words, ldq apart; kt: NV consecutive Kᵀ pair panels
 // ((D2, N) words), ldp words apart. The scale is applied to the fp32 sum, as torch's bf16 SDPA does.
-template <bool kDp, int MR, int NV>
+template <int MR, int NV>
 HWY_NOINLINE void QK16Block(const uint32_t* HWY_RESTRICT q, int64_t ldq, const uint32_t* HWY_RESTRICT kt,
                             int64_t ldp, int64_t D2, float qscale, float* HWY_RESTRICT s, int64_t lds, bool add) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[MR][NV];
   ForBlock<MR, NV>([&](int r, int j) { acc[r][j] = hn::Zero(d); });
-  DpBlock<kDp, MR, NV>(d, acc, ARows<uint32_t>{q, ldq, 1}, MR, BRows<uint32_t>{kt, N, ldp}, D2);
+  DpBlock<MR, NV>(d, acc, ARows<uint32_t>{q, ldq, 1}, MR, BRows<uint32_t>{kt, N, ldp}, D2);
   const VF vs = hn::Set(d, qscale);
   ForBlock<MR, NV>([&](int r, int j) {
     float* dst = s + r * lds + j * N;
@@ -276,7 +260,7 @@ HWY_NOINLINE void QK16Block(const uint32_t* HWY_RESTRICT q, int64_t ldq, const u
 // p: MR rows of n2 pair words (keys 2q, 2q + 1), ldp apart, or with TransA P's transpose stored (n2, ldp)
 // (the backward's dQ = dS·K from dSᵀ's pair rows); v: pair rows of V (keys 2q, 2q + 1 of each column),
 // ldv words apart. o: row stride ldo.
-template <bool kDp, int MR, int NV, bool TransA = false>
+template <int MR, int NV, bool TransA = false>
 HWY_NOINLINE void PV16Block(const uint32_t* HWY_RESTRICT p, int64_t ldp, const uint32_t* HWY_RESTRICT v,
                             int64_t ldv, int64_t n2, float* HWY_RESTRICT o, int64_t ldo,
                             const float* HWY_RESTRICT alpha) {
@@ -285,7 +269,7 @@ HWY_NOINLINE void PV16Block(const uint32_t* HWY_RESTRICT p, int64_t ldp, const u
   VF acc[MR][NV];
   LoadO(acc, o, ldo, alpha);
   const ARows<uint32_t> a = TransA ? ARows<uint32_t>{p, 1, ldp} : ARows<uint32_t>{p, ldp, 1};
-  DpBlock<kDp, MR, NV>(d, acc, a, MR, BRows<uint32_t>{v, ldv, N}, n2);
+  DpBlock<MR, NV>(d, acc, a, MR, BRows<uint32_t>{v, ldv, N}, n2);
   StoreO(acc, o, ldo);
 }
 
@@ -307,15 +291,14 @@ struct PVOp {
   template <int MR, int NV, class... Args>
   static HWY_INLINE void Run(Args... args) { PVBlock<MR, NV, TransA>(args...); }
 };
-template <bool kDp>
 struct QK16Op {
   template <int MR, int NV, class... Args>
-  static HWY_INLINE void Run(Args... args) { QK16Block<kDp, MR, NV>(args...); }
+  static HWY_INLINE void Run(Args... args) { QK16Block<MR, NV>(args...); }
 };
-template <bool kDp, bool TransA = false>
+template <bool TransA = false>
 struct PV16Op {
   template <int MR, int NV, class... Args>
-  static HWY_INLINE void Run(Args... args) { PV16Block<kDp, MR, NV, TransA>(args...); }
+  static HWY_INLINE void Run(Args... args) { PV16Block<MR, NV, TransA>(args...); }
 };
 template <int NV = kNV, class... Args>
 HWY_INLINE void QK(int64_t mr, int64_t nv, Args... args) { RunBlock<QKOp, kMR, NV>(mr, nv, args...); }
@@ -352,24 +335,24 @@ HWY_INLINE void PVTile(const float* p, int64_t rows, int64_t ldp, const E* v, in
 }
 
 // QKTile over bf16 pairs: S (rows, lds) = qscale · Q (rows, D2 pairs) · Kᵀ pair panels (+ S if add).
-template <bool kDp>
+template <int NV = kNV>  // a template, so that only a kDpTarget caller instantiates DpBlock
 HWY_INLINE void QK16Tile(const uint32_t* q, int64_t rows, int64_t D2, const uint32_t* kt, int64_t np, float qscale,
                          float* s, int64_t lds, bool add) {
   const int64_t N = hn::Lanes(DF());
   ForTile(rows, np, [&](int64_t r, int64_t j, int64_t mr, int64_t nv) {
-    RunBlock<QK16Op<kDp>>(mr, nv, q + r * D2, D2, kt + j * D2 * N, D2 * N, D2, qscale, s + r * lds + j * N, lds,
-                          add);
+    RunBlock<QK16Op, kMR, NV>(mr, nv, q + r * D2, D2, kt + j * D2 * N, D2 * N, D2, qscale, s + r * lds + j * N,
+                              lds, add);
   });
 }
 
 // PVTile over bf16 pairs: O (rows, Dvp) = α ⊙ O + P (rows, n2 pairs, ldp apart) · V pair rows (ldv = Dvp).
-template <bool kDp>
+template <int NV = kNV>
 HWY_INLINE void PV16Tile(const uint32_t* p, int64_t rows, int64_t ldp, const uint32_t* v, int64_t n2, float* o,
                          int64_t Dvp, const float* alpha) {
   const int64_t N = hn::Lanes(DF());
   ForTile(rows, Dvp / N, [&](int64_t r, int64_t c, int64_t mr, int64_t nv) {
-    RunBlock<PV16Op<kDp>>(mr, nv, p + r * ldp, ldp, v + c * N, Dvp, n2, o + r * Dvp + c * N, Dvp,
-                          alpha ? alpha + r : nullptr);
+    RunBlock<PV16Op<>, kMR, NV>(mr, nv, p + r * ldp, ldp, v + c * N, Dvp, n2, o + r * Dvp + c * N, Dvp,
+                                alpha ? alpha + r : nullptr);
   });
 }
 

@@ -13,7 +13,7 @@
 // exp2 (after dropout, where there is some), O += P·V in fp32 sums, the whole tile under DAZ/FTZ, so the
 // bits are the same on every FMA CPU. With VDPBF16PS the operands are pair words (DpBlock; measured on a
 // Zen 4: 1.35-1.67x the fp32 kernel); without, they are bf16 values as fp32 in chain order and the fp32
-// blocks run them (flash_common.h ChainRow: the instruction's bits, at fp32's speed).
+// blocks run them (flash_common.h: the instruction's bits, at fp32's speed).
 //
 // Threads: attn's pool (parallel_items) over independent (batch, KV head, query tile) items, each
 // reduced in a fixed order by one thread, so any thread count gives bitwise the same output. Decoding
@@ -152,7 +152,7 @@ void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t 
     else
       for (int64_t d = 0; d < D; ++d) dst[d] = src[d * Q.strides[3]] * f;
     if (pl.dp) pairs::PairsAlongRow(dst, pl.D2, D, t.q16 + r * pl.D2);
-    else if (pl.bf16) ChainRow(dst, D, dst);
+    else if (pl.bf16) PairRow(dst, D, dst);  // in chain order, in place
   }
   if (pl.few) pack_panels(t.q, D, 1, t.rows, D, pl.N, t.qt);
   std::fill(t.m, t.m + t.rows, -kInf);
@@ -210,6 +210,11 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
                  int64_t ldv) {
   constexpr bool k16 = std::is_same_v<E, uint32_t>;
   const bool chain = !k16 && pl.bf16;
+  // where row r's P goes as bf16 pairs: its pair words, or itself in chain order
+  const auto prow = [&](int64_t r) -> E* {
+    if constexpr (k16) return t.p16 + r * (pl.bc / 2);
+    else return t.s + r * pl.bc;
+  };
   const auto& p = pl.p;
   const bool causal = p.args.causal != Causal::none;
   const int64_t first_end = p.key_end(t.l0);  // the causal edge of the tile's first, most limited row
@@ -232,7 +237,7 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
       if (bias && !FillMask(pl, t, r0, nr, s0, nb, nbp)) continue;
       if constexpr (k16) {
         const uint32_t* kt = k + (s0 - s_begin) * ldk;
-        QK16Tile<kDpTarget>(t.q16 + r0 * pl.D2, nr, pl.D2, kt, nbp / pl.N, pl.qscale, t.s + r0 * pl.bc, pl.bc, bias);
+        QK16Tile(t.q16 + r0 * pl.D2, nr, pl.D2, kt, nbp / pl.N, pl.qscale, t.s + r0 * pl.bc, pl.bc, bias);
       } else if (pl.few) {  // one band: rows <= kFewRows < kCutBand
         QKFromRows(pl, t, k + (s0 - s_begin) * ldk, ldk, nb, bias);
       } else {
@@ -250,24 +255,19 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
         const float a = t.m[r] == -kInf || t.m[r] == m_new ? 1.f : std::exp2(t.m[r] - m_use);
         t.alpha[r] = a;
         rescale |= a != 1.f;
-        // bf16 without dropout: P straight to its pair words, or rounded in chain order
-        t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use, k16 && !p.dropout() ? t.p16 + r * (pl.bc / 2) : nullptr,
-                                      chain && !p.dropout());
+        // bf16 without dropout: P straight to its pairs
+        t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use, pl.bf16 && !p.dropout() ? prow(r) : nullptr);
         t.m[r] = m_new;
       }
       if (p.dropout()) Dropout(pl, t, r0, nr, s0, nb);
       if (pl.bf16 && p.dropout())
-        for (int64_t r = r0; r < r0 + nr; ++r) {
-          float* row = t.s + r * pl.bc;
-          if constexpr (k16) PairRow(row, nbp, t.p16 + r * (pl.bc / 2));
-          else ChainRow(row, nbp, row);
-        }
+        for (int64_t r = r0; r < r0 + nr; ++r) PairRow(t.s + r * pl.bc, nbp, prow(r));
       // O = α ⊙ O + P·V; the rescale only when some row's max changed
       const float* alpha = rescale ? t.alpha + r0 : nullptr;
       if constexpr (k16) {  // P's pairs (keys past nb: 0, as -inf scores give) times V's pair rows
         const int64_t n2 = (nb + 1) / 2, ld2 = pl.bc / 2;
         const uint32_t* vp = v + (s0 - s_begin) / 2 * ldv;
-        PV16Tile<kDpTarget>(t.p16 + r0 * ld2, nr, ld2, vp, n2, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
+        PV16Tile(t.p16 + r0 * ld2, nr, ld2, vp, n2, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
       } else {  // chain order: whole pairs of keys (key nb's P is 0, as above)
         PVTile(t.s + r0 * pl.bc, nr, pl.bc, v + (s0 - s_begin) * ldv, ldv, chain ? round_up(nb, 2) : nb,
                t.o + r0 * pl.Dvp, pl.Dvp, alpha);
@@ -338,16 +338,10 @@ void ForwardTiles(const Plan& pl) {
         for (int64_t s = 0; s < n; s += step) {
           const int64_t m = std::min(step, n - s);
           pack_panels(ks + s * K.strides[2], K.strides[2], K.strides[3], m, p.D, pl.N, tmp.data());
-          for (int64_t j = 0; j < m; j += pl.N) {  // each panel along D
-            const float* panel = tmp.data() + j * p.D;
-            if constexpr (k16) PairRowsOf(panel, p.D, pl.N, pl.N, kt + (s0 + s + j) * pl.D2, pl.N);
-            else ChainRowsOf(panel, p.D, pl.N, pl.N, kt + (s0 + s + j) * pl.Dq, pl.N);
-          }
+          for (int64_t j = 0; j < m; j += pl.N)  // each panel along D
+            PairRowsOf(tmp.data() + j * p.D, p.D, pl.N, pl.N, kt + (s0 + s + j) * (k16 ? pl.D2 : pl.Dq), pl.N);
           pack_rows(vs + s * V.strides[2], V.strides[2], V.strides[3], m, p.Dv, pl.Dvp, tmp.data());
-          if constexpr (k16)  // V across keys
-            PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) / 2 * pl.Dvp, pl.Dvp);
-          else
-            ChainRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) * pl.Dvp, pl.Dvp);
+          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) / (k16 ? 2 : 1) * pl.Dvp, pl.Dvp);  // V across keys
         }
       } else if constexpr (!k16) {
         PackKeys(pl, b, kvh, s0, n, kt + s0 * p.D, kt + kt_size + s0 * pl.Dvp);
@@ -377,9 +371,10 @@ void ForwardTiles(const Plan& pl) {
 void FlashForward(const SdpaProblem<float>& p, Precision precision) {
   if (p.B == 0 || p.H == 0 || p.L == 0) return;
   const Plan pl = MakePlan(p, precision);
-  if (pl.decode) flash_decode(p);  // flash_decode.cpp's kernel, over fp32 K/V
-  else if (pl.dp) ForwardTiles<uint32_t>(pl);
-  else ForwardTiles<float>(pl);
+  if (pl.decode) return flash_decode(p);  // flash_decode.cpp's kernel, over fp32 K/V
+  if constexpr (kDpTarget)  // pair words for VDPBF16PS, on the targets that have it only
+    if (pl.dp) return ForwardTiles<uint32_t>(pl);
+  ForwardTiles<float>(pl);  // fp32, or bf16 in chain order
 }
 
 }  // namespace attn::flash::HWY_NAMESPACE

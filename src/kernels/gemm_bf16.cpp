@@ -334,9 +334,9 @@ HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int6
     } else {
       const uint32_t* a = ap + q * kMR;
       const uint32_t* b = bp + q * ldbp;
-      DpBlock<true, kMR, NV>(df, ev, ARows<uint32_t>{a, 1, 2 * kMR}, kMR, BRows<uint32_t>{b, 2 * ldbp, N}, kGroup / 2);
-      DpBlock<true, kMR, NV>(df, od, ARows<uint32_t>{a + kMR, 1, 2 * kMR}, kMR,
-                             BRows<uint32_t>{b + ldbp, 2 * ldbp, N}, kGroup / 2);
+      DpBlock<kMR, NV>(df, ev, ARows<uint32_t>{a, 1, 2 * kMR}, kMR, BRows<uint32_t>{b, 2 * ldbp, N}, kGroup / 2);
+      DpBlock<kMR, NV>(df, od, ARows<uint32_t>{a + kMR, 1, 2 * kMR}, kMR, BRows<uint32_t>{b + ldbp, 2 * ldbp, N},
+                       kGroup / 2);
     }
     const bool from_zero = zero && q == 0;
     ForBlock<kMR, NV>([&](int r, int j) {

@@ -2,7 +2,7 @@
 // the bf16 flash forward (flash_forward.cpp). A 32-bit word holds two bf16 of consecutive k: k = 2q in
 // the low half, 2q + 1 in the high half. fp32 is rounded to bf16 by to_half (half_kv.h: round to nearest
 // even, the rounding of every fp32 -> bf16 conversion in attn). Plain C++, not SIMD: register_block.h's
-// DpBlock multiplies the pairs.
+// DpBlock multiplies the pairs (flash_common.h keeps them as fp32 in chain order where it can't).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -17,7 +17,7 @@
 namespace attn::pairs {
 
 // MXCSR with DAZ (bit 6) and FTZ (bit 15) set while alive, where asked: fp32 arithmetic then flushes as
-// VDPBF16PS does (DpBlock's emulation needs it). Per thread: set inside each parallel body.
+// VDPBF16PS does (its emulations need it). Per thread: set inside each parallel body.
 class FlushSubnormals {
  public:
   explicit FlushSubnormals(bool on) {

@@ -10,7 +10,7 @@
 // Bits: each accumulator is ONE chain of FMAs over k in order, acc = fma(a(r, k), b(k, j), acc), from
 // whatever the caller put in it. The block size, the strides, the row clamp and the SIMD width (each
 // lane is its own element) decide who computes an element and when, never its value. DpBlock is the
-// same loop over bf16 pairs (gemm_bf16.cpp's microkernel and the bf16 flash tile products).
+// same loop over bf16 pairs on VDPBF16PS (gemm_bf16.cpp's microkernel and the bf16 flash tile products).
 #include <algorithm>
 
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
@@ -112,13 +112,13 @@ HWY_INLINE void FmaBlock(D d, hn::Vec<D> (&acc)[MR][NV], ARows<T> A, int64_t row
 // ---- bf16 pairs (AVX512_BF16's operand layout: a 32-bit word holds bf16 k = 2q low, 2q + 1 high) ----
 
 // Whether this target can run VDPBF16PS (a kernel runs it only where cpu_info().bf16 says the CPU has it;
-// elsewhere, and on other targets, DpBlock's emulation).
+// elsewhere its bf16 products run on FmaBlock over fp32 operands ordered to give the same bits).
 #if ATTN_AVX512_TARGET(HWY_TARGET)
 inline constexpr bool kDpTarget = true;
 #else
 inline constexpr bool kDpTarget = false;
 #endif
-// Whether DpBlock<kDpTarget> runs VDPBF16PS here: this target can and the CPU has it (set_cpu_bf16 may say not).
+// Whether DpBlock runs here: this target can and the CPU has it (set_cpu_bf16 may say not).
 inline bool UseDp() { return kDpTarget && cpu_info().bf16; }
 
 #if ATTN_AVX512_TARGET(HWY_TARGET)
@@ -131,52 +131,38 @@ HWY_INLINE V Dp(V acc, VU a, VU b) {
 }
 #endif
 
-// The pair microkernel: acc[r][j] = dp(a(r, q), b(q, j), acc[r][j]) for pairs q = 0 … n-1 in order, where
+// The pair microkernel, VDPBF16PS on AVX-512 targets only (a caller instantiates it under kDpTarget and
+// runs it where UseDp()): acc[r][j] = dp(a(r, q), b(q, j), acc[r][j]) for pairs q = 0 … n-1 in order, where
 // dp adds the odd k's product, then the even k's, each sum rounded to nearest even, subnormal inputs and
-// sums flushed to zero: VDPBF16PS where kDp (AVX-512 targets only), else its exact emulation, the halves
-// widened to fp32 (a bf16 is the high half of an fp32) and two FMAs, which the caller runs under MXCSR's
-// DAZ and FTZ (pairs.h FlushSubnormals). A product of two bf16 has at most 16 significant bits, so it is
-// exact in fp32 and each FMA rounds once, as the instruction does: the same bits on every FMA target.
+// sums flushed to zero. A product of two bf16 has at most 16 significant bits, so it is exact in fp32:
+// FmaBlock over the same values as fp32, odd k before even, under MXCSR's DAZ and FTZ (pairs.h
+// FlushSubnormals) gives the same bits (flash_common.h's chain order, gemm_bf16.cpp's emulation).
 // A and B as in FmaBlock, over 32-bit words; rows r >= rows read row 0.
-template <bool kDp, int MR, int NV, class D>
+template <int MR, int NV, class D>
 HWY_INLINE void DpBlock(D d, hn::Vec<D> (&acc)[MR][NV], ARows<uint32_t> A, int64_t rows, BRows<uint32_t> B,
                         int64_t n) {
+#if ATTN_AVX512_TARGET(HWY_TARGET)
   const hn::RebindToUnsigned<D> du;
   using VU = hn::Vec<decltype(du)>;
   int64_t off[MR];
 #pragma GCC unroll 16
   for (int r = 0; r < MR; ++r) off[r] = (r < rows ? r : 0) * A.rs;
   const uint32_t* ak = A.a;
-  const VU high = hn::Set(du, 0xFFFF0000u);
   for (int64_t q = 0; q < n; ++q, ak += A.ks) {
     VU b[NV];
 #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) b[j] = hn::LoadU(du, B.b + q * B.ks + j * B.js);
-    if constexpr (kDp) {
-#if ATTN_AVX512_TARGET(HWY_TARGET)
 #pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const VU a = hn::Set(du, ak[off[r]]);
+    for (int r = 0; r < MR; ++r) {
+      const VU a = hn::Set(du, ak[off[r]]);
 #pragma GCC unroll 16
-        for (int j = 0; j < NV; ++j) acc[r][j] = Dp(acc[r][j], a, b[j]);
-      }
-#endif
-    } else {
-      hn::Vec<D> odd[NV], even[NV];
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) {
-        odd[j] = hn::BitCast(d, hn::And(b[j], high));
-        even[j] = hn::BitCast(d, hn::ShiftLeft<16>(b[j]));
-      }
-#pragma GCC unroll 16
-      for (int r = 0; r < MR; ++r) {
-        const VU a = hn::Set(du, ak[off[r]]);
-        const hn::Vec<D> ao = hn::BitCast(d, hn::And(a, high)), ae = hn::BitCast(d, hn::ShiftLeft<16>(a));
-#pragma GCC unroll 16
-        for (int j = 0; j < NV; ++j) acc[r][j] = hn::MulAdd(ae, even[j], hn::MulAdd(ao, odd[j], acc[r][j]));
-      }
+      for (int j = 0; j < NV; ++j) acc[r][j] = Dp(acc[r][j], a, b[j]);
     }
   }
+#else
+  static_assert(!sizeof(D), "VDPBF16PS runs on AVX-512 targets only: instantiate DpBlock under kDpTarget");
+  (void)d, (void)acc, (void)A, (void)rows, (void)B, (void)n;
+#endif
 }
 
 // ---- bf16 pairs (pairs.h's layout) in registers: the operands of DpBlock, made from fp32 or bf16 ----
