@@ -49,9 +49,25 @@ bool is_control(char32_t c) {
          k == UTF8PROC_CATEGORY_CS;
 }
 
-// BertPreTokenizer's is_bert_punc: ASCII punctuation, or a P* category.
+// BertPreTokenizer's is_bert_punc, also the Punctuation pre-tokenizer's: ASCII punctuation, or a P* category
+// in the library's tables (the unicode_categories crate: Unicode 9). utf8proc's are Unicode 15, so the P*
+// code points assigned since are not punctuation to the library (kNewerPunct), and two it sees as
+// punctuation have had other categories since (U+166D So, U+111C9 Mn). The lists: every code point through
+// tokenizers 0.23.3's Punctuation pre-tokenizer against utf8proc 2.8's categories (tests/python/test_bpe.py
+// checks all of them).
 bool is_punctuation(char32_t c) {
   if (c < 0x80) return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
+  if (c == 0x166D || c == 0x111C9) return true;
+  static constexpr char32_t kNewerPunct[][2] = {
+      {0x61D, 0x61D},     {0x9FD, 0x9FD},     {0xA76, 0xA76},     {0xC77, 0xC77},     {0xC84, 0xC84},
+      {0x1B7D, 0x1B7E},   {0x2E43, 0x2E4F},   {0x2E52, 0x2E5D},   {0x10EAD, 0x10EAD}, {0x10F55, 0x10F59},
+      {0x10F86, 0x10F89}, {0x1144B, 0x1144F}, {0x1145A, 0x1145B}, {0x1145D, 0x1145D}, {0x11660, 0x1166C},
+      {0x116B9, 0x116B9}, {0x1183B, 0x1183B}, {0x11944, 0x11946}, {0x119E2, 0x119E2}, {0x11A3F, 0x11A46},
+      {0x11A9A, 0x11A9C}, {0x11A9E, 0x11AA2}, {0x11B00, 0x11B09}, {0x11C41, 0x11C45}, {0x11C70, 0x11C71},
+      {0x11EF7, 0x11EF8}, {0x11F43, 0x11F4F}, {0x11FFF, 0x11FFF}, {0x12FF1, 0x12FF2}, {0x16E97, 0x16E9A},
+      {0x16FE2, 0x16FE2}, {0x1E95E, 0x1E95F}};
+  for (const auto& r : kNewerPunct)
+    if (c >= r[0] && c <= r[1]) return false;
   const auto k = category(c);
   return k == UTF8PROC_CATEGORY_PC || k == UTF8PROC_CATEGORY_PD || k == UTF8PROC_CATEGORY_PS ||
          k == UTF8PROC_CATEGORY_PE || k == UTF8PROC_CATEGORY_PI || k == UTF8PROC_CATEGORY_PF ||
