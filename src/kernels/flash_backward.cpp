@@ -490,13 +490,14 @@ void Products(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_
     const int64_t pw = pl.pw;
     const auto pv = [&](auto trans_a, int64_t mr, int64_t nv, const E* a, int64_t lda, const E* b, int64_t ldb,
                         int64_t n2, float* o, int64_t ldo) {
-      if constexpr (std::is_same_v<E, float>) PV<kNV, trans_a.value>(mr, nv, a, lda, b, ldb, 2 * n2, o, ldo, nullptr);
-      else RunBlock<PV16Op<trans_a.value>>(mr, nv, a, lda, b, ldb, n2, o, ldo, nullptr);
+      constexpr bool kTransA = decltype(trans_a)::value;
+      if constexpr (std::is_same_v<E, float>) PV<kNV, kTransA>(mr, nv, a, lda, b, ldb, 2 * n2, o, ldo, nullptr);
+      else RunBlock<PV16Op<kTransA>>(mr, nv, a, lda, b, ldb, n2, o, ldo, nullptr);
     };
     const auto keys_by_queries = [&](const E* a, const E* rows, int64_t ldr, float* acc, int64_t width) {
       key_blocks(width, [&](int64_t s, int64_t c, int64_t mr, int64_t nv, int64_t q0) {
-        pv(std::false_type(), mr, nv, a + pw * (s * pl.Bw + q0 / 2), pw * pl.Bw, rows + pw * ((l0 + q0) / 2) * ldr + c * N,
-           ldr, (br - q0 + 1) / 2, acc + s * width + c * N, width);
+        pv(std::false_type(), mr, nv, a + pw * (s * pl.Bw + q0 / 2), pw * pl.Bw,
+           rows + pw * ((l0 + q0) / 2) * ldr + c * N, ldr, (br - q0 + 1) / 2, acc + s * width + c * N, width);
       });
     };
     keys_by_queries(k.pt16, r.do2, pl.Dvp, k.dv, pl.Dvp);

@@ -136,7 +136,8 @@ HWY_INLINE void PairRowsOf(const float* x, int64_t rows, int64_t ld, int64_t wid
 HWY_INLINE void PairRow(const float* HWY_RESTRICT x, int64_t n, uint32_t* HWY_RESTRICT words) {
   const DF d;
   const int64_t N = hn::Lanes(d);
-  for (int64_t j = 0; j < n; j += 2 * N) StorePairs(hn::LoadU(d, x + j), j + N < n ? hn::LoadU(d, x + j + N) : hn::Zero(d), words + j / 2);
+  for (int64_t j = 0; j < n; j += 2 * N)
+    StorePairs(hn::LoadU(d, x + j), j + N < n ? hn::LoadU(d, x + j + N) : hn::Zero(d), words + j / 2);
 }
 HWY_INLINE void PairRow(const float* x, int64_t n, float* out) {
   const DF d;
@@ -146,7 +147,8 @@ HWY_INLINE void PairRow(const float* x, int64_t n, float* out) {
   const auto first = [&](int64_t at) { return static_cast<size_t>(std::clamp<int64_t>(n - at, 0, N)); };
   for (; j < n2; j += 2 * N) {  // the tail through a buffer: nothing read or written past the row
     HWY_ALIGN float part[2 * hn::MaxLanes(d)];
-    StorePairs(LoadFirst(d, x + std::min(j, n - 1), first(j)), LoadFirst(d, x + std::min(j + N, n - 1), first(j + N)), part);
+    StorePairs(LoadFirst(d, x + std::min(j, n - 1), first(j)), LoadFirst(d, x + std::min(j + N, n - 1), first(j + N)),
+               part);
     std::copy(part, part + std::min(2 * N, n2 - j), out + j);
   }
 }
