@@ -14,6 +14,8 @@
 //             head lie D*N floats apart, keys past the end are 0.
 //   V rows:   (S, ldv) rows, read as is when they have unit column stride and Dv % N == 0, otherwise
 //             packed to (S, Dvp) with Dvp = Dv rounded up to N and zero columns past Dv.
+#include <type_traits>
+
 #include "flash_pack.h"
 #include "pairs.h"  // FlushSubnormals, the pair rounding of whole rows
 
@@ -95,6 +97,10 @@ HWY_INLINE float SumLanes(const VF* acc) {
 // over k adds each pair's odd product, then its even one, exactly as VDPBF16PS does, under DAZ/FTZ: the
 // instruction's bits at fp32's speed. A pair row is then two rows, a pair along a row two elements.
 
+// 32-bit elements per pair of kind E: one word, or two floats in chain order.
+template <typename E>
+inline constexpr int64_t kPairWidth = std::is_same_v<E, float> ? 2 : 1;
+
 // x rounded to bf16 (RoundedBf16), as an fp32.
 HWY_INLINE VF Bf16Value(VF x) { return hn::BitCast(DF(), hn::And(RoundedBf16(x), hn::Set(DU(), 0xFFFF0000u))); }
 
@@ -122,7 +128,7 @@ HWY_INLINE void StoreAcross(VF lo, VF hi, float* out, int64_t ld) {
 template <typename E>
 HWY_INLINE void PairRowsOf(const float* x, int64_t rows, int64_t ld, int64_t width, E* out, int64_t ldo) {
   const DF d;
-  const int64_t N = hn::Lanes(d), pw = std::is_same_v<E, float> ? 2 : 1;
+  const int64_t N = hn::Lanes(d), pw = kPairWidth<E>;
   for (int64_t i = 0; 2 * i < rows; ++i) {
     const float* lo = x + 2 * i * ld;
     for (int64_t j = 0; j < width; j += N)
@@ -160,7 +166,7 @@ HWY_INLINE void PairRow(const float* x, int64_t n, float* out) {
 template <typename E = uint32_t>
 HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr) {
   const DF d;
-  const int64_t N = hn::Lanes(d), pw = std::is_same_v<E, float> ? 2 : 1;
+  const int64_t N = hn::Lanes(d), pw = kPairWidth<E>;
   const VF vm = hn::Set(d, m);
   VF sum[kSumVecs];
   for (int64_t v = 0; v < kSumVecs; ++v) sum[v] = hn::Zero(d);

@@ -339,9 +339,10 @@ void ForwardTiles(const Plan& pl) {
           const int64_t m = std::min(step, n - s);
           pack_panels(ks + s * K.strides[2], K.strides[2], K.strides[3], m, p.D, pl.N, tmp.data());
           for (int64_t j = 0; j < m; j += pl.N)  // each panel along D
-            PairRowsOf(tmp.data() + j * p.D, p.D, pl.N, pl.N, kt + (s0 + s + j) * (k16 ? pl.D2 : pl.Dq), pl.N);
+            PairRowsOf(tmp.data() + j * p.D, p.D, pl.N, pl.N, kt + (s0 + s + j) * kPairWidth<E> * pl.D2, pl.N);
           pack_rows(vs + s * V.strides[2], V.strides[2], V.strides[3], m, p.Dv, pl.Dvp, tmp.data());
-          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + (s0 + s) / (k16 ? 2 : 1) * pl.Dvp, pl.Dvp);  // V across keys
+          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + kPairWidth<E> * ((s0 + s) / 2) * pl.Dvp,
+                     pl.Dvp);  // V across keys
         }
       } else if constexpr (!k16) {
         PackKeys(pl, b, kvh, s0, n, kt + s0 * p.D, kt + kt_size + s0 * pl.Dvp);

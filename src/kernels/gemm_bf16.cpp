@@ -491,16 +491,14 @@ void GemmBf16(const Bf16Args& g) {
         pack_b(g, np, 2 * b, 2 * e, q0, kc, pr, chains, bp);
         widen_b(0, np, 2 * b, 2 * e);
       });
+    const auto pack_a_part = [&](int64_t b, int64_t e) {  // fp32 panels for the emulation, else pair words
+      if (wa) pack_a_wide(g, b, e, q0, kc, wa);
+      else pack_a(g, kernel, b, e, q0, kc, ap);
+    };
     if (g.ta)  // chunks of pairs of pairs: rows of A (see PackA)
-      parallel_for(kc / 2, grain_for(4 * M), [&](int64_t b, int64_t e, int) {
-        if (wa) pack_a_wide(g, 2 * b, 2 * e, q0, kc, wa);
-        else pack_a(g, kernel, 2 * b, 2 * e, q0, kc, ap);
-      });
+      parallel_for(kc / 2, grain_for(4 * M), [&](int64_t b, int64_t e, int) { pack_a_part(2 * b, 2 * e); });
     else
-      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) {
-        if (wa) pack_a_wide(g, b, e, q0, kc, wa);
-        else pack_a(g, kernel, b, e, q0, kc, ap);
-      });
+      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) { pack_a_part(b, e); });
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
       const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
