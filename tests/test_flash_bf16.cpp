@@ -260,9 +260,10 @@ double expect_bf16_grads_close(const Case& c) {
   return err / std::max(err32, 1e-12);
 }
 
-struct Bf16Cpu {  // set_cpu_bf16 for a scope: false runs the emulation
-  explicit Bf16Cpu(bool on) { set_cpu_bf16(on); }
-  ~Bf16Cpu() { set_cpu_bf16(true); }
+// The three ways the bf16 tiles multiply, for a scope, as far as the CPU has them (else the next one down).
+constexpr const char* kKernels[] = {"AMX", "VDPBF16PS", "emulated"};
+struct Bf16Kernel : Bf16Instructions {
+  explicit Bf16Kernel(int k) : Bf16Instructions(k < 2, k == 0) {}
 };
 
 Case sized(int64_t L, int64_t S, int64_t D, int64_t Dv) {
@@ -311,14 +312,14 @@ TEST(FlashBf16, TheSameBitsWithTheInstructionAndItsEmulationOnEveryTargetCacheTi
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     if (!(target & (HWY_AVX3 | HWY_AVX2))) continue;  // targets without FMA may give other bits (attn info)
     ++fma_targets;
-    for (bool native : {true, false})
+    for (int kernel : {0, 1, 2})
       for (auto [l1d, l2] : {std::pair<int64_t, int64_t>{0, 0}, {32 << 10, 512 << 10}, {48 << 10, 2 << 20}})
         for (int threads : {1, 2})
           for (int64_t rows : {0, 12, 64}) {
-            SCOPED_TRACE(cat(hwy::TargetName(target), native ? " native" : " emulated", " L1d ", l1d, " L2 ", l2,
-                             " threads ", threads, " rows ", rows));
+            SCOPED_TRACE(cat(hwy::TargetName(target), " ", kKernels[kernel], " L1d ", l1d, " L2 ", l2, " threads ",
+                             threads, " rows ", rows));
             const PretendMachine machine(target, l1d, l2, threads);
-            const Bf16Cpu cpu(native && cpu_info().bf16);
+            const Bf16Kernel cpu(kernel);
             set_flash_tiles({0, rows});
             EXPECT_EQ(bits(in), want);
             set_flash_tiles({});
@@ -326,8 +327,9 @@ TEST(FlashBf16, TheSameBitsWithTheInstructionAndItsEmulationOnEveryTargetCacheTi
           }
   }
   EXPECT_GE(fma_targets, cpu_info().avx512 ? 2 : 1);  // AVX2, and AVX3 where the CPU has AVX-512
-  EXPECT_EQ(runs, 36 * fma_targets);
+  EXPECT_EQ(runs, 54 * fma_targets);
   if (!cpu_info().bf16) GTEST_LOG_(INFO) << "no AVX512_BF16 here: emulation against emulation only";
+  if (!cpu_info().amx) GTEST_LOG_(INFO) << "no AMX here: not compared with TDPBF16PS";
 }
 
 TEST(FlashBf16, SdpaSendsAutocastToTheBf16KernelWithoutWeightsOnly) {
@@ -354,7 +356,7 @@ TEST(FlashBf16, SdpaSendsAutocastToTheBf16KernelWithoutWeightsOnly) {
     EXPECT_EQ(run(false, opt), f32);
     EXPECT_NE(explain(b.args, SdpaOut<float>{Tensor({c.B, c.H, c.L, c.Dv}).view(), {}, {}}).reason.find("bf16"),
               std::string::npos);
-    const Bf16Cpu cpu(false);
+    const Bf16Instructions cpu(false, false);
     SdpaOptions strict;
     strict.strict = true;
     try {
@@ -444,13 +446,13 @@ TEST(FlashBf16, BackwardTheSameBitsWithTheInstructionAndItsEmulationOnEveryTarge
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     if (!(target & (HWY_AVX3 | HWY_AVX2))) continue;  // targets without FMA may give other bits (attn info)
     ++fma_targets;
-    for (bool native : {true, false})
+    for (int kernel : {0, 1, 2})
       for (int threads : {1, 2})
         for (auto [rows, scratch] : {std::pair<int64_t, int64_t>{0, 0}, {16, 0}, {0, 1}}) {
-          SCOPED_TRACE(cat(hwy::TargetName(target), native ? " native" : " emulated", " threads ", threads,
-                           " rows ", rows, " scratch ", scratch));
+          SCOPED_TRACE(cat(hwy::TargetName(target), " ", kKernels[kernel], " threads ", threads, " rows ", rows,
+                           " scratch ", scratch));
           const PretendMachine machine(target, 0, 0, threads);
-          const Bf16Cpu cpu(native && cpu_info().bf16);
+          const Bf16Kernel cpu(kernel);
           set_flash_backward_tiles({0, rows, scratch});
           EXPECT_EQ(grad_bits(in), want);
           set_flash_backward_tiles({});
@@ -458,15 +460,15 @@ TEST(FlashBf16, BackwardTheSameBitsWithTheInstructionAndItsEmulationOnEveryTarge
         }
   }
   EXPECT_GE(fma_targets, cpu_info().avx512 ? 2 : 1);  // AVX2, and AVX3 where the CPU has AVX-512
-  EXPECT_EQ(runs, 12 * fma_targets);
+  EXPECT_EQ(runs, 18 * fma_targets);
 }
 
-// The bits the instruction gives, on every CPU: on one without AVX512_BF16 the tests above compare the
+// The bits the instructions give, on every CPU: on one without AMX or AVX512_BF16 the tests above compare the
 // emulation only with itself, so these hashes (FNV-1a of the forward's out and LSE and of the backward's
-// dQ, dK, dV on the two cases above) pin it to VDPBF16PS's bits. Recorded on 2026-12-04 on a Zen 3 from the
-// emulation that the tests above had found equal to VDPBF16PS on a Zen 4 and AMX's Xeon; print again with
-// ATTN_PRINT_GOLDEN=1.
-TEST(FlashBf16, TheGoldenBitsOfTheInstructionOnEveryCpu) {
+// dQ, dK, dV on the two cases above) pin it to TDPBF16PS's arithmetic. Recorded on 2026-12-04 on an Intel
+// Xeon with AMX from the forward's AMX tiles, which the tests above had found equal to VDPBF16PS's chains and
+// the emulation there (the backward: VDPBF16PS and the emulation); print again with ATTN_PRINT_GOLDEN=1.
+TEST(FlashBf16, TheGoldenBitsOfTheInstructionsOnEveryCpu) {
   Case c = sized(70, 333, 63, 80);
   c.H = 4, c.Hkv = 2, c.causal = Causal::top_left, c.mask = additive();
   const std::vector<uint32_t> fwd = bits(Inputs(c));
@@ -475,8 +477,8 @@ TEST(FlashBf16, TheGoldenBitsOfTheInstructionOnEveryCpu) {
   const uint64_t hf = fnv1a64(fwd.data(), fwd.size() * 4), hb = fnv1a64(bwd.data(), bwd.size() * 4);
   if (std::getenv("ATTN_PRINT_GOLDEN")) std::printf("forward 0x%016llxull backward 0x%016llxull\n",
                                                     (unsigned long long)hf, (unsigned long long)hb);
-  EXPECT_EQ(hf, 0x9cdd6541eecca7c8ull) << "the bf16 flash forward's bits";
-  EXPECT_EQ(hb, 0x5b59f52e877f1671ull) << "the bf16 flash backward's bits";
+  EXPECT_EQ(hf, 0x68c85d16809bd2edull) << "the bf16 flash forward's bits";
+  EXPECT_EQ(hb, 0xc834d1f27a8de94dull) << "the bf16 flash backward's bits";
 }
 
 TEST(FlashBf16, SdpaBackwardUnderAutocastIsTheBf16Kernel) {

@@ -93,10 +93,9 @@ std::vector<Path> paths() {
   return out;
 }
 
-struct Bf16Off {  // set_cpu_bf16 and set_cpu_amx for a scope
-  explicit Bf16Off(bool bf16, bool amx = false) { set_cpu_bf16(bf16), set_cpu_amx(amx); }
+struct Bf16Off : test::Bf16Instructions {  // a path's instructions for a scope
+  explicit Bf16Off(bool bf16, bool amx = false) : test::Bf16Instructions(bf16, amx) {}
   Bf16Off(const Path& p) : Bf16Off(p.bf16, p.amx) {}
-  ~Bf16Off() { set_cpu_bf16(true), set_cpu_amx(true); }
 };
 
 TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {

@@ -56,6 +56,15 @@ struct TempDir {
   }
 };
 
+// The bf16 instructions kernels may use, for a scope (set_cpu_bf16, set_cpu_amx), at most what the CPU has:
+// neither runs the emulation. What was read is restored after.
+struct Bf16Instructions {
+  Bf16Instructions(bool vdpbf16ps, bool amx) { set_cpu_bf16(vdpbf16ps), set_cpu_amx(amx); }
+  ~Bf16Instructions() { set_cpu_bf16(true), set_cpu_amx(true); }
+  Bf16Instructions(const Bf16Instructions&) = delete;
+  Bf16Instructions& operator=(const Bf16Instructions&) = delete;
+};
+
 // For its scope, the machine made to look like another: Highway target (0: the best), L1d and L2 sizes
 // (0: as they are) and threads; everything as it was afterwards. Blocking follows; the bits must not.
 struct PretendMachine {

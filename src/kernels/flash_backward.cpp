@@ -30,11 +30,14 @@
 // FlashAttention's bf16 backward rounds them: Q, K, V, dO rounded to bf16 when packed, P(_dropped)ᵀ and dSᵀ
 // rounded after their fp32 elementwise steps; scores, LSE, D, the softmax and every sum stay fp32. Each
 // product's operands are paired along its depth: Qᵀ and dOᵀ panels and K, V rows along D (Sᵀ, dPᵀ), Pᵀ and
-// dSᵀ along queries with Q and dO pair rows (dV, dK), dSᵀ's pair rows along keys with K's (dQ). A block
-// of rows starting at a causal edge starts at the even query below it (the one more is P = 0). The pairs
-// are E: pair words for VDPBF16PS (uint32_t, DpBlock), or without it bf16 values as fp32 in chain order
-// (float, flash_common.h: each pair of k swapped, the fp32 blocks run them; a pair row is two rows, a pair
-// along a row two elements). Every task runs under DAZ/FTZ: the instruction's bits on every FMA CPU.
+// dSᵀ along queries with Q and dO pair rows (dV, dK), dSᵀ's pair rows along keys with K's (dQ; for AMX
+// transposed into dS's rows). Every product sums in AMX's arithmetic (groups of 16 pairs from the start of
+// its depth, register_block.h), each depth padded with zeros to whole groups; a block of rows starting at a
+// causal edge starts at the group of queries holding it (the ones more are P = 0). The pairs are E: pair
+// words for AMX's tiles (32-row blocks) and VDPBF16PS's chain words (uint32_t), or bf16 values as fp32 for
+// the FMAs (float; a pair row is two rows, a pair along a row two elements). Where AMX is, VDPBF16PS runs
+// at half the FMA rate (Intel), so without AMX tiles there the FMAs run. Every task runs under DAZ/FTZ:
+// the instructions' bits on every FMA CPU.
 //
 // Sections, one function each: PackUnit (Qᵀ, dOᵀ panels, LSE·log2e, D), then per task KV block j: LoadKV,
 // per query tile ScoresT (Sᵀ, masks, causal edge, Pᵀ) and GradScoresT (dPᵀ, dropout, dSᵀ), Products,
@@ -43,6 +46,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -91,11 +95,12 @@ struct Plan {
   const SdpaGrads<float>& g;
   int64_t N, Br, Bc, Dp, Dvp, nkv, C;  // lanes; queries per tile, keys per block; padded D, Dv; KV blocks, chunks
   bool q_in_place, dout_in_place;      // Q and dO rows read where they are
-  bool bf16, dp;                       // products over bf16 pairs; by VDPBF16PS (uint32_t pairs), else in chain order (float)
-  int64_t D2, Dv2, Dw, Dvw, Bw;        // bf16: pairs along D, Dv; pairs per row of K, V (Dp, Dvp paired), of (Bc, Br) tiles
+  bool bf16, amx, dp;                  // products over bf16 pairs: AMX tiles or VDPBF16PS (uint32_t pairs), else FMAs (float)
+  int64_t Bcp;                         // rows of the key side's buffers: Bc, or for AMX's 32-row blocks rounded up to them
+  int64_t D2, Dv2, Dw, Dvw, Bw;        // bf16: pairs along D, Dv (whole groups); per row of K, V; of (Bc, Br) tiles
   int64_t Ls, nseg;                    // query rows per segment (a multiple of Br), segments per head
   int64_t units, per_phase;            // units G·nseg (unit u: head u / nseg of the group, segment u % nseg); per phase
-  int64_t pw;                          // elements per pair: 1 (a pair word), 2 in chain order
+  int64_t pw;                          // elements per pair: 1 (a pair word), 2 (floats)
   int64_t per_row, per_row16;          // floats (and bf16: pair elements) packed per query row
   // From the call's Scratch (Backward), of the sizes n_*:
   float* packed = nullptr;      // (B, Hkv, per_phase, Ls, per_row)
@@ -107,14 +112,16 @@ struct Plan {
       : p(p_), dout(dout_), g(g_) {
     N = static_cast<int64_t>(hn::Lanes(DF()));
     const FlashTiles t = flash_backward_tiles(p.L, p.S);
-    bf16 = precision == Precision::bf16, dp = bf16 && UseDp(), pw = bf16 && !dp ? 2 : 1;
-    Br = round_up(t.rows, bf16 ? 2 * N : N), Bc = t.keys;  // bf16: tiles start at even queries (rows change no bits)
+    // VDPBF16PS runs at half the FMA rate on the CPUs with AMX (Intel's): the FMAs' emulation there
+    bf16 = precision == Precision::bf16, amx = bf16 && kDpTarget && cpu_info().amx, dp = bf16 && UseDp() && !amx;
+    pw = bf16 && !amx && !dp ? 2 : 1;
+    Br = round_up(t.rows, bf16 ? 2 * kGroupPairs : N), Bc = t.keys;  // bf16: tiles of whole groups (rows change no bits)
     Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
-    nkv = (p.S + Bc - 1) / Bc;
+    nkv = (p.S + Bc - 1) / Bc, Bcp = amx ? round_up(Bc, 32) : Bc;
     // chunks per KV head: a function of the sizes only, never of the thread count
     C = std::max<int64_t>(1, std::min((kMinTasks + p.B * p.Hkv - 1) / (p.B * p.Hkv), nkv));
-    D2 = (p.D + 1) / 2, Dv2 = (p.Dv + 1) / 2;
-    Dw = round_up(Dp, 2 * N) / 2, Dvw = round_up(Dvp, 2 * N) / 2, Bw = round_up(Br, 2 * N) / 2;
+    D2 = GroupPairs(p.D), Dv2 = GroupPairs(p.Dv);
+    Dw = D2, Dvw = Dv2, Bw = Br / 2;
     // Q and dO rows are read in place when they have unit column stride and no padding is needed.
     q_in_place = p.args.q.strides[3] == 1 && p.D == Dp, dout_in_place = dout.strides[3] == 1 && p.Dv == Dvp;
     per_row = p.D + p.Dv + 2 + (q_in_place ? 0 : Dp) + (dout_in_place ? 0 : Dvp);
@@ -159,8 +166,10 @@ struct Plan {
 
 #if ATTN_AVX512_TARGET(HWY_TARGET)
 // (16, wc) floats at src (rows rs apart; rows past nr read as 0) transposed into rows [0, wc) of a (16, 16)
-// panel block at dst (rows 16 apart), times mul: unpack pairs, then quads, then 128-bit lanes twice.
-HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc, float mul, float* dst) {
+// block at dst (rows ld apart: a panel's 16), times mul: unpack pairs, then quads, then 128-bit lanes twice.
+// With mul 1 the bits move unchanged (pair words too).
+HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc, float mul, float* dst,
+                            int64_t ld = 16) {
   const __mmask16 cols = static_cast<__mmask16>((1u << wc) - 1);
   __m512 r[16], t[16];
   for (int i = 0; i < 16; ++i) r[i] = i < nr ? _mm512_maskz_loadu_ps(cols, src + i * rs) : _mm512_setzero_ps();
@@ -181,7 +190,7 @@ HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc
     const __m512 col[4] = {_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xDD),
                            _mm512_shuffle_f32x4(u2, u3, 0x88), _mm512_shuffle_f32x4(u2, u3, 0xDD)};
     for (int L = 0; L < 4; ++L)
-      if (4 * L + k < wc) _mm512_storeu_ps(dst + (4 * L + k) * 16, mul == 1.f ? col[L] : _mm512_mul_ps(col[L], m));
+      if (4 * L + k < wc) _mm512_storeu_ps(dst + (4 * L + k) * ld, mul == 1.f ? col[L] : _mm512_mul_ps(col[L], m));
   }
 }
 #endif
@@ -227,13 +236,17 @@ void PackUnit(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju, flo
   if (!pl.q_in_place) pack_rows(q, a.q.strides[2], a.q.strides[3], n, D, pl.Dp, const_cast<float*>(r.q));
   if (!pl.dout_in_place)
     pack_rows(dO, pl.dout.strides[2], pl.dout.strides[3], n, Dv, pl.Dvp, const_cast<float*>(r.dout));
-  if (pl.bf16) {  // the pairs from the fp32 panels (along D, Dv) and rows (across queries)
+  if (pl.bf16) {  // the pairs from the fp32 panels (along D, Dv) and rows (across queries), whole groups
     for (int64_t l0 = 0; l0 < filled; l0 += N) {
-      PairRowsOf(r.qt + l0 * D, D, N, N, r.qt16 + pl.pw * l0 * pl.D2, N);
-      PairRowsOf(r.dot + l0 * Dv, Dv, N, N, r.dot16 + pl.pw * l0 * pl.Dv2, N);
+      E* qt = r.qt16 + pl.pw * l0 * pl.D2;
+      E* dot = r.dot16 + pl.pw * l0 * pl.Dv2;
+      PairRowsOf(r.qt + l0 * D, D, N, N, qt, N, pl.D2);
+      PairRowsOf(r.dot + l0 * Dv, Dv, N, N, dot, N, pl.Dv2);
+      ChainRowsIf(pl.dp, qt, pl.D2, N, N), ChainRowsIf(pl.dp, dot, pl.Dv2, N, N);
     }
-    PairRowsOf(r.q, n, r.ldq, pl.Dp, r.q2, pl.Dp);
-    PairRowsOf(r.dout, n, r.lddo, pl.Dvp, r.do2, pl.Dvp);
+    PairRowsOf(r.q, n, r.ldq, pl.Dp, r.q2, pl.Dp, GroupPairs(n));
+    PairRowsOf(r.dout, n, r.lddo, pl.Dvp, r.do2, pl.Dvp, GroupPairs(n));
+    ChainRowsIf(pl.dp, r.q2, GroupPairs(n), pl.Dp, pl.Dp), ChainRowsIf(pl.dp, r.do2, GroupPairs(n), pl.Dvp, pl.Dvp);
   }
   for (int64_t l = 0; l < filled; ++l) {
     const float x = l < n ? m[l * lse.strides[2]] : -kInf;
@@ -264,23 +277,27 @@ struct Block {
   // bf16 only, from kr and vr:
   E* kr16 = nullptr;  // (Bc, Dw) K_j pairs along D
   E* vr16 = nullptr;  // (Bc, Dvw) V_j pairs along Dv
-  E* k2 = nullptr;    // (Bc/2, Dp) K_j pair rows (keys 2i, 2i + 1), Bc/2 rounded up
+  E* k2 = nullptr;    // (GroupPairs(Bc), Dp) K_j pair rows (keys 2i, 2i + 1)
   E* pt16 = nullptr;  // (Bc, Bw) P(_dropped)ᵀ pairs along queries
   E* dst16 = nullptr; // (Bc, Bw) dSᵀ pairs along queries
-  E* ds2 = nullptr;   // (Bc/2, Br) dSᵀ pair rows: dS pairs along keys
-  static int64_t size(const Plan& pl) { return round_up(pl.Bc * (2 * pl.Dp + 2 * pl.Dvp + 3 * pl.Br), 16); }
+  E* ds2 = nullptr;   // (GroupPairs(Bc), Br) dSᵀ pair rows: dS pairs along keys
+  E* dsa = nullptr;   // AMX only: (Br, GroupPairs(Bc)) dS pairs along keys, ds2 transposed (dQ's A tiles)
+  static int64_t size(const Plan& pl) { return round_up(pl.Bcp * (2 * pl.Dp + 2 * pl.Dvp + 3 * pl.Br), 16); }
   // 32-bit elements (a pair word or a float)
   static int64_t size16(const Plan& pl) {
-    const int64_t half = (pl.Bc + 1) / 2;
-    return pl.bf16 ? pl.pw * round_up(pl.Bc * (pl.Dw + pl.Dvw + 2 * pl.Bw) + half * (pl.Dp + pl.Br), 16) : 0;
+    const int64_t half = GroupPairs(pl.Bc);
+    const int64_t dsa = pl.amx ? pl.Br * half : 0;
+    return pl.bf16 ? pl.pw * round_up(pl.Bcp * (pl.Dw + pl.Dvw + 2 * pl.Bw) + half * (pl.Dp + pl.Br) + dsa, 16) : 0;
   }
   Block(const Plan& pl, float* x, E* w, int64_t* hid_) : hid(hid_) {
-    kr = x, vr = kr + pl.Bc * pl.Dp, dk = vr + pl.Bc * pl.Dvp, dv = dk + pl.Bc * pl.Dp;
-    st = dv + pl.Bc * pl.Dvp, dpt = st + pl.Bc * pl.Br, keep = dpt + pl.Bc * pl.Br;
+    const int64_t n = pl.Bcp;
+    kr = x, vr = kr + n * pl.Dp, dk = vr + n * pl.Dvp, dv = dk + n * pl.Dp;
+    st = dv + n * pl.Dvp, dpt = st + n * pl.Br, keep = dpt + n * pl.Br;
     if (!pl.bf16) return;
     const int64_t pw = pl.pw;
-    kr16 = w, vr16 = kr16 + pw * pl.Bc * pl.Dw, pt16 = vr16 + pw * pl.Bc * pl.Dvw, dst16 = pt16 + pw * pl.Bc * pl.Bw;
-    k2 = dst16 + pw * pl.Bc * pl.Bw, ds2 = k2 + pw * ((pl.Bc + 1) / 2) * pl.Dp;
+    kr16 = w, vr16 = kr16 + pw * n * pl.Dw, pt16 = vr16 + pw * n * pl.Dvw, dst16 = pt16 + pw * n * pl.Bw;
+    k2 = dst16 + pw * n * pl.Bw, ds2 = k2 + pw * GroupPairs(pl.Bc) * pl.Dp;
+    if (pl.amx) dsa = ds2 + GroupPairs(pl.Bc) * pl.Br;
   }
 };
 
@@ -294,12 +311,16 @@ void LoadKV(const Plan& pl, Block<E>& k, bool first) {
   const float* vs = a.v.data + k.b * a.v.strides[0] + k.kvh * a.v.strides[1] + k.s0 * a.v.strides[2];
   pack_rows(ks, a.k.strides[2], a.k.strides[3], k.bc, D, pl.Dp, k.kr);
   pack_rows(vs, a.v.strides[2], a.v.strides[3], k.bc, Dv, pl.Dvp, k.vr);
-  if (pl.bf16) {  // the pairs from the fp32 rows: along each row (K, V), and across two (K)
+  if (pl.bf16) {  // the pairs from the fp32 rows: along each row (K, V), and across two (K), whole groups
     for (int64_t s = 0; s < k.bc; ++s) {
-      PairRow(k.kr + s * pl.Dp, pl.Dp, k.kr16 + pl.pw * s * pl.Dw);
-      PairRow(k.vr + s * pl.Dvp, pl.Dvp, k.vr16 + pl.pw * s * pl.Dvw);
+      E* kw = k.kr16 + pl.pw * s * pl.Dw;
+      E* vw = k.vr16 + pl.pw * s * pl.Dvw;
+      PairRow(k.kr + s * pl.Dp, pl.Dp, kw, pl.Dw);
+      PairRow(k.vr + s * pl.Dvp, pl.Dvp, vw, pl.Dvw);
+      ChainRowsIf(pl.dp, kw, pl.Dw, 1, 1), ChainRowsIf(pl.dp, vw, pl.Dvw, 1, 1);
     }
-    PairRowsOf(k.kr, k.bc, pl.Dp, pl.Dp, k.k2, pl.Dp);
+    PairRowsOf(k.kr, k.bc, pl.Dp, pl.Dp, k.k2, pl.Dp, GroupPairs(k.bc));
+    ChainRowsIf(pl.dp, k.k2, GroupPairs(k.bc), pl.Dp, pl.Dp);
   }
   if (first) {
     std::fill(k.dk, k.dk + pl.Bc * pl.Dp, 0.f);
@@ -344,23 +365,36 @@ void StoreKV(const Plan& pl, const Block<E>& k, bool last) {
 
 // (bc, Br) tile = A (bc, depth) rows lda apart · (depth, N) panels: each block of kMR rows
 // from the panel holding its first row's first visible query (hid), so the causal triangle costs little.
-// E = uint32_t: bf16 pair words (depth in pairs); each sum times qscale (fp32 folds it into the panels: 1).
+// bf16 (depth in positions of pairs E, whole groups): each sum times qscale (fp32 folds it into the panels: 1).
 template <typename E, class Blk>
 void QKFrom(const Plan& pl, const Blk& k, const E* a, int64_t lda, int64_t depth, const E* panels, int64_t np,
             float qscale, float* out) {
   const int64_t N = pl.N;
-  for (int64_t j = 0; j < np; j += kNV) {
-    const int64_t je = std::min(np, j + kNV);
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if constexpr (std::is_same_v<E, uint32_t>)
+    if (pl.amx) {  // 32 keys at a time, from the panel of the block's first visible query
+      for (int64_t r = 0; r < k.bc; r += 32) {
+        const int64_t j0 = k.hid[r] / N;
+        if (j0 < np)
+          QKAmx(a + r * lda, std::min<int64_t>(32, k.bc - r), depth, panels + j0 * depth * N, np - j0, qscale,
+                out + r * pl.Br + j0 * N, pl.Br, false);
+      }
+      return;
+    }
+#endif
+  const int64_t nv = pl.bf16 ? kNV16<E> : kNV;
+  for (int64_t j = 0; j < np; j += nv) {
+    const int64_t je = std::min(np, j + nv);
     for (int64_t r = 0; r < k.bc; r += kMR) {
       const int64_t j0 = std::max(j, k.hid[r] / N);
       if (j0 >= je) continue;
       const int64_t mr = std::min<int64_t>(kMR, k.bc - r);
       const E* b = panels + j0 * depth * N;
-      if constexpr (std::is_same_v<E, float>)
+      if (pl.bf16)
+        RunBlock<QK16Op, kMR, kNV16<E>>(mr, je - j0, a + r * lda, lda, b, depth * N, depth, qscale,
+                                        out + r * pl.Br + j0 * N, pl.Br, false);
+      else if constexpr (std::is_same_v<E, float>)
         QK(mr, je - j0, a + r * lda, lda, b, depth * N, depth, qscale, out + r * pl.Br + j0 * N, pl.Br, false);
-      else
-        RunBlock<QK16Op>(mr, je - j0, a + r * lda, lda, b, depth * N, depth, qscale, out + r * pl.Br + j0 * N,
-                         pl.Br, false);
     }
   }
 }
@@ -439,10 +473,11 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
   }
   // bf16: two key rows by 2N queries at a time, straight to the pairs (no fp32 tile written): rows s and
   // s + 1 of dSᵀ's pair rows, and of each row Pᵀ's and dSᵀ's pairs along queries. 0 below a row's causal edge
-  // (ha, as the fp32 tile's ZeroRow), past w (the odd last vector's partner) and for a missing row s + 1.
+  // (ha, as the fp32 tile's ZeroRow), past w up to whole groups (wg) and for a missing row s + 1.
+  const int64_t wg = 2 * GroupPairs(br), kg = GroupPairs(k.bc);
   for (int64_t s = 0; s < k.bc; s += 2) {
     const int64_t rows = std::min<int64_t>(2, k.bc - s), ha[2] = {k.hid[s] / N * N, rows == 2 ? k.hid[s + 1] / N * N : w};
-    for (int64_t l = 0; l < w; l += 2 * N) {
+    for (int64_t l = 0; l < wg; l += 2 * N) {
       VF ds[2][2], pd[2][2];
       for (int i = 0; i < 2; ++i)
         for (int c = 0; c < 2; ++c) {
@@ -454,56 +489,85 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
         StorePairs(pd[i][0], pd[i][1], k.pt16 + pw * ((s + i) * pl.Bw + l / 2));
         StorePairs(ds[i][0], ds[i][1], k.dst16 + pw * ((s + i) * pl.Bw + l / 2));
       }
-      for (int c = 0; c < 2 && l + c * N < w; ++c)
-        StoreAcross(ds[0][c], ds[1][c], k.ds2 + pw * (s / 2) * pl.Br + l + c * N, pl.Br);
+      for (int c = 0; c < 2; ++c) StoreAcross(ds[0][c], ds[1][c], k.ds2 + pw * (s / 2) * pl.Br + l + c * N, pl.Br);
     }
+    for (int64_t i = s; i < s + rows; ++i)
+      ChainRowsIf(pl.dp, k.pt16 + pw * i * pl.Bw, GroupPairs(br), 1, 1),
+          ChainRowsIf(pl.dp, k.dst16 + pw * i * pl.Bw, GroupPairs(br), 1, 1);
   }
+  // dSᵀ's pair rows past the keys, up to whole groups: zero (a chained pair of rows is rewritten whole)
+  for (int64_t i = (k.bc + 1) / 2; i < kg; ++i) std::fill(k.ds2 + pw * i * pl.Br, k.ds2 + pw * (i + 1) * pl.Br, E(0));
+  ChainRowsIf(pl.dp, k.ds2, kg, pl.Br, wg);
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if constexpr (std::is_same_v<E, uint32_t>)
+    if (pl.amx)  // dS along keys for dQ's A tiles: the words of ds2 transposed, 16 x 16 at a time
+      for (int64_t i = 0; i < kg; i += 16)
+        for (int64_t l = 0; l < wg; l += 16)
+          Transpose16(reinterpret_cast<const float*>(k.ds2 + i * pl.Br + l), pl.Br, 16, 16, 1.f,
+                      reinterpret_cast<float*>(k.dsa + l * kg + i), kg);
+#endif
 }
 
 // dV_j += P_droppedᵀ · dO_i;  dK_j += dSᵀ · Q_i;  dQ_i += dS · K_j. Each block of kMR keys (dV, dK) starts
 // at its first row's first visible query and each block of kMR queries (dQ) ends at its last row's causal
 // edge: the terms skipped are zeros at the start or the end of a sum, so every sum keeps its bits. bf16:
-// a key block starts at the even query at or below it, a query block ends at the pair of keys holding its
-// edge (the extra term is P = 0 or dS = 0 times a finite value, or a zero row of padding).
+// a key block starts at the group of queries holding its first (groups stay where the sum's start puts
+// them), a query block ends at the group of keys holding its edge (the extra terms are P = 0 or dS = 0 times
+// a finite value, or zero rows of padding).
 template <typename E>
 void Products(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t br) {
   const auto& p = pl.p;
-  const int64_t N = pl.N, lg = r.l_begin + l0, even = pl.bf16 ? 2 : 1;
+  const int64_t N = pl.N, lg = r.l_begin + l0, even = pl.bf16 ? 2 * kGroupPairs : 1;
   // f(s, c, mr, nv, q0) for each block of keys [s, s + mr) x vectors [c, c + nv) of width: its first query q0
+  const int64_t NV = pl.bf16 ? kNV16<E> : kNV;  // vectors per block
   const auto key_blocks = [&](int64_t width, auto&& f) {
-    for (int64_t c = 0; c < width / N; c += kNV)
+    for (int64_t c = 0; c < width / N; c += NV)
       for (int64_t s = 0; s < k.bc; s += kMR) {
         const int64_t q0 = k.hid[s] / even * even;
-        if (q0 < br) f(s, c, std::min<int64_t>(kMR, k.bc - s), std::min<int64_t>(kNV, width / N - c), q0);
+        if (q0 < br) f(s, c, std::min<int64_t>(kMR, k.bc - s), std::min<int64_t>(NV, width / N - c), q0);
       }
   };
   // f(l, c, mr, nv, n) for each block of queries [l, l + mr) x vectors [c, c + nv) of Dp: n keys its last row sees
   const auto query_blocks = [&](auto&& f) {
-    for (int64_t c = 0; c < pl.Dp / N; c += kNV)
+    for (int64_t c = 0; c < pl.Dp / N; c += NV)
       for (int64_t l = 0; l < br; l += kMR) {
         const int64_t mr = std::min<int64_t>(kMR, br - l), n = VisibleKeys(p, lg + l + mr - 1, k.s0, k.bc);
-        if (n > 0) f(l, c, mr, std::min<int64_t>(kNV, pl.Dp / N - c), n);
+        if (n > 0) f(l, c, mr, std::min<int64_t>(NV, pl.Dp / N - c), n);
       }
   };
   float* dq = r.dq + l0 * pl.Dp;
-  if (pl.bf16) {  // depths in pairs: n2 pair words, or 2·n2 floats in chain order
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if constexpr (std::is_same_v<E, uint32_t>)
+    if (pl.amx) {  // 32 keys (dV, dK) or queries (dQ) at a time; O = C in the caller's accumulators
+      const int64_t kg = GroupPairs(k.bc);
+      for (int64_t s = 0; s < k.bc; s += 32) {
+        const int64_t q0 = k.hid[s] / even * even, rows = std::min<int64_t>(32, k.bc - s);
+        if (q0 >= br) continue;
+        const int64_t n = GroupPairs(br) - q0 / 2;
+        PVAmx(k.pt16 + s * pl.Bw + q0 / 2, rows, pl.Bw, r.do2 + (l0 + q0) / 2 * pl.Dvp, n, k.dv + s * pl.Dvp, pl.Dvp, nullptr);
+        PVAmx(k.dst16 + s * pl.Bw + q0 / 2, rows, pl.Bw, r.q2 + (l0 + q0) / 2 * pl.Dp, n, k.dk + s * pl.Dp, pl.Dp, nullptr);
+      }
+      for (int64_t l = 0; l < br; l += 32) {
+        const int64_t mr = std::min<int64_t>(32, br - l), n = VisibleKeys(p, lg + l + mr - 1, k.s0, k.bc);
+        if (n > 0) PVAmx(k.dsa + l * kg, mr, kg, k.k2, GroupPairs(n), dq + l * pl.Dp, pl.Dp, nullptr);
+      }
+      return;
+    }
+#endif
+  if (pl.bf16) {  // depths in positions of pairs E (pw a pair), whole groups
     const int64_t pw = pl.pw;
-    const auto pv = [&](auto trans_a, int64_t mr, int64_t nv, const E* a, int64_t lda, const E* b, int64_t ldb,
-                        int64_t n2, float* o, int64_t ldo) {
-      constexpr bool kTransA = decltype(trans_a)::value;
-      if constexpr (std::is_same_v<E, float>) PV<kNV, kTransA>(mr, nv, a, lda, b, ldb, 2 * n2, o, ldo, nullptr);
-      else RunBlock<PV16Op<kTransA>>(mr, nv, a, lda, b, ldb, n2, o, ldo, nullptr);
-    };
     const auto keys_by_queries = [&](const E* a, const E* rows, int64_t ldr, float* acc, int64_t width) {
       key_blocks(width, [&](int64_t s, int64_t c, int64_t mr, int64_t nv, int64_t q0) {
-        pv(std::false_type(), mr, nv, a + pw * (s * pl.Bw + q0 / 2), pw * pl.Bw,
-           rows + pw * ((l0 + q0) / 2) * ldr + c * N, ldr, (br - q0 + 1) / 2, acc + s * width + c * N, width);
+        RunBlock<PV16Op<false>, kMR, kNV16<E>>(mr, nv, a + pw * (s * pl.Bw + q0 / 2), pw * pl.Bw,
+                                               rows + pw * ((l0 + q0) / 2) * ldr + c * N, ldr,
+                                               pw * (GroupPairs(br) - q0 / 2), acc + s * width + c * N, width, nullptr);
       });
     };
     keys_by_queries(k.pt16, r.do2, pl.Dvp, k.dv, pl.Dvp);
     keys_by_queries(k.dst16, r.q2, pl.Dp, k.dk, pl.Dp);
     query_blocks([&](int64_t l, int64_t c, int64_t mr, int64_t nv, int64_t n) {
-      pv(std::true_type(), mr, nv, k.ds2 + l, pl.Br, k.k2 + c * N, pl.Dp, (n + 1) / 2, dq + l * pl.Dp + c * N, pl.Dp);
+      RunBlock<PV16Op<true>, kMR, kNV16<E>>(mr, nv, k.ds2 + l, pl.Br, k.k2 + c * N, pl.Dp, pw * GroupPairs(n),
+                                            dq + l * pl.Dp + c * N, pl.Dp, nullptr);
     });
     return;
   }
@@ -576,7 +640,7 @@ void StoreDq(const Plan& pl, int64_t b, int64_t kvh, int64_t u, int64_t ju) {
 template <class F>
 void WithPairs(const Plan& pl, F&& f) {
   if constexpr (kDpTarget)
-    if (pl.dp) return f(static_cast<uint32_t*>(nullptr));
+    if (pl.amx || pl.dp) return f(static_cast<uint32_t*>(nullptr));
   f(static_cast<float*>(nullptr));
 }
 
@@ -609,6 +673,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
     const int64_t cost = (pl.nkv + pl.C - 1) / pl.C * pl.Bc * nu * pl.Ls * (p.D + p.Dv) * 3;
     parallel_items(groups * pl.C, cost, [&](int64_t item, int worker) {
       const pairs::FlushSubnormals flush(pl.bf16);
+      [[maybe_unused]] const std::optional<amx::Tiles> tiles = pl.amx ? std::make_optional<amx::Tiles>() : std::nullopt;
       WithPairs(pl, [&](auto* e) {
         using E = std::remove_pointer_t<decltype(e)>;
         Block<E> k(pl, bufs + worker * size, pl.bf16 ? reinterpret_cast<E*>(bufs16 + worker * size16) : nullptr,

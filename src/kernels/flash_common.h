@@ -1,8 +1,8 @@
 // FlashAttention building blocks shared by the CPU flash kernels (forward and backward): the
 // packing of K (as Kᵀ panels) and V, the register-blocked tile products S = Q·Kᵀ and O = α⊙O + P·V (on
-// register_block.h's microkernel, the GEMM's; in fp32, or over bf16 pairs: pair words on its DpBlock,
-// VDPBF16PS, or bf16 values in chain order on FmaBlock, its exact emulation), and a vectorized exp2 (which
-// can write P as bf16 pairs). Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
+// register_block.h's microkernel, the GEMM's; in fp32, or over bf16 pairs in AMX's arithmetic: AMX tiles
+// (amx.h), or register_block.h's GroupBlock on VDPBF16PS or FMAs, the same bits), and a vectorized exp2
+// (which can write P as bf16 pairs). Internal to src/kernels; not a kernel by itself (flash_forward.cpp drives
 // these over tiles) and not a general GEMM (sizes are those of attention tiles).
 //
 // The target-independent part (packing, constants) is flash_pack.h. This SIMD part
@@ -30,6 +30,7 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
+#include "amx.h"
 #include "register_block.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -90,91 +91,79 @@ HWY_INLINE float SumLanes(const VF* acc) {
 }
 
 // ---- bf16 pairs as the kernels store them, of two kinds E ----
-// uint32_t: pair words (pairs.h's layout, VDPBF16PS's operands: DpBlock multiplies them); RoundedBf16,
-// PairWords and PairAcross (register_block.h) make them.
-// float: without VDPBF16PS, bf16 values kept as fp32 (a bf16 is an fp32's high half) in CHAIN ORDER, each
-// pair of k swapped (k = 2q + 1, then 2q), and the fp32 blocks (FmaBlock) multiply them: their one FMA chain
-// over k adds each pair's odd product, then its even one, exactly as VDPBF16PS does, under DAZ/FTZ: the
-// instruction's bits at fp32's speed. A pair row is then two rows, a pair along a row two elements.
-
-// 32-bit elements per pair of kind E: one word, or two floats in chain order.
-template <typename E>
-inline constexpr int64_t kPairWidth = std::is_same_v<E, float> ? 2 : 1;
+// uint32_t: pair words (pairs.h's layout: AMX's operands), made by RoundedBf16, PairWords and PairAcross
+// (register_block.h); for VDPBF16PS rewritten to chain words after (pairs.h ChainRows). float (the
+// emulation): bf16 values as fp32 in k order, a pair row two rows, a pair along a row two elements. Either
+// way every depth is padded with zero pairs to whole groups (kGroupPairs), as AMX's tiles need.
 
 // x rounded to bf16 (RoundedBf16), as an fp32.
 HWY_INLINE VF Bf16Value(VF x) { return hn::BitCast(DF(), hn::And(RoundedBf16(x), hn::Set(DU(), 0xFFFF0000u))); }
 
-// 2N elements of a row along k (a, then b) as pairs at out: N pair words, or 2N floats in chain order.
+// n rounded up to whole groups of pairs: the padded depth of n k's, in pairs.
+inline int64_t GroupPairs(int64_t n) { return round_up((n + 1) / 2, kGroupPairs); }
+
+// 2N elements of a row along k (a, then b) as pairs at out: N pair words, or 2N floats.
 HWY_INLINE void StorePairs(VF a, VF b, uint32_t* out) { hn::StoreU(PairWords(a, b), DU(), out); }
 HWY_INLINE void StorePairs(VF a, VF b, float* out) {
-  const DF d;
-#if HWY_TARGET == HWY_SCALAR
-  hn::StoreU(Bf16Value(b), d, out), hn::StoreU(Bf16Value(a), d, out + 1);
-#else
-  hn::StoreU(hn::Reverse2(d, Bf16Value(a)), d, out), hn::StoreU(hn::Reverse2(d, Bf16Value(b)), d, out + hn::Lanes(d));
-#endif
+  hn::StoreU(Bf16Value(a), DF(), out), hn::StoreU(Bf16Value(b), DF(), out + hn::Lanes(DF()));
 }
 
 // Two rows where k runs across them (lo: k = 2i, hi: 2i + 1) as the pair row i at out: one row of words, or
-// the rows out (hi) and out + ld (lo) in chain order.
+// the rows out (lo) and out + ld (hi).
 HWY_INLINE void StoreAcross(VF lo, VF hi, uint32_t* out, int64_t) { hn::StoreU(PairAcross(lo, hi), DU(), out); }
 HWY_INLINE void StoreAcross(VF lo, VF hi, float* out, int64_t ld) {
-  hn::StoreU(Bf16Value(hi), DF(), out), hn::StoreU(Bf16Value(lo), DF(), out + ld);
+  hn::StoreU(Bf16Value(lo), DF(), out), hn::StoreU(Bf16Value(hi), DF(), out + ld);
 }
 
-// The pair rows of `rows` rows of floats (ld apart, width a multiple of the lanes): pair row i of out (rows
-// ldo apart) pairs rows 2i and 2i + 1 (StoreAcross; an odd last row with a zero row). Kᵀ panels' rows are
+// The pair rows [0, pairs) of `rows` rows of floats (ld apart, width a multiple of the lanes): pair row i of
+// out (rows ldo apart) pairs rows 2i and 2i + 1 (StoreAcross), a row past `rows` zero. Kᵀ panels' rows are
 // d, so this pairs a panel along D; rows of keys or queries, it pairs them across.
 template <typename E>
-HWY_INLINE void PairRowsOf(const float* x, int64_t rows, int64_t ld, int64_t width, E* out, int64_t ldo) {
+HWY_INLINE void PairRowsOf(const float* x, int64_t rows, int64_t ld, int64_t width, E* out, int64_t ldo,
+                           int64_t pairs) {
   const DF d;
   const int64_t N = hn::Lanes(d), pw = kPairWidth<E>;
-  for (int64_t i = 0; 2 * i < rows; ++i) {
-    const float* lo = x + 2 * i * ld;
-    for (int64_t j = 0; j < width; j += N)
-      StoreAcross(hn::LoadU(d, lo + j), 2 * i + 1 < rows ? hn::LoadU(d, lo + ld + j) : hn::Zero(d),
-                  out + pw * i * ldo + j, ldo);
-  }
+  const auto row = [&](int64_t i, int64_t j) { return i < rows ? hn::LoadU(d, x + i * ld + j) : hn::Zero(d); };
+  for (int64_t i = 0; i < pairs; ++i)
+    for (int64_t j = 0; j < width; j += N) StoreAcross(row(2 * i, j), row(2 * i + 1, j), out + pw * i * ldo + j, ldo);
 }
 
-// The pairs of row x[0, n) along k (StorePairs; x[n] = 0 where n is odd): ⌈n/2⌉ pair words, rounded up to
-// the lanes; or in chain order 2⌈n/2⌉ floats, any n (out may be x).
-HWY_INLINE void PairRow(const float* HWY_RESTRICT x, int64_t n, uint32_t* HWY_RESTRICT words) {
+// The pairs [0, pairs) of row x[0, n), zero past n (StorePairs): `pairs` words, or 2·pairs floats (out may
+// be x). pairs is a multiple of the lanes.
+template <typename E>
+HWY_INLINE void PairRow(const float* x, int64_t n, E* out, int64_t pairs) {
   const DF d;
-  const int64_t N = hn::Lanes(d);
-  for (int64_t j = 0; j < n; j += 2 * N)
-    StorePairs(hn::LoadU(d, x + j), j + N < n ? hn::LoadU(d, x + j + N) : hn::Zero(d), words + j / 2);
+  const int64_t N = hn::Lanes(d), pw = kPairWidth<E>;
+  const auto part = [&](int64_t j) {
+    return LoadFirst(d, x + std::min(j, std::max<int64_t>(n - 1, 0)), static_cast<size_t>(std::clamp<int64_t>(n - j, 0, N)));
+  };
+  for (int64_t j = 0; j < 2 * pairs; j += 2 * N) StorePairs(part(j), part(j + N), out + pw * j / 2);
 }
-HWY_INLINE void PairRow(const float* x, int64_t n, float* out) {
-  const DF d;
-  const int64_t N = hn::Lanes(d), n2 = round_up(n, 2);
-  int64_t j = 0;
-  for (; j + 2 * N <= n; j += 2 * N) StorePairs(hn::LoadU(d, x + j), hn::LoadU(d, x + j + N), out + j);
-  const auto first = [&](int64_t at) { return static_cast<size_t>(std::clamp<int64_t>(n - at, 0, N)); };
-  for (; j < n2; j += 2 * N) {  // the tail through a buffer: nothing read or written past the row
-    HWY_ALIGN float part[2 * hn::MaxLanes(d)];
-    StorePairs(LoadFirst(d, x + std::min(j, n - 1), first(j)), LoadFirst(d, x + std::min(j + N, n - 1), first(j + N)),
-               part);
-    std::copy(part, part + std::min(2 * N, n2 - j), out + j);
-  }
+
+// The pair words of `rows` rows (stride apart, n words each; rows a multiple of 2, as whole groups are) as
+// VDPBF16PS's chain words where `chain` (pairs.h ChainRows); rows of floats or AMX's words stay.
+HWY_INLINE void ChainRowsIf(bool chain, uint32_t* p, int64_t rows, int64_t stride, int64_t n) {
+  if (chain) pairs::ChainRows(p, rows, stride, n);
 }
+HWY_INLINE void ChainRowsIf(bool, float*, int64_t, int64_t, int64_t) {}
 
 // row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes); returns the sum of the new row over the
-// virtual lanes (SumLanes). With pairs (bf16): the new row goes to pairs as PairRow writes it (pair words,
-// not to row; or in chain order, which may be row itself: 2^(row[n]) = 0 where n is odd, and pairs has room
-// for whole pairs of vectors, as a tile's width, a multiple of 2N).
+// virtual lanes (SumLanes). With pairs (bf16): the new row goes to pairs [0, padded) as PairRow writes them
+// (zero past n; pair words, not to row; or floats, which may be row itself: it has room for them).
 template <typename E = uint32_t>
-HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr) {
+HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr, int64_t padded = 0) {
   const DF d;
   const int64_t N = hn::Lanes(d), pw = kPairWidth<E>;
   const VF vm = hn::Set(d, m);
   VF sum[kSumVecs];
   for (int64_t v = 0; v < kSumVecs; ++v) sum[v] = hn::Zero(d);
   if (pairs) {  // vector i of the row goes to virtual lanes i % kSumVecs, in order, as below
-    for (int64_t j = 0; j < n; j += 2 * N) {
-      const VF p0 = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
-      VF p1 = hn::Zero(d);
-      sum[(j / N) % kSumVecs] = hn::Add(sum[(j / N) % kSumVecs], p0);
+    for (int64_t j = 0; j < 2 * padded; j += 2 * N) {
+      VF p0 = hn::Zero(d), p1 = hn::Zero(d);
+      if (j < n) {
+        p0 = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+        sum[(j / N) % kSumVecs] = hn::Add(sum[(j / N) % kSumVecs], p0);
+      }
       if (j + N < n) {
         p1 = Exp2(d, hn::Sub(hn::LoadU(d, row + j + N), vm));
         sum[(j / N + 1) % kSumVecs] = hn::Add(sum[(j / N + 1) % kSumVecs], p1);
@@ -248,39 +237,46 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY
   StoreO(acc, o, ldo);
 }
 
-// S (MR, NV·N) = qscale · (Q (MR, D2) · Kᵀ (D2, NV·N)) over bf16 pairs (DpBlock), plus what S holds already
-// if `add` (the mask bias): q: MR rows of D2 pair words, ldq apart; kt: NV consecutive Kᵀ pair panels
-// ((D2, N) words), ldp words apart. The scale is applied to the fp32 sum, as torch's bf16 SDPA does.
-template <int MR, int NV>
-HWY_NOINLINE void QK16Block(const uint32_t* HWY_RESTRICT q, int64_t ldq, const uint32_t* HWY_RESTRICT kt,
-                            int64_t ldp, int64_t D2, float qscale, float* HWY_RESTRICT s, int64_t lds, bool add) {
+// S (MR, NV·N) = qscale · (Q (MR, n) · Kᵀ (n, NV·N)) over bf16 pairs (GroupBlock: n positions, whole
+// groups), plus what S holds already if `add` (the mask bias): q: MR rows of pairs E, ldq apart; kt: NV
+// consecutive Kᵀ pair panels ((n, N) elements), ldp apart. The scale is applied to the fp32 sum, as torch's
+// bf16 SDPA does.
+template <int MR, int NV, typename E>
+HWY_NOINLINE void QK16Block(const E* HWY_RESTRICT q, int64_t ldq, const E* HWY_RESTRICT kt, int64_t ldp, int64_t n,
+                            float qscale, float* HWY_RESTRICT s, int64_t lds, bool add) {
   const DF d;
   const int64_t N = hn::Lanes(d);
-  VF acc[MR][NV];
-  ForBlock<MR, NV>([&](int r, int j) { acc[r][j] = hn::Zero(d); });
-  DpBlock<MR, NV>(d, acc, ARows<uint32_t>{q, ldq, 1}, MR, BRows<uint32_t>{kt, N, ldp}, D2);
+  HWY_ALIGN float acc[MR * NV * hn::MaxLanes(d)];
+  GroupBlock<MR, NV>(d, ARows<E>{q, ldq, 1}, MR, BRows<E>{kt, N, ldp}, n, acc, NV * N, true);
   const VF vs = hn::Set(d, qscale);
   ForBlock<MR, NV>([&](int r, int j) {
     float* dst = s + r * lds + j * N;
-    hn::StoreU(add ? hn::MulAdd(acc[r][j], vs, hn::LoadU(d, dst)) : hn::Mul(acc[r][j], vs), d, dst);
+    const VF x = hn::Load(d, acc + (r * NV + j) * N);
+    hn::StoreU(add ? hn::MulAdd(x, vs, hn::LoadU(d, dst)) : hn::Mul(x, vs), d, dst);
   });
 }
 
-// O (MR, NV·N) = α ⊙ O + P (MR, n2) · V (n2, NV·N) over bf16 pairs (DpBlock); α per row, or none.
-// p: MR rows of n2 pair words (keys 2q, 2q + 1), ldp apart, or with TransA P's transpose stored (n2, ldp)
-// (the backward's dQ = dS·K from dSᵀ's pair rows); v: pair rows of V (keys 2q, 2q + 1 of each column),
-// ldv words apart. o: row stride ldo.
-template <int MR, int NV, bool TransA = false>
-HWY_NOINLINE void PV16Block(const uint32_t* HWY_RESTRICT p, int64_t ldp, const uint32_t* HWY_RESTRICT v,
-                            int64_t ldv, int64_t n2, float* HWY_RESTRICT o, int64_t ldo,
-                            const float* HWY_RESTRICT alpha) {
+// The (MR, NV·N) block of O (row stride ldo) times α per row, in place.
+template <int MR, int NV>
+HWY_INLINE void ScaleO(float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha) {
   const DF d;
   const int64_t N = hn::Lanes(d);
-  VF acc[MR][NV];
-  LoadO(acc, o, ldo, alpha);
-  const ARows<uint32_t> a = TransA ? ARows<uint32_t>{p, 1, ldp} : ARows<uint32_t>{p, ldp, 1};
-  DpBlock<MR, NV>(d, acc, a, MR, BRows<uint32_t>{v, ldv, N}, n2);
-  StoreO(acc, o, ldo);
+  ForBlock<MR, NV>([&](int r, int j) {
+    float* p = o + r * ldo + j * N;
+    hn::StoreU(hn::Mul(hn::LoadU(d, p), hn::Set(d, alpha[r])), d, p);
+  });
+}
+
+// O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N) over bf16 pairs (GroupBlock: n positions, whole groups); α
+// per row, or none. p: MR rows of pairs E along keys, ldp apart, or with TransA P's transpose stored (n,
+// ldp) (the backward's dQ = dS·K from dSᵀ's pair rows); v: pair rows of V, ldv apart. o: row stride ldo.
+template <int MR, int NV, bool TransA = false, typename E>
+HWY_NOINLINE void PV16Block(const E* HWY_RESTRICT p, int64_t ldp, const E* HWY_RESTRICT v, int64_t ldv, int64_t n,
+                            float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha) {
+  const DF d;
+  if (alpha) ScaleO<MR, NV>(o, ldo, alpha);
+  const ARows<E> a = TransA ? ARows<E>{p, 1, ldp} : ARows<E>{p, ldp, 1};
+  GroupBlock<MR, NV>(d, a, MR, BRows<E>{v, ldv, static_cast<int64_t>(hn::Lanes(d))}, n, o, ldo, false);
 }
 
 // The (mr, nv) instance of Op::Run, mr <= MR and nv <= NV: the tails of a tile run the smaller blocks.
@@ -315,13 +311,18 @@ HWY_INLINE void QK(int64_t mr, int64_t nv, Args... args) { RunBlock<QKOp, kMR, N
 template <int NV = kNV, bool TransA = false, class... Args>
 HWY_INLINE void PV(int64_t mr, int64_t nv, Args... args) { RunBlock<PVOp<TransA>, kMR, NV>(mr, nv, args...); }
 
-// f(r, c, mr, nv) for the kMR x kNV blocks of a (rows, nvec vectors) tile: vectors [c, c + nv) of rows
+// f(r, c, mr, nv) for the kMR x NV blocks of a (rows, nvec vectors) tile: vectors [c, c + nv) of rows
 // [r, r + mr), column blocks outer.
-template <class F>
+template <int NV = kNV, class F>
 HWY_INLINE void ForTile(int64_t rows, int64_t nvec, F&& f) {
-  for (int64_t c = 0; c < nvec; c += kNV)
-    for (int64_t r = 0; r < rows; r += kMR) f(r, c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(kNV, nvec - c));
+  for (int64_t c = 0; c < nvec; c += NV)
+    for (int64_t r = 0; r < rows; r += kMR) f(r, c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(NV, nvec - c));
 }
+
+// Vectors per block of the bf16 tiles: the fp32 block's for floats (E, then O: E waits on the stack), 2 for
+// VDPBF16PS's chain words (E and O together, 24 accumulators).
+template <typename E>
+inline constexpr int kNV16 = std::is_same_v<E, float> ? kNV : 2;
 
 // S (rows, lds) = scale · Q (rows, D) · Kᵀ over np panels (+ S if add), blocked kMR x kNV.
 HWY_INLINE void QKTile(const float* q, int64_t rows, int64_t D, const float* kt, int64_t np, float scale, float* s,
@@ -344,24 +345,82 @@ HWY_INLINE void PVTile(const float* p, int64_t rows, int64_t ldp, const E* v, in
   });
 }
 
-// QKTile over bf16 pairs: S (rows, lds) = qscale · Q (rows, D2 pairs) · Kᵀ pair panels (+ S if add).
-template <int NV = kNV>  // a template, so that only a kDpTarget caller instantiates DpBlock
-HWY_INLINE void QK16Tile(const uint32_t* q, int64_t rows, int64_t D2, const uint32_t* kt, int64_t np, float qscale,
-                         float* s, int64_t lds, bool add) {
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+// ---- The bf16 tiles on AMX (amx.h's Block: 32 rows x 16 or 32 columns, one TDPBF16PS per tile and group) ----
+// N is 16 here, so a Kᵀ pair panel ((n, 16) words) is a column of B tiles, each group's 1 KB in one piece.
+
+// S = qscale · Q·Kᵀ (+ S if add), as QK16Tile: the products to a block in L1, scaled (and added) from there.
+HWY_INLINE void QKAmx(const uint32_t* q, int64_t rows, int64_t n, const uint32_t* kt, int64_t np, float qscale,
+                      float* s, int64_t lds, bool add) {
+  const DF d;
+  const VF vs = hn::Set(d, qscale);
+  HWY_ALIGN float acc[32 * 32];
+  for (int64_t j = 0; j < np; j += 2)
+    for (int64_t r = 0; r < rows; r += 32) {
+      const int64_t nc = std::min<int64_t>(2, np - j);
+      const amx::ATiles a{q + r * n, n, kGroupPairs};
+      const amx::BTiles b{kt + j * n * 16, 16, kGroupPairs * 16, n * 16};
+      if (nc == 2) amx::Block<2>(a, b, n / kGroupPairs, acc, 32, true);
+      else amx::Block<1>(a, b, n / kGroupPairs, acc, 32, true);
+      for (int64_t i = 0; i < std::min<int64_t>(32, rows - r); ++i)
+        for (int64_t c = 0; c < nc * 16; c += 16) {
+          float* dst = s + (r + i) * lds + j * 16 + c;
+          const VF x = hn::Load(d, acc + i * 32 + c);
+          hn::StoreU(add ? hn::MulAdd(x, vs, hn::LoadU(d, dst)) : hn::Mul(x, vs), d, dst);
+        }
+    }
+}
+
+// O = α ⊙ O + P·V, as PV16Tile: O's rows scaled in place, then loaded into the C tiles.
+HWY_INLINE void PVAmx(const uint32_t* p, int64_t rows, int64_t ldp, const uint32_t* v, int64_t n, float* o,
+                      int64_t Dvp, const float* alpha) {
+  const DF d;
+  if (alpha)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t c = 0; c < Dvp; c += 16)
+        hn::StoreU(hn::Mul(hn::LoadU(d, o + i * Dvp + c), hn::Set(d, alpha[i])), d, o + i * Dvp + c);
+  for (int64_t c = 0; c < Dvp; c += 32)
+    for (int64_t r = 0; r < rows; r += 32) {
+      const amx::ATiles a{p + r * ldp, ldp, kGroupPairs};
+      const amx::BTiles b{v + c, Dvp, kGroupPairs * Dvp, 16};
+      if (Dvp - c >= 32) amx::Block<2>(a, b, n / kGroupPairs, o + r * Dvp + c, Dvp, false);
+      else amx::Block<1>(a, b, n / kGroupPairs, o + r * Dvp + c, Dvp, false);
+    }
+}
+#endif
+
+// How the bf16 tiles multiply: AMX tiles (pair words), VDPBF16PS (chain words) or FMAs (floats), the same bits.
+enum class Bf16Kernel { amx, dp, emu };
+
+// QKTile over bf16 pairs: S (rows, lds) = qscale · Q (rows, n positions, n apart) · Kᵀ pair panels (+ S if
+// add). AMX: 32-row blocks, so Q has rows up to a multiple of 32 (rows past `rows` computed, not stored).
+template <typename E>
+HWY_INLINE void QK16Tile(Bf16Kernel kernel, const E* q, int64_t rows, int64_t n, const E* kt, int64_t np,
+                         float qscale, float* s, int64_t lds, bool add) {
   const int64_t N = hn::Lanes(DF());
-  ForTile(rows, np, [&](int64_t r, int64_t j, int64_t mr, int64_t nv) {
-    RunBlock<QK16Op, kMR, NV>(mr, nv, q + r * D2, D2, kt + j * D2 * N, D2 * N, D2, qscale, s + r * lds + j * N,
-                              lds, add);
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if constexpr (std::is_same_v<E, uint32_t>)
+    if (kernel == Bf16Kernel::amx) return QKAmx(q, rows, n, kt, np, qscale, s, lds, add);
+#endif
+  (void)kernel;
+  ForTile<kNV16<E>>(rows, np, [&](int64_t r, int64_t j, int64_t mr, int64_t nv) {
+    RunBlock<QK16Op, kMR, kNV16<E>>(mr, nv, q + r * n, n, kt + j * n * N, n * N, n, qscale, s + r * lds + j * N, lds, add);
   });
 }
 
-// PVTile over bf16 pairs: O (rows, Dvp) = α ⊙ O + P (rows, n2 pairs, ldp apart) · V pair rows (ldv = Dvp).
-template <int NV = kNV>
-HWY_INLINE void PV16Tile(const uint32_t* p, int64_t rows, int64_t ldp, const uint32_t* v, int64_t n2, float* o,
+// PVTile over bf16 pairs: O (rows, Dvp) = α ⊙ O + P (rows, n positions, ldp apart) · V pair rows (ldv = Dvp).
+// AMX: 32-row blocks of O and P (rows past `rows` computed from what P and O hold there).
+template <typename E>
+HWY_INLINE void PV16Tile(Bf16Kernel kernel, const E* p, int64_t rows, int64_t ldp, const E* v, int64_t n, float* o,
                          int64_t Dvp, const float* alpha) {
   const int64_t N = hn::Lanes(DF());
-  ForTile(rows, Dvp / N, [&](int64_t r, int64_t c, int64_t mr, int64_t nv) {
-    RunBlock<PV16Op<>, kMR, NV>(mr, nv, p + r * ldp, ldp, v + c * N, Dvp, n2, o + r * Dvp + c * N, Dvp,
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if constexpr (std::is_same_v<E, uint32_t>)
+    if (kernel == Bf16Kernel::amx) return PVAmx(p, rows, ldp, v, n, o, Dvp, alpha);
+#endif
+  (void)kernel;
+  ForTile<kNV16<E>>(rows, Dvp / N, [&](int64_t r, int64_t c, int64_t mr, int64_t nv) {
+    RunBlock<PV16Op<>, kMR, kNV16<E>>(mr, nv, p + r * ldp, ldp, v + c * N, Dvp, n, o + r * Dvp + c * N, Dvp,
                                 alpha ? alpha + r : nullptr);
   });
 }

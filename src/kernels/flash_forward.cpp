@@ -10,10 +10,10 @@
 // by log2(e), and exp2 replaces exp; LSE is converted back to natural log at the end.
 // bf16 (precision bf16, an Autocast): Q, K, V rounded to bf16 when packed (K always as Kᵀ panels, V as
 // rows), S = scale·log2(e)·(Q·Kᵀ) from fp32 sums of pair products, the softmax in fp32, P rounded by
-// exp2 (after dropout, where there is some), O += P·V in fp32 sums, the whole tile under DAZ/FTZ, so the
-// bits are the same on every FMA CPU. With VDPBF16PS the operands are pair words (DpBlock; measured on a
-// Zen 4: 1.35-1.67x the fp32 kernel); without, they are bf16 values as fp32 in chain order and the fp32
-// blocks run them (flash_common.h: the instruction's bits, at fp32's speed).
+// exp2 (after dropout, where there is some), O += P·V in fp32 sums, both products in AMX's arithmetic
+// (groups of 16 pairs, register_block.h), the whole tile under DAZ/FTZ, so the bits are the same on every
+// FMA CPU. With AMX the operands are pair words in tiles (32-row blocks; an Intel Xeon, L 4096: 2.3-3.5x
+// the fp32 kernel); with VDPBF16PS chain words (GroupBlock); without either, bf16 values as fp32 on FMAs.
 //
 // Threads: attn's pool (parallel_items) over independent (batch, KV head, query tile) items, each
 // reduced in a fixed order by one thread, so any thread count gives bitwise the same output. Decoding
@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include "attn/kernels/half_kv.h"
@@ -70,9 +71,11 @@ struct Plan {
   float qscale = 0;     // scale·log2(e), folded into Q (bf16: applied to each fp32 score)
   int64_t bc = 0;       // keys per tile (flash_tiles().keys): where the online softmax rescales
   bool bf16 = false;    // Q·Kᵀ and P·V over bf16 pairs (Q, K, V and P rounded)
-  bool dp = false;      // bf16 by VDPBF16PS (K, V, Q, P as pair words), else in chain order (fp32 blocks)
-  int64_t D2 = 0;       // bf16: pairs along D
-  int64_t Dq = 0;       // floats per Q row and per key of a Kᵀ panel: D; bf16 in chain order 2·D2
+  Bf16Kernel kernel = Bf16Kernel::emu;  // bf16: AMX or VDPBF16PS on pair words (E = uint32_t), FMAs on floats
+  bool words = false;   // bf16 pairs as words (AMX, VDPBF16PS), else as floats
+  int64_t band = kCutBand;  // rows per band across the causal diagonal (AMX: its 32-row blocks)
+  int64_t D2 = 0;       // bf16: pairs along D, whole groups (GroupPairs)
+  int64_t Dq = 0;       // elements per Q row and per key of a Kᵀ panel: D; bf16 D2 words or 2·D2 floats
 };
 
 Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
@@ -82,14 +85,19 @@ Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
   pl.decode = p.L * p.G <= kDecodeRows && p.S >= kDecodeMinS;
   const FlashTiles tiles = flash_tiles(HWY_TARGET);
   pl.bc = tiles.keys;
-  // lq·G about tiles.rows and a multiple of kMR where it can be, so no microkernel runs short.
-  const int64_t step = kMR / std::gcd<int64_t>(p.G, kMR);
+  pl.bf16 = precision == Precision::bf16 && !pl.decode;  // decoding stays fp32 (as linear_rows does)
+  if (pl.bf16) {
+    pl.kernel = kDpTarget && cpu_info().amx ? Bf16Kernel::amx : UseDp() ? Bf16Kernel::dp : Bf16Kernel::emu;
+    pl.words = pl.kernel != Bf16Kernel::emu;
+  }
+  if (pl.kernel == Bf16Kernel::amx) pl.band = 32;
+  // lq·G about tiles.rows and a multiple of kMR (AMX: of its 32-row blocks) where it can be, so no
+  // microkernel runs short.
+  const int64_t unit = pl.kernel == Bf16Kernel::amx ? 32 : kMR, step = unit / std::gcd<int64_t>(p.G, unit);
   pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(tiles.rows) / double(step * p.G))));
   pl.Br = pl.lq * p.G;
-  pl.bf16 = precision == Precision::bf16 && !pl.decode;  // decoding stays fp32 (as linear_rows does)
-  pl.dp = pl.bf16 && UseDp();
-  pl.D2 = (p.D + 1) / 2;
-  pl.Dq = pl.bf16 && !pl.dp ? 2 * pl.D2 : p.D;
+  pl.D2 = GroupPairs(p.D);
+  pl.Dq = !pl.bf16 ? p.D : pl.words ? pl.D2 : 2 * pl.D2;
   pl.few = pl.Br <= kFewRows && !pl.bf16;
   pl.pack_k = !pl.few || p.args.k.strides[3] != 1;
   pl.pack_v = pl.bf16 || p.args.v.strides[3] != 1 || p.Dv % pl.N != 0;
@@ -99,7 +107,7 @@ Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
 
 // Per-worker scratch (from the call's Scratch): one query tile and its running statistics.
 struct Tile {
-  float* q;      // (Br, Dq) Q rows times scale·log2(e) (bf16: as given; in chain order without VDPBF16PS)
+  float* q;      // (Br, Dq) Q rows times scale·log2(e) (bf16: as given; rounded, as floats, in the emulation)
   float* s;      // (Br, bc) scores, then probabilities P
   float* o;      // (Br, Dvp) unnormalised output
   float* m;      // (Br,) running max, log2 domain
@@ -107,8 +115,8 @@ struct Tile {
   float* alpha;  // (Br,) rescale factor of this key tile
   float* qt;     // few rows only: (D, Brp) Qᵀ panels of q, Brp = Br rounded up to N
   float* st;     // few rows only: (bc, Brp) scores transposed, as K·Qᵀ gives them
-  uint32_t* q16 = nullptr;  // VDPBF16PS only: (Br, D2) pair words of Q (unscaled)
-  uint32_t* p16 = nullptr;  // VDPBF16PS only: (Br, bc/2) pair words of P
+  uint32_t* q16 = nullptr;  // pair words only: (Br, D2) pair words of Q (unscaled)
+  uint32_t* p16 = nullptr;  // pair words only: (Br, bc/2) pair words of P
   int64_t b = 0, kvh = 0, l0 = 0, rows = 0;
 
   // Floats and (bf16) pair words of one Tile, 64-byte aligned parts: what the constructor's x and w hold.
@@ -116,18 +124,22 @@ struct Tile {
     Sizes z(pl);
     return z.nq + z.ns + z.no + 3 * z.nr + z.nqt + z.nst;
   }
-  static int64_t words(const Plan& pl) { return pl.dp ? round_up(pl.Br * pl.D2, 16) + pl.Br * pl.bc / 2 : 0; }
+  static int64_t words(const Plan& pl) {
+    return pl.words ? round_up(Rows(pl) * pl.D2, 16) + Rows(pl) * pl.bc / 2 : 0;
+  }
   Tile(const Plan& pl, float* x, uint32_t* w) {
     const Sizes z(pl);
     q = x, s = q + z.nq, o = s + z.ns, m = o + z.no, l = m + z.nr, alpha = l + z.nr, qt = alpha + z.nr, st = qt + z.nqt;
-    if (pl.dp) q16 = w, p16 = q16 + round_up(pl.Br * pl.D2, 16);
+    if (pl.words) q16 = w, p16 = q16 + round_up(Rows(pl) * pl.D2, 16);
   }
 
  private:
+  // rows of the buffers: Br, or for AMX's 32-row blocks Br rounded up to them
+  static int64_t Rows(const Plan& pl) { return pl.kernel == Bf16Kernel::amx ? round_up(pl.Br, 32) : pl.Br; }
   struct Sizes {
     int64_t nq, ns, no, nr, nqt, nst;
     explicit Sizes(const Plan& pl) {
-      const int64_t Br = pl.Br, a = 16, Brp = pl.few ? round_up(Br, pl.N) : 0;
+      const int64_t Br = Rows(pl), a = 16, Brp = pl.few ? round_up(Br, pl.N) : 0;
       nq = round_up(Br * pl.Dq, a), ns = round_up(Br * pl.bc, a), no = round_up(Br * pl.Dvp, a);
       nr = round_up(Br, a), nqt = round_up(pl.p.D * Brp, a), nst = round_up(pl.bc * Brp, a);
     }
@@ -135,6 +147,17 @@ struct Tile {
 
  public:
   int64_t row_l(const SdpaProblem<float>& p, int64_t r) const { return l0 + p.row_position(r); }
+  // bf16: Q's pairs (Dq apart) and where row r's P goes as pairs (bc/2 words, or bc floats, a row)
+  template <typename E>
+  E* q_pairs() const {
+    if constexpr (std::is_same_v<E, uint32_t>) return q16;
+    else return q;
+  }
+  template <typename E>
+  E* p_pairs(const Plan& pl, int64_t r) const {
+    if constexpr (std::is_same_v<E, uint32_t>) return p16 + r * (pl.bc / 2);
+    else return s + r * pl.bc;
+  }
   int64_t row_h(const SdpaProblem<float>& p, int64_t r) const { return p.row_head(kvh, r); }
 };
 
@@ -151,9 +174,15 @@ void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t 
       for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * f;  // vectorized
     else
       for (int64_t d = 0; d < D; ++d) dst[d] = src[d * Q.strides[3]] * f;
-    if (pl.dp) pairs::PairsAlongRow(dst, pl.D2, D, t.q16 + r * pl.D2);
-    else if (pl.bf16) PairRow(dst, D, dst);  // in chain order, in place
+    if (pl.words) {
+      PairRow(dst, D, t.q16 + r * pl.D2, pl.D2);
+      ChainRowsIf(pl.kernel == Bf16Kernel::dp, t.q16 + r * pl.D2, pl.D2, 1, 1);
+    } else if (pl.bf16) {
+      PairRow(dst, D, dst, pl.D2);  // rounded in place
+    }
   }
+  if (pl.kernel == Bf16Kernel::amx)  // its 32-row blocks read Q rows past the tile's: zeros
+    std::fill(t.q16 + t.rows * pl.D2, t.q16 + round_up(t.rows, 32) * pl.D2, 0u);
   if (pl.few) pack_panels(t.q, D, 1, t.rows, D, pl.N, t.qt);
   std::fill(t.m, t.m + t.rows, -kInf);
   std::fill(t.l, t.l + t.rows, 0.f);
@@ -201,30 +230,23 @@ void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t n,
 }
 
 // The online softmax of the tile's rows over keys [s_begin, s_end), s_begin a multiple of N.
-// k: from key s_begin on, Kᵀ panels, or K rows ldk apart for a few-rows tile; v: V rows from key
-// s_begin on, ldv apart. E = uint32_t: bf16 pairs (pl.dp), Kᵀ pair panels (ldk = D2) and V pair rows
-// (ldv = Dvp) from key s_begin (even) on; P is rounded to pairs before P·V. E = float with pl.bf16: the
-// same in chain order (Kᵀ panels of Dq rows, V rows), P rounded in place.
+// fp32 (E = float): k from key s_begin on, Kᵀ panels, or K rows ldk apart for a few-rows tile; v: V rows
+// from key s_begin on, ldv apart. bf16 (pl.bf16, E its pairs): Kᵀ pair panels (ldk = Dq) and V pair rows
+// (ldv = Dvp) from key s_begin (even) on; P is rounded to pairs before P·V.
 template <typename E>
 void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const E* k, int64_t ldk, const E* v,
                  int64_t ldv) {
-  constexpr bool k16 = std::is_same_v<E, uint32_t>;
-  const bool chain = !k16 && pl.bf16;
-  // where row r's P goes as bf16 pairs: its pair words, or itself in chain order
-  const auto prow = [&](int64_t r) -> E* {
-    if constexpr (k16) return t.p16 + r * (pl.bc / 2);
-    else return t.s + r * pl.bc;
-  };
   const auto& p = pl.p;
   const bool causal = p.args.causal != Causal::none;
   const int64_t first_end = p.key_end(t.l0);  // the causal edge of the tile's first, most limited row
+  const int64_t pw = kPairWidth<E>;
   for (int64_t s0 = s_begin; s0 < s_end; s0 += pl.bc) {
     const int64_t n = std::min(pl.bc, s_end - s0);
-    // Across the causal diagonal, bands of kCutBand rows stop at their last row's causal edge, so the
+    // Across the causal diagonal, bands of pl.band rows stop at their last row's causal edge, so the
     // triangle above it costs next to nothing; elsewhere the tile is one band. Keys a band skips
     // would be -inf, so each row's result is the same bits either way.
     const bool cut = causal && first_end < s0 + n;
-    const int64_t band = cut ? kCutBand : t.rows;
+    const int64_t band = cut ? pl.band : t.rows;
     for (int64_t r0 = 0; r0 < t.rows; r0 += band) {
       const int64_t nr = std::min(band, t.rows - r0);
       const int64_t nb = cut ? std::clamp<int64_t>(p.key_end(t.row_l(pl.p, r0 + nr - 1)) - s0, 0, n) : n;
@@ -235,17 +257,18 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
       // bands below the diagonal need no per-element work at all.
       const bool bias = p.has_bias();
       if (bias && !FillMask(pl, t, r0, nr, s0, nb, nbp)) continue;
-      if constexpr (k16) {
-        const uint32_t* kt = k + (s0 - s_begin) * ldk;
-        QK16Tile(t.q16 + r0 * pl.D2, nr, pl.D2, kt, nbp / pl.N, pl.qscale, t.s + r0 * pl.bc, pl.bc, bias);
-      } else if (pl.few) {  // one band: rows <= kFewRows < kCutBand
-        QKFromRows(pl, t, k + (s0 - s_begin) * ldk, ldk, nb, bias);
-      } else {
-        QKTile(t.q + r0 * pl.Dq, nr, pl.Dq, k + (s0 - s_begin) * pl.Dq, nbp / pl.N, chain ? pl.qscale : 1.f,
-               t.s + r0 * pl.bc, pl.bc, bias);
+      if (pl.bf16) {
+        QK16Tile(pl.kernel, t.q_pairs<E>() + r0 * pl.Dq, nr, pl.Dq, k + (s0 - s_begin) * ldk, nbp / pl.N, pl.qscale,
+                 t.s + r0 * pl.bc, pl.bc, bias);
+      } else if constexpr (std::is_same_v<E, float>) {
+        if (pl.few)  // one band: rows <= kFewRows < kCutBand
+          QKFromRows(pl, t, k + (s0 - s_begin) * ldk, ldk, nb, bias);
+        else
+          QKTile(t.q + r0 * pl.Dq, nr, pl.Dq, k + (s0 - s_begin) * pl.Dq, nbp / pl.N, 1.f, t.s + r0 * pl.bc, pl.bc, bias);
       }
       if (!bias && (nbp != nb || (cut && p.key_end(t.row_l(pl.p, r0)) < s0 + nb))) MaskEdge(pl, t, r0, nr, s0, nb, nbp);
       // m_new = max(m, rowmax(S)); P = 2^(S - m_new); l = 2^(m - m_new)·l + rowsum(P)
+      const int64_t padded = GroupPairs(nbp);  // bf16: P's pairs, whole groups (0 past nbp)
       bool rescale = false;
       for (int64_t r = r0; r < r0 + nr; ++r) {
         float* row = t.s + r * pl.bc;
@@ -256,21 +279,23 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
         t.alpha[r] = a;
         rescale |= a != 1.f;
         // bf16 without dropout: P straight to its pairs
-        t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use, pl.bf16 && !p.dropout() ? prow(r) : nullptr);
+        E* pairs = pl.bf16 && !p.dropout() ? t.p_pairs<E>(pl, r) : nullptr;
+        t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use, pairs, padded);
         t.m[r] = m_new;
       }
       if (p.dropout()) Dropout(pl, t, r0, nr, s0, nb);
-      if (pl.bf16 && p.dropout())
-        for (int64_t r = r0; r < r0 + nr; ++r) PairRow(t.s + r * pl.bc, nbp, prow(r));
+      if (pl.bf16)
+        for (int64_t r = r0; r < r0 + nr; ++r) {
+          if (p.dropout()) PairRow(t.s + r * pl.bc, nbp, t.p_pairs<E>(pl, r), padded);
+          ChainRowsIf(pl.kernel == Bf16Kernel::dp, t.p_pairs<E>(pl, r), padded, 1, 1);
+        }
       // O = α ⊙ O + P·V; the rescale only when some row's max changed
       const float* alpha = rescale ? t.alpha + r0 : nullptr;
-      if constexpr (k16) {  // P's pairs (keys past nb: 0, as -inf scores give) times V's pair rows
-        const int64_t n2 = (nb + 1) / 2, ld2 = pl.bc / 2;
-        const uint32_t* vp = v + (s0 - s_begin) / 2 * ldv;
-        PV16Tile(t.p16 + r0 * ld2, nr, ld2, vp, n2, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
-      } else {  // chain order: whole pairs of keys (key nb's P is 0, as above)
-        PVTile(t.s + r0 * pl.bc, nr, pl.bc, v + (s0 - s_begin) * ldv, ldv, chain ? round_up(nb, 2) : nb,
-               t.o + r0 * pl.Dvp, pl.Dvp, alpha);
+      if (pl.bf16) {  // P's pairs (keys past nb: 0, as -inf scores give) times V's pair rows
+        PV16Tile(pl.kernel, t.p_pairs<E>(pl, r0), nr, pw * pl.bc / 2, v + pw * (s0 - s_begin) / 2 * ldv,
+                 pw * GroupPairs(nb), t.o + r0 * pl.Dvp, pl.Dvp, alpha);
+      } else if constexpr (std::is_same_v<E, float>) {
+        PVTile(t.s + r0 * pl.bc, nr, pl.bc, v + (s0 - s_begin) * ldv, ldv, nb, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
       }
     }
   }
@@ -304,15 +329,15 @@ void PackKeys(const Plan& pl, int64_t b, int64_t kvh, int64_t s0, int64_t n, flo
 }
 
 // Prefill/training path: items (b, kvh, query tile). K/V of a batch of KV heads are packed once and
-// shared by all their query tiles and query heads: as fp32 (E = float, where needed), bf16 in chain
-// order (E = float, pl.bf16: always), or as bf16 pairs (E = uint32_t, pl.dp: always).
+// shared by all their query tiles and query heads: as fp32 (E = float, where needed), or bf16 pairs
+// (pl.bf16: always; E = uint32_t pair words, or floats), V's pair rows padded to whole groups of keys.
 template <typename E>
 void ForwardTiles(const Plan& pl) {
   constexpr bool k16 = std::is_same_v<E, uint32_t>;
   const auto& p = pl.p;
-  const int64_t heads = p.B * p.Hkv, nt = (p.L + pl.lq - 1) / pl.lq;
-  const int64_t kt_size = k16 ? round_up(p.S, pl.N) * pl.D2 : pl.pack_k ? round_up(p.S, pl.N) * pl.Dq : 0;
-  const int64_t v_size = k16 ? round_up(p.S, 2) / 2 * pl.Dvp : pl.bf16 ? round_up(p.S, 2) * pl.Dvp : pl.pack_v ? p.S * pl.Dvp : 0;
+  const int64_t heads = p.B * p.Hkv, nt = (p.L + pl.lq - 1) / pl.lq, pw = kPairWidth<E>;
+  const int64_t kt_size = pl.pack_k ? round_up(p.S, pl.N) * pl.Dq : 0;
+  const int64_t v_size = pl.bf16 ? pw * GroupPairs(p.S) * pl.Dvp : pl.pack_v ? p.S * pl.Dvp : 0;
   const int64_t per_pair = round_up(kt_size + v_size, 16);
   const int64_t batch = std::clamp<int64_t>(kPackBudget / std::max<int64_t>(1, per_pair * 4), 1, heads);
   // One Scratch for the call: the packed K/V, and a Tile per worker.
@@ -328,22 +353,30 @@ void ForwardTiles(const Plan& pl) {
       const int64_t pair = first + i / blocks, s0 = (i % blocks) * kPackRows, n = std::min(kPackRows, p.S - s0);
       const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv;
       E* kt = pack + (i / blocks) * per_pair;
-      if (pl.bf16) {  // N keys at a time as fp32 (a Kᵀ panel, V rows), then paired or chained; s0 is even
+      if (pl.bf16) {  // N keys at a time as fp32 (a Kᵀ panel, V rows), then paired; s0 is a multiple of 4
         const auto& K = p.args.k;
         const auto& V = p.args.v;
         const float* ks = K.data + b * K.strides[0] + kvh * K.strides[1] + s0 * K.strides[2];
         const float* vs = V.data + b * V.strides[0] + kvh * V.strides[1] + s0 * V.strides[2];
+        const bool chain = pl.kernel == Bf16Kernel::dp;
         const int64_t step = round_up(pl.N, 2);  // whole panels and pairs of keys (N is 1 on the scalar target)
         std::vector<float> tmp(size_t(step * std::max(p.D, pl.Dvp)));
+        E* vt = kt + kt_size;
         for (int64_t s = 0; s < n; s += step) {
           const int64_t m = std::min(step, n - s);
           pack_panels(ks + s * K.strides[2], K.strides[2], K.strides[3], m, p.D, pl.N, tmp.data());
-          for (int64_t j = 0; j < m; j += pl.N)  // each panel along D
-            PairRowsOf(tmp.data() + j * p.D, p.D, pl.N, pl.N, kt + (s0 + s + j) * kPairWidth<E> * pl.D2, pl.N);
+          for (int64_t j = 0; j < m; j += pl.N) {  // each panel along D
+            E* panel = kt + (s0 + s + j) * pl.Dq;
+            PairRowsOf(tmp.data() + j * p.D, p.D, pl.N, pl.N, panel, pl.N, pl.D2);
+            ChainRowsIf(chain, panel, pl.D2, pl.N, pl.N);
+          }
           pack_rows(vs + s * V.strides[2], V.strides[2], V.strides[3], m, p.Dv, pl.Dvp, tmp.data());
-          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, kt + kt_size + kPairWidth<E> * ((s0 + s) / 2) * pl.Dvp,
-                     pl.Dvp);  // V across keys
+          PairRowsOf(tmp.data(), m, pl.Dvp, pl.Dvp, vt + pw * ((s0 + s) / 2) * pl.Dvp, pl.Dvp, (m + 1) / 2);
         }
+        // V's pair rows of this job: zero ones up to a whole group after the last key, then chained
+        const int64_t q0 = s0 / 2, q1 = s0 + n == p.S ? GroupPairs(p.S) : (s0 + n) / 2;
+        std::fill(vt + pw * ((s0 + n + 1) / 2) * pl.Dvp, vt + pw * q1 * pl.Dvp, E(0));
+        ChainRowsIf(chain, vt + pw * q0 * pl.Dvp, q1 - q0, pl.Dvp, pl.Dvp);
       } else if constexpr (!k16) {
         PackKeys(pl, b, kvh, s0, n, kt + s0 * p.D, kt + kt_size + s0 * pl.Dvp);
       }
@@ -352,15 +385,18 @@ void ForwardTiles(const Plan& pl) {
       // bf16: the whole tile under DAZ/FTZ, as VDPBF16PS computes, so its emulation and every fp32 step
       // around the products give the same bits on every CPU
       const pairs::FlushSubnormals flush(pl.bf16);
+      [[maybe_unused]] const std::optional<amx::Tiles> amx_tiles =
+          pl.kernel == Bf16Kernel::amx ? std::make_optional<amx::Tiles>() : std::nullopt;
       Tile& t = tiles[size_t(worker)];
       // last (longest causal) tiles first for balance; tiles are independent, so order changes nothing
       const int64_t pair = first + i % np, ti = nt - 1 - i / np;
       const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv, l0 = ti * pl.lq, nl = std::min(pl.lq, p.L - l0);
       const E* packed = pack + (i % np) * per_pair;
-      int64_t ldk = pl.D2, ldv = pl.Dvp;
+      int64_t ldk = pl.Dq, ldv = pl.Dvp;
       const E* k = packed;
       const E* v = packed + kt_size;
-      if constexpr (!k16) k = KRows(pl, b, kvh, packed, &ldk), v = VRows(pl, b, kvh, v, &ldv);
+      if constexpr (!k16)
+        if (!pl.bf16) k = KRows(pl, b, kvh, packed, &ldk), v = VRows(pl, b, kvh, v, &ldv);
       LoadQ(pl, t, b, kvh, l0, nl);
       ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), k, ldk, v, ldv);
       for (int64_t r = 0; r < t.rows; ++r)
@@ -373,9 +409,9 @@ void FlashForward(const SdpaProblem<float>& p, Precision precision) {
   if (p.B == 0 || p.H == 0 || p.L == 0) return;
   const Plan pl = MakePlan(p, precision);
   if (pl.decode) return flash_decode(p);  // flash_decode.cpp's kernel, over fp32 K/V
-  if constexpr (kDpTarget)  // pair words for VDPBF16PS, on the targets that have it only
-    if (pl.dp) return ForwardTiles<uint32_t>(pl);
-  ForwardTiles<float>(pl);  // fp32, or bf16 in chain order
+  if constexpr (kDpTarget)  // pair words for AMX and VDPBF16PS, on the targets that have them only
+    if (pl.words) return ForwardTiles<uint32_t>(pl);
+  ForwardTiles<float>(pl);  // fp32, or bf16 pairs as floats
 }
 
 }  // namespace attn::flash::HWY_NAMESPACE

@@ -30,6 +30,7 @@
 
 #include "attn/check.h"
 #include "attn/threads.h"
+#include "amx.h"
 #include "gemm_blocking.h"
 #include "pairs.h"
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
@@ -37,9 +38,6 @@
 #ifndef ATTN_GEMM_BF16_ONCE
 #define ATTN_GEMM_BF16_ONCE
 namespace attn::gemm_detail {
-
-// Pairs per group: one TDPBF16PS's K with full tiles. Part of the bits: every path sums in these groups.
-constexpr int64_t kGroup = 16;
 
 // One bf16 product: each operand fp32 (rounded when packed) or bf16 bits.
 struct Bf16Args {
@@ -72,9 +70,9 @@ namespace attn::gemm_detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using regblock::HWY_NAMESPACE::ARows;
 using regblock::HWY_NAMESPACE::BRows;
-using regblock::HWY_NAMESPACE::DpBlock;
-using regblock::HWY_NAMESPACE::FmaBlock;
-using regblock::HWY_NAMESPACE::ForBlock;
+using regblock::HWY_NAMESPACE::GroupBlock;
+constexpr int64_t kGroup = regblock::HWY_NAMESPACE::kGroupPairs;  // pairs per group: one TDPBF16PS's K, full tiles
+using regblock::HWY_NAMESPACE::kPairWidth;
 using regblock::HWY_NAMESPACE::DU;
 using regblock::HWY_NAMESPACE::LoadU;
 using regblock::HWY_NAMESPACE::kDpTarget;
@@ -110,21 +108,6 @@ inline int64_t AWord(Kernel k, int64_t rows, int64_t q, int64_t r) {
 }
 // Pair words from one packed A panel to the next: kc·rows plus one cache line (gemm.cpp's PanelStride).
 inline int64_t PanelStride(int64_t kc, int64_t rows) { return kc * rows + 16; }
-
-// Rows 2s and 2s+1 (pairs 2s, 2s+1; n words each, rows `stride` apart) of a packed panel, from pair words
-// to chain words: row 2s the even k's (pair 2s's high, pair 2s+1's low), row 2s+1 the odd k's, so
-// VDPBF16PS, which adds the high product first, steps a chain through pair 2s, then 2s+1.
-inline void ChainRows(uint32_t* HWY_RESTRICT p, int64_t rows, int64_t stride, int64_t n) {
-  for (int64_t s = 0; s + 1 < rows; s += 2) {
-    uint32_t* HWY_RESTRICT r0 = p + s * stride;
-    uint32_t* HWY_RESTRICT r1 = r0 + stride;
-    for (int64_t j = 0; j < n; ++j) {
-      const uint32_t w0 = r0[j], w1 = r1[j];
-      r0[j] = (w0 << 16) | (w1 & 0xFFFFu);
-      r1[j] = (w0 & 0xFFFF0000u) | (w1 >> 16);
-    }
-  }
-}
 
 // The fp32 of a 32-bit pattern: a bf16 is the high half of its fp32.
 inline float AsFloat(uint32_t u) {
@@ -312,39 +295,14 @@ void PackAWide(const Bf16Args& g, int64_t b, int64_t e, int64_t q0, int64_t kc, 
 }
 
 // C (kMR, NV·N) = C0 + A (kMR, kc pairs) · Bp (kc pairs, NV·N), C0 = 0 where `zero`, else C: a whole block
-// of C, read and written by full vectors (edges: EdgeThroughCopy). Per group: E over the even k, O over the
-// odd k, then C = C + (E + O). T = uint32_t: VDPBF16PS on chain words, ap's word (q, r) at q·kMR + r, bp's
-// (q, j) at q·ldbp + j (E over rows 0, 2, …, O over rows 1, 3, …). T = float: the emulation on fp32
-// panels (PackAWide, Widen), element (k, r) of A at k·kMR + r, (k, j) of B at k·ldbp + j (E over rows 0,
-// 2, …, O over rows 1, 3, …).
+// of C, read and written by full vectors (edges: EdgeThroughCopy), by register_block.h's GroupBlock.
+// T = uint32_t: VDPBF16PS on chain words, ap's word (q, r) at q·kMR + r, bp's (q, j) at q·ldbp + j. T = float:
+// the emulation on fp32 panels (PackAWide, Widen), element (k, r) of A at k·kMR + r, (k, j) of B at k·ldbp + j.
 template <int NV, typename T>
 HWY_NOINLINE void Micro(const T* HWY_RESTRICT ap, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
                         float* HWY_RESTRICT c, int64_t ldc, bool zero) {
-  const DF df;
-  const int64_t N = hn::Lanes(df);
-  VF ev[kMR][NV], od[kMR][NV];
-  for (int64_t q = 0; q < kc; q += kGroup) {
-    ForBlock<kMR, NV>([&](int r, int j) { ev[r][j] = od[r][j] = hn::Zero(df); });
-    if constexpr (std::is_same_v<T, float>) {
-      const float* a = ap + 2 * q * kMR;
-      const float* b = bp + 2 * q * ldbp;
-      FmaBlock<kMR, NV>(df, ev, ARows<float>{a, 1, 2 * kMR}, kMR, BRows<float>{b, 2 * ldbp, N}, kGroup, LoadU());
-      FmaBlock<kMR, NV>(df, od, ARows<float>{a + kMR, 1, 2 * kMR}, kMR, BRows<float>{b + ldbp, 2 * ldbp, N},
-                        kGroup, LoadU());
-    } else {
-      const uint32_t* a = ap + q * kMR;
-      const uint32_t* b = bp + q * ldbp;
-      DpBlock<kMR, NV>(df, ev, ARows<uint32_t>{a, 1, 2 * kMR}, kMR, BRows<uint32_t>{b, 2 * ldbp, N}, kGroup / 2);
-      DpBlock<kMR, NV>(df, od, ARows<uint32_t>{a + kMR, 1, 2 * kMR}, kMR, BRows<uint32_t>{b + ldbp, 2 * ldbp, N},
-                       kGroup / 2);
-    }
-    const bool from_zero = zero && q == 0;
-    ForBlock<kMR, NV>([&](int r, int j) {
-      float* p = c + r * ldc + j * N;
-      const VF c0 = from_zero ? hn::Zero(df) : hn::LoadU(df, p);
-      hn::StoreU(hn::Add(c0, hn::Add(ev[r][j], od[r][j])), df, p);
-    });
-  }
+  const int64_t N = hn::Lanes(DF());
+  GroupBlock<kMR, NV>(DF(), ARows<T>{ap, 1, kMR}, kMR, BRows<T>{bp, ldbp, N}, kc * kPairWidth<T>, c, ldc, zero);
 }
 
 // The narrowest instance that covers nr columns; an edge block (mr < kMR or a partial last vector)
@@ -363,61 +321,12 @@ HWY_INLINE void MicroCols(int64_t nr, const T* ap, const T* bp, int64_t ldbp, in
                                                         });
 }
 
-#if ATTN_AVX512_TARGET(HWY_TARGET)
-// AMX through the assembler (the compiler is not asked for the feature: it runs only where cpu_info().amx).
-// Eight 16-row x 64-byte tiles: tmm0-3 C (rows 0-15 / 16-31 x columns 0-15 / 16-31), tmm4-5 A, tmm6-7 B.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
-
-// The tiles configured for this thread while alive, released after (so a context switch saves no tile data).
-class Tiles {
- public:
-  Tiles() {
-    static const TileConfig config;
-    asm volatile("ldtilecfg %0" ::"m"(config));
-  }
-  ~Tiles() { asm volatile("tilerelease" ::: "memory"); }
-  Tiles(const Tiles&) = delete;
-  Tiles& operator=(const Tiles&) = delete;
-};
-
-// C (32, 32) = C0 + A (32 rows, kc pairs) · B (kc pairs, 32), C0 = 0 where `zero`, else C. ap: the AMX A
-// panel (AWord), bp: two B panels of 16 columns, (kc, 16) words each, one after the other. One TDPBF16PS
-// per tile and group: E, O and C + (E + O) in the hardware. Every operand tile is 1 KB in one piece.
-HWY_NOINLINE void MicroAmx(const uint32_t* ap, const uint32_t* bp, int64_t kc, float* c, int64_t ldc, bool zero) {
-  constexpr int64_t kTile = 16 * kGroup;  // words of an operand tile
-  const int64_t cs = ldc * 4, ts = kGroup * 4;  // row strides in bytes: C, operand tiles
-  float* c1 = c + 16 * ldc;
-  if (zero) asm volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::: "memory");
-  else
-    asm volatile(
-        "tileloadd (%0,%2,1), %%tmm0\n\ttileloadd (%1,%2,1), %%tmm1\n\t"
-        "tileloadd (%3,%2,1), %%tmm2\n\ttileloadd (%4,%2,1), %%tmm3" ::"r"(c),
-        "r"(c + 16), "r"(cs), "r"(c1), "r"(c1 + 16)
-        : "memory");
-  for (int64_t q = 0; q < kc; q += kGroup) {
-    const uint32_t* a = ap + q * kAmx;  // group q / 16: rows 0-15, then 16-31
-    const uint32_t* b = bp + q * 16;     // of the first panel; the second's kc·16 words on
-    asm volatile(
-        "tileloadd (%0,%2,1), %%tmm4\n\ttileloadd (%1,%2,1), %%tmm5\n\t"
-        "tileloadd (%3,%2,1), %%tmm6\n\ttileloadd (%4,%2,1), %%tmm7\n\t"
-        "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
-        "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\ttdpbf16ps %%tmm7, %%tmm5, %%tmm3" ::"r"(a),
-        "r"(a + kTile), "r"(ts), "r"(b), "r"(b + 16 * kc)
-        : "memory");
-  }
-  asm volatile(
-      "tilestored %%tmm0, (%0,%2,1)\n\ttilestored %%tmm1, (%1,%2,1)\n\t"
-      "tilestored %%tmm2, (%3,%2,1)\n\ttilestored %%tmm3, (%4,%2,1)" ::"r"(c),
-      "r"(c + 16), "r"(cs), "r"(c1), "r"(c1 + 16)
-      : "memory");
+// C (32, 32) = C0 + A (32 rows, kc pairs) · B (kc pairs, 32), C0 = 0 where `zero`, else C (amx.h's Block): ap
+// the AMX A panel (AWord: a group's two row tiles 16 words a row, one after the other), bp two B panels of 16
+// columns, (kc, 16) words each, one after the other. Every operand tile is 1 KB in one piece.
+HWY_INLINE void MicroAmx(const uint32_t* ap, const uint32_t* bp, int64_t kc, float* c, int64_t ldc, bool zero) {
+  amx::Block<2>({ap, kGroup, kGroup * kAmx}, {bp, kGroup, kGroup * kGroup, kGroup * kc}, kc / kGroup, c, ldc, zero);
 }
-#else
-struct Tiles {};  // no AMX on this target
-#endif
 
 // AMX's K block: its tiles stream from L2 (a 32-row A panel of 2 KB per group outruns L1 after 20
 // groups, and each group's four tile loads then come from L1 or L2 alike at this rate), so K blocks are cut
@@ -502,7 +411,7 @@ void GemmBf16(const Bf16Args& g) {
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
       const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
-      [[maybe_unused]] const std::optional<Tiles> tiles = kernel == Kernel::amx ? std::make_optional<Tiles>() : std::nullopt;
+      [[maybe_unused]] const std::optional<amx::Tiles> tiles = kernel == Kernel::amx ? std::make_optional<amx::Tiles>() : std::nullopt;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
         const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);

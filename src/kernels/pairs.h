@@ -1,8 +1,8 @@
-// bf16 pairs: the operand layout of AVX512_BF16's VDPBF16PS, shared by the bf16 GEMM (gemm_bf16.cpp) and
-// the bf16 flash forward (flash_forward.cpp). A 32-bit word holds two bf16 of consecutive k: k = 2q in
-// the low half, 2q + 1 in the high half. fp32 is rounded to bf16 by to_half (half_kv.h: round to nearest
-// even, the rounding of every fp32 -> bf16 conversion in attn). Plain C++, not SIMD: register_block.h's
-// DpBlock multiplies the pairs (flash_common.h keeps them as fp32 in chain order where it can't).
+// bf16 pairs: the operand layout of AMX's TDPBF16PS and AVX512_BF16's VDPBF16PS, shared by the bf16 GEMM
+// (gemm_bf16.cpp) and the bf16 flash kernels. A 32-bit word holds two bf16 of consecutive k: k = 2q in
+// the low half, 2q + 1 in the high half (VDPBF16PS's chain words: ChainRows). fp32 is rounded to bf16 by
+// to_half (half_kv.h: round to nearest even, the rounding of every fp32 -> bf16 conversion in attn).
+// Plain C++, not SIMD: register_block.h's GroupBlock and amx.h multiply the pairs.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -56,6 +56,22 @@ inline void PairsAlongRow(const S* src, int64_t pairs, int64_t valid, uint32_t* 
     Row16(src, n, halves);
     std::fill(halves + n, halves + 2 * qn, uint16_t(0));
     std::memcpy(out, halves, size_t(qn) * sizeof(uint32_t));  // little-endian: element 2q is word q's low half
+  }
+}
+
+// Pair rows 2s and 2s + 1 (n words each, `stride` apart) as CHAIN words (register_block.h's GroupBlock on
+// VDPBF16PS): row 2s the even k's (k = 4s in the high half, 4s + 2 in the low), row 2s + 1 the odd k's, so
+// VDPBF16PS, which adds the high product first, steps one chain through both. With stride 1 and n 1, the
+// words along a row. An odd last row stays as it is (the caller pads to whole groups).
+inline void ChainRows(uint32_t* __restrict p, int64_t rows, int64_t stride, int64_t n) {
+  for (int64_t s = 0; s + 1 < rows; s += 2) {
+    uint32_t* __restrict r0 = p + s * stride;
+    uint32_t* __restrict r1 = r0 + stride;
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t w0 = r0[j], w1 = r1[j];
+      r0[j] = (w0 << 16) | (w1 & 0xFFFFu);
+      r1[j] = (w0 & 0xFFFF0000u) | (w1 >> 16);
+    }
   }
 }
 

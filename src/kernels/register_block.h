@@ -10,8 +10,10 @@
 // Bits: each accumulator is ONE chain of FMAs over k in order, acc = fma(a(r, k), b(k, j), acc), from
 // whatever the caller put in it. The block size, the strides, the row clamp and the SIMD width (each
 // lane is its own element) decide who computes an element and when, never its value. DpBlock is the
-// same loop over bf16 pairs on VDPBF16PS (gemm_bf16.cpp's microkernel and the bf16 flash tile products).
+// same loop over bf16 pairs on VDPBF16PS; GroupBlock runs either in AMX's arithmetic, the one of every bf16
+// product (gemm_bf16.cpp's microkernel and the bf16 flash tile products).
 #include <algorithm>
+#include <type_traits>
 
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
 #include "attn/cpu.h"                // cpu_info: whether the CPU has AVX512_BF16
@@ -136,7 +138,7 @@ HWY_INLINE V Dp(V acc, VU a, VU b) {
 // dp adds the odd k's product, then the even k's, each sum rounded to nearest even, subnormal inputs and
 // sums flushed to zero. A product of two bf16 has at most 16 significant bits, so it is exact in fp32:
 // FmaBlock over the same values as fp32, odd k before even, under MXCSR's DAZ and FTZ (pairs.h
-// FlushSubnormals) gives the same bits (flash_common.h's chain order, gemm_bf16.cpp's emulation).
+// FlushSubnormals) gives the same bits (GroupBlock's two ways of one chain).
 // A and B as in FmaBlock, over 32-bit words; rows r >= rows read row 0.
 template <int MR, int NV, class D>
 HWY_INLINE void DpBlock(D d, hn::Vec<D> (&acc)[MR][NV], ARows<uint32_t> A, int64_t rows, BRows<uint32_t> B,
@@ -163,6 +165,52 @@ HWY_INLINE void DpBlock(D d, hn::Vec<D> (&acc)[MR][NV], ARows<uint32_t> A, int64
   static_assert(!sizeof(D), "VDPBF16PS runs on AVX-512 targets only: instantiate DpBlock under kDpTarget");
   (void)d, (void)acc, (void)A, (void)rows, (void)B, (void)n;
 #endif
+}
+
+// ---- Every bf16 product of attn, in AMX's arithmetic (TDPBF16PS's, docs/kernels.md) ----
+// k runs in GROUPS of 16 pairs (32 k) from the start of the sum; per group and element of C, two fp32 chains
+// from +0, E over the group's even k and O over its odd k, each in order, then C = C + (E + O), every add
+// rounded to nearest even, subnormals flushed (the caller's FlushSubnormals). Operands come as T:
+// - float: bf16 values as fp32 (a bf16 is an fp32's high half) in k order, 32 positions a group: E runs
+//   FmaBlock over the even positions, O over the odd ones (each product is exact in fp32);
+// - uint32_t: CHAIN words, 16 a group: word 2s holds k = 4s (high) and 4s + 2 (low), word 2s + 1 k = 4s + 1
+//   and 4s + 3 (ChainWords, ChainAcross), so one VDPBF16PS, which adds a word's high product first, is two
+//   steps of one chain: E runs DpBlock over the even words, O over the odd ones.
+// AMX itself multiplies plain pair words (gemm_bf16.cpp, flash_common.h's tiles).
+inline constexpr int64_t kGroupPairs = 16;
+// 32-bit elements per pair of kind T: two floats, or one word; per group.
+template <typename T>
+inline constexpr int64_t kPairWidth = std::is_same_v<T, float> ? 2 : 1;
+template <typename T>
+inline constexpr int64_t kGroupPositions = kGroupPairs * kPairWidth<T>;
+
+// C (MR, NV·N) at c (rows ldc apart) = C0 + A·B over n positions along k (whole groups: the depth padded
+// with zeros), C0 = 0 where `zero`, else what C holds; A and B as in FmaBlock, position by position (E and O
+// step their strides twice). Rows r >= rows read row 0; C is read and written by full vectors, MR rows.
+template <int MR, int NV, class D, typename T>
+HWY_INLINE void GroupBlock(D d, ARows<T> A, int64_t rows, BRows<T> B, int64_t n, float* HWY_RESTRICT c,
+                           int64_t ldc, bool zero) {
+  constexpr int64_t G = kGroupPositions<T>;
+  const int64_t N = hn::Lanes(d);
+  hn::Vec<D> ev[MR][NV], od[MR][NV];
+  for (int64_t k = 0; k < n; k += G) {
+    ForBlock<MR, NV>([&](int r, int j) { ev[r][j] = od[r][j] = hn::Zero(d); });
+    const ARows<T> ae{A.a + k * A.ks, A.rs, 2 * A.ks}, ao{ae.a + A.ks, A.rs, 2 * A.ks};
+    const BRows<T> be{B.b + k * B.ks, 2 * B.ks, B.js}, bo{be.b + B.ks, 2 * B.ks, B.js};
+    if constexpr (std::is_same_v<T, float>) {
+      FmaBlock<MR, NV>(d, ev, ae, rows, be, G / 2, LoadU());
+      FmaBlock<MR, NV>(d, od, ao, rows, bo, G / 2, LoadU());
+    } else {
+      DpBlock<MR, NV>(d, ev, ae, rows, be, G / 2);
+      DpBlock<MR, NV>(d, od, ao, rows, bo, G / 2);
+    }
+    const bool from_zero = zero && k == 0;
+    ForBlock<MR, NV>([&](int r, int j) {
+      float* p = c + r * ldc + j * N;
+      const hn::Vec<D> c0 = from_zero ? hn::Zero(d) : hn::LoadU(d, p);
+      hn::StoreU(hn::Add(c0, hn::Add(ev[r][j], od[r][j])), d, p);
+    });
+  }
 }
 
 // ---- bf16 pairs (pairs.h's layout) in registers: the operands of DpBlock, made from fp32 or bf16 ----
