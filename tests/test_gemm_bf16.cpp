@@ -105,13 +105,15 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
       {130, 200, 2100, false, true, 0.f},  // K > any K block: later blocks continue the chain
       {70, 66, 96, true, true, 2.f},       // whole groups, AMX edge blocks on both sides
       {40, 50, 1101, false, false, 1.f},   // B's pair rows across K blocks, an odd K, a B panel past N
+      {70, 66, 2048, false, true, 1.f},    // AMX reads A's rows in place, across K blocks; its last panel packed
   };
   const int64_t caches[][2] = {{cpu_info().l1d, cpu_info().l2}, {32 << 10, 512 << 10}, {48 << 10, 2 << 20}};
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
   int checked = 0;
   for (const Shape3& s : shapes) {
-    const int64_t lda = (s.ta ? s.M : s.K) + 3, ldb = (s.tb ? s.K : s.N) + 1, ldc = s.N + 2;
+    // odd strides, but an even one where AMX can read A's rows in place (whole groups of k in each: K % 32 == 0)
+    const int64_t lda = (s.ta ? s.M : s.K) + (!s.ta && s.K % 32 == 0 ? 4 : 3), ldb = (s.tb ? s.K : s.N) + 1, ldc = s.N + 2;
     std::vector<float> a32((s.ta ? s.K : s.M) * lda), b32((s.tb ? s.N : s.K) * ldb), c0(s.M * ldc);
     for (float& x : a32) x = nd(rng);
     for (float& x : b32) x = nd(rng) * 4.f;
@@ -141,7 +143,7 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
         ++checked;
       }
   }
-  EXPECT_GE(checked, 9 * 3);
+  EXPECT_GE(checked, 10 * 3);
 }
 
 // Pairs chosen so that each rule decides the result: two chains (not VDPBF16PS's one), one rounding per

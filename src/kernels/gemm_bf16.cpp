@@ -152,6 +152,8 @@ HWY_INLINE void GroupWords(const float* HWY_RESTRICT x, int64_t valid, uint32_t*
 }
 HWY_INLINE void GroupWords(const uint16_t* HWY_RESTRICT x, int64_t valid, uint32_t* HWY_RESTRICT out) {
   const int64_t n = std::clamp<int64_t>(valid, 0, 2 * kGroup);  // bf16 pairs are the words, little-endian
+  if (n == 2 * kGroup) return (void)std::memcpy(out, x, 4 * kGroup);  // a constant size: inlined (a call per
+                                                                      // group was a fifth of 4096x128x512 NT)
   std::memcpy(out, x, static_cast<size_t>(n) * 2);
   std::memset(reinterpret_cast<uint16_t*>(out) + n, 0, static_cast<size_t>(2 * kGroup - n) * 2);
 }
@@ -321,12 +323,14 @@ HWY_INLINE void MicroCols(int64_t nr, const T* ap, const T* bp, int64_t ldbp, in
                                                         });
 }
 
-// C (32, 32) = C0 + A (32 rows, kc pairs) · B (kc pairs, 32), C0 = 0 where `zero`, else C (amx.h's Block): ap
-// the AMX A panel (AWord: a group's two row tiles 16 words a row, one after the other), bp two B panels of 16
-// columns, (kc, 16) words each, one after the other. Every operand tile is 1 KB in one piece.
-HWY_INLINE void MicroAmx(const uint32_t* ap, const uint32_t* bp, int64_t kc, float* c, int64_t ldc, bool zero) {
-  amx::Block<2>({ap, kGroup, kGroup * kAmx}, {bp, kGroup, kGroup * kGroup, kGroup * kc}, kc / kGroup, c, ldc, zero);
+// C (32, 32) = C0 + A (32 rows, kc pairs) · B (kc pairs, 32), C0 = 0 where `zero`, else C (amx.h's Block): A
+// the AMX A panel (AWord: a group's two row tiles 16 words a row, one after the other; ATilesOf) or A's rows
+// themselves, bp two B panels of 16 columns, (kc, 16) words each, one after the other.
+HWY_INLINE void MicroAmx(amx::ATiles A, const uint32_t* bp, int64_t kc, float* c, int64_t ldc, bool zero) {
+  amx::Block<2>(A, {bp, kGroup, kGroup * kGroup, kGroup * kc}, kc / kGroup, c, ldc, zero);
 }
+// The tiles of a packed AMX A panel: each 1 KB in one piece.
+inline amx::ATiles ATilesOf(const uint32_t* ap) { return {ap, kGroup, kGroup * kAmx}; }
 
 // AMX's K block: its tiles stream from L2 (a 32-row A panel of 2 KB per group outruns L1 after 20
 // groups, and each group's four tile loads then come from L1 or L2 alike at this rate), so K blocks are cut
@@ -346,16 +350,16 @@ Kernel Choose() {
 }
 
 // One block of C (rows x cols of it at c) on `kernel`'s microkernel, B panels PanelCols(kernel) wide: a, b
-// pair words, or for the emulation their widened floats.
-HWY_INLINE void Block(Kernel kernel, const void* a, const void* b, int64_t kc, float* c, int64_t ldc, int64_t rows,
-                      int64_t cols, bool zero) {
+// pair words, or for the emulation their widened floats; AMX reads A's tiles at `at` instead of a.
+HWY_INLINE void Block(Kernel kernel, const void* a, amx::ATiles at, const void* b, int64_t kc, float* c, int64_t ldc,
+                      int64_t rows, int64_t cols, bool zero) {
 #if ATTN_AVX512_TARGET(HWY_TARGET)
   const auto* aw = static_cast<const uint32_t*>(a);
   const auto* bw = static_cast<const uint32_t*>(b);
   if (kernel == Kernel::amx) {
-    if (rows == kAmx && cols == kAmx) return MicroAmx(aw, bw, kc, c, ldc, zero);
+    if (rows == kAmx && cols == kAmx) return MicroAmx(at, bw, kc, c, ldc, zero);
     return EdgeThroughCopy<float, kAmx * kAmx>(c, ldc, rows, cols, kAmx, kAmx, zero ? Start::zero : Start::c,
-                                               [&](float* tile, int64_t ldt) { MicroAmx(aw, bw, kc, tile, ldt, zero); });
+                                               [&](float* tile, int64_t ldt) { MicroAmx(at, bw, kc, tile, ldt, zero); });
   }
   if (kernel == Kernel::dp) return MicroCols<kNVDp>(cols, aw, bw, PanelCols(kernel), kc, c, ldc, rows, zero);
 #endif
@@ -382,6 +386,11 @@ void GemmBf16(const Bf16Args& g) {
   const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
   const auto pack_a_wide = g.a16 ? PackAWide<uint16_t> : PackAWide<float>;
   const bool chains = kernel == Kernel::dp;
+  // AMX reads a bf16 A (not transposed) in place where it can: an A tile is 16 rows of A, lda apart, each a
+  // group's 32 k (whole groups in every row: K a multiple of 32), so only a last partial panel is packed
+  // (packing took a fifth of 4096x128x512 NT).
+  const bool a_rows = kernel == Kernel::amx && g.a16 && !g.ta && g.K % (2 * kGroup) == 0 && g.lda % 2 == 0;
+  const int64_t pa = a_rows ? M / mr : 0;  // A's panels [pa, mp) are packed
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
   if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, g.C, g.ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
@@ -406,8 +415,8 @@ void GemmBf16(const Bf16Args& g) {
     };
     if (g.ta)  // chunks of pairs of pairs: rows of A (see PackA)
       parallel_for(kc / 2, grain_for(4 * M), [&](int64_t b, int64_t e, int) { pack_a_part(2 * b, 2 * e); });
-    else
-      parallel_for(mp, grain_for(kc * mr), [&](int64_t b, int64_t e, int) { pack_a_part(b, e); });
+    else if (pa < mp)
+      parallel_for(mp - pa, grain_for(kc * mr), [&](int64_t b, int64_t e, int) { pack_a_part(pa + b, pa + e); });
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
       const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
@@ -420,7 +429,11 @@ void GemmBf16(const Bf16Args& g) {
             const int64_t cols = std::min(nr, j1 - j), rows = std::min(mr, i1 - i);
             const void* a = wa ? static_cast<const void*>(wa + i / mr * kpw) : ap + i / mr * PanelStride(kc, mr);
             const void* b = wb ? static_cast<const void*>(wb + j * 2 * kc) : bp + j * kc;
-            Block(kernel, a, b, kc, g.C + i * g.ldc + j, g.ldc, rows, cols, zero);
+            const amx::ATiles at =
+                i / mr < pa ? amx::ATiles{reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(g.A) + i * g.lda + 2 * q0),
+                                          g.lda / 2, kGroup}
+                            : ATilesOf(static_cast<const uint32_t*>(a));
+            Block(kernel, a, at, b, kc, g.C + i * g.ldc + j, g.ldc, rows, cols, zero);
           }
       }
     });
