@@ -475,6 +475,7 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
   // s + 1 of dSᵀ's pair rows, and of each row Pᵀ's and dSᵀ's pairs along queries. 0 below a row's causal edge
   // (ha, as the fp32 tile's ZeroRow), past w up to whole groups (wg) and for a missing row s + 1.
   const int64_t wg = 2 * GroupPairs(br), kg = GroupPairs(k.bc);
+  const bool ne = UseNe();  // P and dS: computed under FTZ
   for (int64_t s = 0; s < k.bc; s += 2) {
     const int64_t rows = std::min<int64_t>(2, k.bc - s), ha[2] = {k.hid[s] / N * N, rows == 2 ? k.hid[s + 1] / N * N : w};
     for (int64_t l = 0; l < wg; l += 2 * N) {
@@ -486,8 +487,8 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
           if (i < rows && q < w && q >= ha[i]) grad(s + i, q, ds[i][c], pd[i][c]);
         }
       for (int i = 0; i < rows; ++i) {
-        StorePairs(pd[i][0], pd[i][1], k.pt16 + pw * ((s + i) * pl.Bw + l / 2));
-        StorePairs(ds[i][0], ds[i][1], k.dst16 + pw * ((s + i) * pl.Bw + l / 2));
+        StorePairs(pd[i][0], pd[i][1], k.pt16 + pw * ((s + i) * pl.Bw + l / 2), ne);
+        StorePairs(ds[i][0], ds[i][1], k.dst16 + pw * ((s + i) * pl.Bw + l / 2), ne);
       }
       for (int c = 0; c < 2; ++c) StoreAcross(ds[0][c], ds[1][c], k.ds2 + pw * (s / 2) * pl.Br + l + c * N, pl.Br);
     }

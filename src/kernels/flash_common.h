@@ -79,15 +79,28 @@ inline constexpr int64_t kSumLanes = 16;
 inline constexpr int64_t kSumVecs = kSumLanes / int64_t(hn::MaxLanes(DF()));  // vectors of virtual lanes
 static_assert(kSumVecs >= 1 && kSumVecs * int64_t(hn::MaxLanes(DF())) == kSumLanes);
 
+// The lanes of v summed by halves: lane i + lane i + N/2, then the same on the lower half, down to one.
+template <class D>
+HWY_INLINE float HalvesSum(D, hn::Vec<D> v) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (hn::MaxLanes(D()) > 1) {
+    const hn::Half<D> dh;
+    return HalvesSum(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+#endif
+  return hn::GetLane(v);
+}
+
 // Σ of the 16 virtual lanes held by acc[0, kSumVecs): halves added until one is left,
-// ((l0 + l8) + (l4 + l12)) + ((l2 + l10) + (l6 + l14)) + …, the same tree on every target.
+// ((l0 + l8) + (l4 + l12)) + ((l2 + l10) + (l6 + l14)) + …, the same tree on every target: whole vectors
+// while a half spans them, then within the last one (in registers: the scalar tree was a tenth of the bf16
+// flash forward on AMX).
 HWY_INLINE float SumLanes(const VF* acc) {
-  const DF d;
-  HWY_ALIGN float lane[kSumLanes];
-  for (int64_t v = 0; v < kSumVecs; ++v) hn::Store(acc[v], d, lane + v * int64_t(hn::Lanes(d)));
-  for (int64_t w = kSumLanes / 2; w >= 1; w /= 2)
-    for (int64_t i = 0; i < w; ++i) lane[i] += lane[i + w];
-  return lane[0];
+  VF v[kSumVecs];
+  for (int64_t i = 0; i < kSumVecs; ++i) v[i] = acc[i];
+  for (int64_t n = kSumVecs; n > 1; n /= 2)
+    for (int64_t i = 0; i < n / 2; ++i) v[i] = hn::Add(v[i], v[i + n / 2]);
+  return HalvesSum(DF(), v[0]);
 }
 
 // ---- bf16 pairs as the kernels store them, of two kinds E ----
@@ -102,9 +115,17 @@ HWY_INLINE VF Bf16Value(VF x) { return hn::BitCast(DF(), hn::And(RoundedBf16(x),
 // n rounded up to whole groups of pairs: the padded depth of n k's, in pairs.
 inline int64_t GroupPairs(int64_t n) { return round_up((n + 1) / 2, kGroupPairs); }
 
-// 2N elements of a row along k (a, then b) as pairs at out: N pair words, or 2N floats.
-HWY_INLINE void StorePairs(VF a, VF b, uint32_t* out) { hn::StoreU(PairWords(a, b), DU(), out); }
-HWY_INLINE void StorePairs(VF a, VF b, float* out) {
+// 2N elements of a row along k (a, then b) as pairs at out: N pair words, or 2N floats. ne: values computed
+// under FTZ (P, dS), which VCVTNE2PS2BF16 may round where the CPU has it (UseNe).
+HWY_INLINE bool UseNe() { return UseDp(); }
+HWY_INLINE void StorePairs(VF a, VF b, uint32_t* out, bool ne = false) {
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if (ne) return hn::StoreU(PairWordsNe(a, b), DU(), out);
+#endif
+  (void)ne;
+  hn::StoreU(PairWords(a, b), DU(), out);
+}
+HWY_INLINE void StorePairs(VF a, VF b, float* out, bool = false) {
   hn::StoreU(Bf16Value(a), DF(), out), hn::StoreU(Bf16Value(b), DF(), out + hn::Lanes(DF()));
 }
 
@@ -158,6 +179,7 @@ HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr, int
   VF sum[kSumVecs];
   for (int64_t v = 0; v < kSumVecs; ++v) sum[v] = hn::Zero(d);
   if (pairs) {  // vector i of the row goes to virtual lanes i % kSumVecs, in order, as below
+    const bool ne = UseNe();
     for (int64_t j = 0; j < 2 * padded; j += 2 * N) {
       VF p0 = hn::Zero(d), p1 = hn::Zero(d);
       if (j < n) {
@@ -168,7 +190,7 @@ HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr, int
         p1 = Exp2(d, hn::Sub(hn::LoadU(d, row + j + N), vm));
         sum[(j / N + 1) % kSumVecs] = hn::Add(sum[(j / N + 1) % kSumVecs], p1);
       }
-      StorePairs(p0, p1, pairs + pw * j / 2);
+      StorePairs(p0, p1, pairs + pw * j / 2, ne);
     }
     return SumLanes(sum);
   }
