@@ -106,6 +106,7 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
       {70, 66, 96, true, true, 2.f},       // whole groups, AMX edge blocks on both sides
       {40, 50, 1101, false, false, 1.f},   // B's pair rows across K blocks, an odd K, a B panel past N
       {70, 66, 2048, false, true, 1.f},    // AMX reads A's rows in place, across K blocks; its last panel packed
+      {45, 40, 2100, true, false, 0.5f},   // a transposed A across K blocks, a partial group and panel
   };
   const int64_t caches[][2] = {{cpu_info().l1d, cpu_info().l2}, {32 << 10, 512 << 10}, {48 << 10, 2 << 20}};
   std::mt19937 rng(7);
@@ -143,7 +144,7 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
         ++checked;
       }
   }
-  EXPECT_GE(checked, 10 * 3);
+  EXPECT_GE(checked, 11 * 3);
 }
 
 // Pairs chosen so that each rule decides the result: two chains (not VDPBF16PS's one), one rounding per

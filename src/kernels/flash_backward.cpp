@@ -62,6 +62,7 @@
 #include "flash_common.h"
 #include "../core/aligned.h"  // Scratch: every buffer checked, kept between calls where small
 #include "mask.h"
+#include "transpose16.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::flash::HWY_NAMESPACE {
@@ -165,34 +166,7 @@ struct Plan {
 };
 
 #if ATTN_AVX512_TARGET(HWY_TARGET)
-// (16, wc) floats at src (rows rs apart; rows past nr read as 0) transposed into rows [0, wc) of a (16, 16)
-// block at dst (rows ld apart: a panel's 16), times mul: unpack pairs, then quads, then 128-bit lanes twice.
-// With mul 1 the bits move unchanged (pair words too).
-HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc, float mul, float* dst,
-                            int64_t ld = 16) {
-  const __mmask16 cols = static_cast<__mmask16>((1u << wc) - 1);
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = i < nr ? _mm512_maskz_loadu_ps(cols, src + i * rs) : _mm512_setzero_ps();
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  auto lo = [](__m512 x, __m512 y) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))); };
-  auto hi = [](__m512 x, __m512 y) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))); };
-  for (int i = 0; i < 4; ++i) {  // r[4i + k], lane L: rows 4i..4i+3 of column 4L + k
-    r[4 * i] = lo(t[4 * i], t[4 * i + 2]), r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]), r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);
-  }
-  const __m512 m = _mm512_set1_ps(mul);
-  for (int k = 0; k < 4; ++k) {
-    const __m512 u0 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), u1 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
-    const __m512 u2 = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE), u3 = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
-    const __m512 col[4] = {_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xDD),
-                           _mm512_shuffle_f32x4(u2, u3, 0x88), _mm512_shuffle_f32x4(u2, u3, 0xDD)};
-    for (int L = 0; L < 4; ++L)
-      if (4 * L + k < wc) _mm512_storeu_ps(dst + (4 * L + k) * ld, mul == 1.f ? col[L] : _mm512_mul_ps(col[L], m));
-  }
-}
+using transpose::HWY_NAMESPACE::Transpose16;
 #endif
 
 // Rows [0, n) of a (n, D) matrix with strides (rs, cs), times mul, as (D, N) panels, 0 past n. With

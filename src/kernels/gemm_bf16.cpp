@@ -64,6 +64,7 @@ struct Bf16Args {
 
 #include "gemm_tile.h"
 #include "register_block.h"  // ForBlock, DpBlock
+#include "transpose16.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::gemm_detail::HWY_NAMESPACE {
@@ -81,6 +82,9 @@ using regblock::HWY_NAMESPACE::PairAcross;
 using regblock::HWY_NAMESPACE::PairWords;
 using regblock::HWY_NAMESPACE::UseDp;
 using namespace attn::pairs;
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+using transpose::HWY_NAMESPACE::Transpose16;
+#endif
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
@@ -205,12 +209,30 @@ void PackB(const Bf16Args& g, int64_t np, int64_t b, int64_t e, int64_t q0, int6
 // a k past K are 0. Word (q, r) of a panel at AWord (chain words for VDPBF16PS). Not
 // transposed: panels [b, e), each row's pairs converted along it. Transposed: pairs [b, e) of every panel
 // (rows 2q, 2q + 1 of A, read once, start to end, as gemm.cpp's PackA; b and e even where chain words are
-// made).
+// made, whole groups for AMX, whose tiles are made 16 x 16 words at a time in registers and transposed).
 template <typename S>
 void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, int64_t kc,
            uint32_t* HWY_RESTRICT dst) {
   const S* A = static_cast<const S*>(g.A);
   const int64_t rows = PanelRows(kernel), ps = PanelStride(kc, rows), k0 = 2 * q0, mp = ceil_div(g.M, rows);
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if (g.ta && kernel == Kernel::amx) {  // words scattered one by one, 16 apart, were 3/4 of 512x128x4096 TN
+    HWY_ALIGN uint32_t block[16 * kGroup];  // pair t of the group, rows i..i+15 of A: block[t·16 + lane]
+    for (int64_t q = b; q < e; q += kGroup)
+      for (int64_t i = 0; i < mp * rows; i += 16) {
+        const size_t valid = static_cast<size_t>(std::clamp<int64_t>(g.M - i, 0, 16));
+        for (int64_t t = 0; t < kGroup; ++t) {
+          const int64_t k = k0 + 2 * (q + t);
+          const S* lo = A + std::min(k, g.K - 1) * g.lda + std::min(i, g.M - 1);  // never past A
+          hn::StoreU(k < g.K && valid ? PairAcross(lo, k + 1 < g.K ? lo + g.lda : nullptr, valid) : hn::Zero(DU()), DU(),
+                     block + t * 16);
+        }
+        Transpose16(reinterpret_cast<const float*>(block), 16, 16, 16, 1.f,
+                    reinterpret_cast<float*>(dst + i / rows * ps + AWord(kernel, rows, q, i % rows)));
+      }
+    return;
+  }
+#endif
   if (g.ta) {  // op(A)(i, k) = A[k·lda + i]
     const int64_t kRows = kRun / rows * rows;  // rows of A converted at a time: whole panels
     uint32_t words[kRun];
@@ -391,6 +413,7 @@ void GemmBf16(const Bf16Args& g) {
   // (packing took a fifth of 4096x128x512 NT).
   const bool a_rows = kernel == Kernel::amx && g.a16 && !g.ta && g.K % (2 * kGroup) == 0 && g.lda % 2 == 0;
   const int64_t pa = a_rows ? M / mr : 0;  // A's panels [pa, mp) are packed
+  const int64_t qa = kernel == Kernel::amx ? kGroup : 2;  // pairs per chunk of a transposed A's packing
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
   if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, g.C, g.ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
@@ -413,8 +436,8 @@ void GemmBf16(const Bf16Args& g) {
       if (wa) pack_a_wide(g, b, e, q0, kc, wa);
       else pack_a(g, kernel, b, e, q0, kc, ap);
     };
-    if (g.ta)  // chunks of pairs of pairs: rows of A (see PackA)
-      parallel_for(kc / 2, grain_for(4 * M), [&](int64_t b, int64_t e, int) { pack_a_part(2 * b, 2 * e); });
+    if (g.ta)  // chunks of pairs of pairs (AMX: of groups): rows of A (see PackA)
+      parallel_for(kc / qa, grain_for(2 * qa * M), [&](int64_t b, int64_t e, int) { pack_a_part(qa * b, qa * e); });
     else if (pa < mp)
       parallel_for(mp - pa, grain_for(kc * mr), [&](int64_t b, int64_t e, int) { pack_a_part(pa + b, pa + e); });
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
