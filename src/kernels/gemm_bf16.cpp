@@ -173,6 +173,26 @@ void PackB(const Bf16Args& g, int64_t np, int64_t b, int64_t e, int64_t q0, int6
            uint32_t* HWY_RESTRICT dst) {
   const S* B = static_cast<const S*>(g.B);
   const int64_t k0 = 2 * q0, ps = kc * nr;  // ps: words from one panel to the next
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+  if (g.tb) {  // 16 columns by a group of pairs at a time, transposed in registers into 16 pair rows (the words
+               // stored one by one, nr apart, were most of PackB)
+    HWY_ALIGN uint32_t block[16 * kGroup];  // column c of the 16: its group of pair words at block[c·16]
+    for (int64_t p = b; p < e; ++p)
+      for (int64_t c0 = 0; c0 < nr; c0 += 16)
+        for (int64_t q = 0; q < kc; q += kGroup) {
+          for (int64_t c = 0; c < 16; ++c) {
+            const int64_t j = p * nr + c0 + c, k = k0 + 2 * q;
+            if (j < g.N) GroupWords(B + j * g.ldb + k, g.K - k, block + c * 16);
+            else std::fill(block + c * 16, block + c * 16 + 16, 0u);  // columns past N
+          }
+          Transpose16(reinterpret_cast<const float*>(block), 16, 16, 16, 1.f,
+                      reinterpret_cast<float*>(dst + p * ps + q * nr + c0), nr);
+        }
+    if (chains)
+      for (int64_t p = b; p < e; ++p) ChainRows(dst + p * ps, kc, nr, nr);
+    return;
+  }
+#endif
   if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: row j of B holds column j's pairs
     uint32_t words[kRun / 2];
     for (int64_t j = b * nr; j < e * nr; ++j) {
