@@ -78,14 +78,15 @@ void BM_Flash(benchmark::State& state) {
 }
 
 // The bf16 flash forward (Q·Kᵀ and P·V over bf16 pairs); args: L (= S), causal, D, query rows per tile
-// (0: flash_tiles()'s), VDPBF16PS where the CPU has it (1) or its emulation (0). H = 8.
+// (0: flash_tiles()'s), the instructions: AMX (2), VDPBF16PS (1), as far as the CPU has them, or their
+// emulation (0). H = 8.
 void BM_FlashBf16(benchmark::State& state) {
   Attn a(8, 8, state.range(0), state.range(0), state.range(2), state.range(1) ? Causal::top_left : Causal::none);
   const SdpaProblem<float> p = a.problem();
   set_flash_tiles({0, state.range(3)});
-  set_cpu_bf16(state.range(4) != 0);
+  set_cpu_bf16(state.range(4) >= 1), set_cpu_amx(state.range(4) == 2);
   time_flops(state, a.flops(), [&] { flash_forward(p, Precision::bf16); });
-  set_cpu_bf16(true);
+  set_cpu_bf16(true), set_cpu_amx(true);
   set_flash_tiles({});
 }
 
@@ -193,8 +194,9 @@ void BM_FlashMemory(benchmark::State& state) {
 
 BENCHMARK(BM_Sgemm2048)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 BENCHMARK(BM_Flash)->ArgsProduct({{1024, 4096}, {0, 1}})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_FlashBf16)->ArgsProduct({{4096}, {0, 1}, {64, 128}, {0, 48, 96}, {1}})
-    ->Args({4096, 0, 64, 0, 0})->ArgNames({"L", "causal", "D", "rows", "native"})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashBf16)->ArgsProduct({{4096}, {0, 1}, {64, 128}, {0, 48, 96}, {2}})
+    ->Args({4096, 0, 64, 0, 1})->Args({4096, 0, 64, 0, 0})->ArgNames({"L", "causal", "D", "rows", "isa"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Reference)->Args({1024, 0})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_FlashGqa)->Arg(2048)->ArgName("L")->Unit(benchmark::kMillisecond);
 // nanoGPT's CPU training shape (B 12, H 4, T 64, D 32, causal), then L = 1024 causal and 4096 at D 64, 128

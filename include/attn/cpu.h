@@ -10,9 +10,9 @@ struct CpuInfo {
   std::string name;      // "AMD EPYC", "Intel(R) Xeon(R) Platinum 8488C", ... (CPUID brand string)
   std::string features;  // the ones that matter here, space-separated: "sse4.2 avx2 fma f16c avx512f ..."
   bool avx2 = false, fma = false, f16c = false, avx512 = false;  // avx512: F + BW + DQ + VL (Highway's AVX3)
-  bool bf16 = false;  // avx512 + AVX512_BF16 (VDPBF16PS): the bf16 flash tiles' instruction, else its emulation
+  bool bf16 = false;  // avx512 + AVX512_BF16 (VDPBF16PS): the bf16 products' instruction without AMX
   bool amx = false;   // avx512 + AMX-BF16 + AMX-TILE, and the OS lets this process use tiles: TDPBF16PS, the
-                      // bf16 GEMM's instruction (else VDPBF16PS, else the emulation: the same bits)
+                      // bf16 GEMM's and flash tiles' instruction (else VDPBF16PS, else the emulation: the same bits)
   int64_t l1d = 0, l2 = 0, l3 = 0;  // bytes per core's L1d/L2 and the shared L3, as the OS reports them
   bool caches_read = false;         // false: the OS said nothing and the sizes below are assumed
   bool caches_forced = false;       // true: set by ATTN_CPU_CACHES or set_cpu_caches, not as read

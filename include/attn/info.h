@@ -14,7 +14,7 @@ struct RuntimeInfo {
   std::string simd_target, simd_compiled, simd_fallback;  // fallback: empty, or why it is one
   std::string bits;                 // simd_bits(): whether results are those of every AVX2/AVX-512 CPU
   std::string gemm;                 // backend, target and blocking of the matrix products
-  std::string gemm_bf16;            // the bf16 products: VDPBF16PS or its emulation, target, register block
+  std::string gemm_bf16;            // the bf16 products: AMX, VDPBF16PS or their emulation, target, register block
   std::string tuning;               // tuning_summary(): measured blocking (attn tune) or derived
   int threads = 1, max_threads = 1;
   std::string wait_policy;

@@ -6,7 +6,7 @@
 
 Forward and backward are attn's C++ kernels (sdpa / sdpa_backward, MultiheadAttention.forward/backward);
 everything around them stays torch's. Not a GPU path. bfloat16 query/key/value are accepted by
-scaled_dot_product_attention: the forward multiplies in bf16 (VDPBF16PS, or its exact emulation) with fp32
+scaled_dot_product_attention: the forward multiplies in bf16 (AMX or VDPBF16PS, or their exact emulation) with fp32
 sums and softmax, as torch's CPU flash kernel does, and returns bfloat16; the backward multiplies in bf16
 too (fp32 sums), returning bfloat16 gradients.
 float16 is refused by name, as is bfloat16 in MultiheadAttention.

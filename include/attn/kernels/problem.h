@@ -200,8 +200,9 @@ template <typename T>
 void reference_forward(const SdpaProblem<T>& p);
 // FlashAttention-2 forward, fp32 only: never materializes the weights (p.out.weights must be empty),
 // writes out and, if requested, LSE. Same result for any thread count. precision bf16: Q·Kᵀ and P·V over
-// bf16 pairs (Q, K, V and P rounded to bf16, fp32 sums, scale, softmax state and output; VDPBF16PS or its
-// exact emulation, the same bits on every FMA CPU); decoding shapes (flash_decode) stay fp32.
+// bf16 pairs (Q, K, V and P rounded to bf16, fp32 sums, scale, softmax state and output; AMX's arithmetic:
+// AMX, VDPBF16PS or their exact emulation, the same bits on every FMA CPU); decoding shapes (flash_decode)
+// stay fp32.
 void flash_forward(const SdpaProblem<float>& p, Precision precision);
 inline void flash_forward(const SdpaProblem<float>& p) { flash_forward(p, Precision::f32); }
 // The weights p.out.weights (B, H, L, S) of a forward whose p.out.lse is written (flash_forward's):
