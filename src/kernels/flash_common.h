@@ -259,6 +259,12 @@ HWY_NOINLINE void PVBlock(const float* HWY_RESTRICT p, int64_t ldp, const E* HWY
   StoreO(acc, o, ldo);
 }
 
+// S at dst = qscale · x, plus what S holds already if `add` (the mask bias): a bf16 tile's scores from their
+// fp32 sums (QK16Block's, QKAmx's).
+HWY_INLINE void StoreScores(VF x, VF qscale, float* HWY_RESTRICT dst, bool add) {
+  hn::StoreU(add ? hn::MulAdd(x, qscale, hn::LoadU(DF(), dst)) : hn::Mul(x, qscale), DF(), dst);
+}
+
 // S (MR, NV·N) = qscale · (Q (MR, n) · Kᵀ (n, NV·N)) over bf16 pairs (GroupBlock: n positions, whole
 // groups), plus what S holds already if `add` (the mask bias): q: MR rows of pairs E, ldq apart; kt: NV
 // consecutive Kᵀ pair panels ((n, N) elements), ldp apart. The scale is applied to the fp32 sum, as torch's
@@ -272,21 +278,17 @@ HWY_NOINLINE void QK16Block(const E* HWY_RESTRICT q, int64_t ldq, const E* HWY_R
   GroupBlock<MR, NV>(d, ARows<E>{q, ldq, 1}, MR, BRows<E>{kt, N, ldp}, n, acc, NV * N, true);
   const VF vs = hn::Set(d, qscale);
   ForBlock<MR, NV>([&](int r, int j) {
-    float* dst = s + r * lds + j * N;
-    const VF x = hn::Load(d, acc + (r * NV + j) * N);
-    hn::StoreU(add ? hn::MulAdd(x, vs, hn::LoadU(d, dst)) : hn::Mul(x, vs), d, dst);
+    StoreScores(hn::Load(d, acc + (r * NV + j) * N), vs, s + r * lds + j * N, add);
   });
 }
 
-// The (MR, NV·N) block of O (row stride ldo) times α per row, in place.
-template <int MR, int NV>
-HWY_INLINE void ScaleO(float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha) {
+// Rows [0, rows) of O (width floats, a multiple of the lanes, rows ldo apart) times α per row, in place.
+HWY_INLINE void ScaleRows(float* HWY_RESTRICT o, int64_t rows, int64_t width, int64_t ldo,
+                          const float* HWY_RESTRICT alpha) {
   const DF d;
-  const int64_t N = hn::Lanes(d);
-  ForBlock<MR, NV>([&](int r, int j) {
-    float* p = o + r * ldo + j * N;
-    hn::StoreU(hn::Mul(hn::LoadU(d, p), hn::Set(d, alpha[r])), d, p);
-  });
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; c += static_cast<int64_t>(hn::Lanes(d)))
+      hn::StoreU(hn::Mul(hn::LoadU(d, o + r * ldo + c), hn::Set(d, alpha[r])), d, o + r * ldo + c);
 }
 
 // O (MR, NV·N) = α ⊙ O + P (MR, n) · V (n, NV·N) over bf16 pairs (GroupBlock: n positions, whole groups); α
@@ -296,7 +298,7 @@ template <int MR, int NV, bool TransA = false, typename E>
 HWY_NOINLINE void PV16Block(const E* HWY_RESTRICT p, int64_t ldp, const E* HWY_RESTRICT v, int64_t ldv, int64_t n,
                             float* HWY_RESTRICT o, int64_t ldo, const float* HWY_RESTRICT alpha) {
   const DF d;
-  if (alpha) ScaleO<MR, NV>(o, ldo, alpha);
+  if (alpha) ScaleRows(o, MR, NV * static_cast<int64_t>(hn::Lanes(d)), ldo, alpha);
   const ARows<E> a = TransA ? ARows<E>{p, 1, ldp} : ARows<E>{p, ldp, 1};
   GroupBlock<MR, NV>(d, a, MR, BRows<E>{v, ldv, static_cast<int64_t>(hn::Lanes(d))}, n, o, ldo, false);
 }
@@ -385,22 +387,15 @@ HWY_INLINE void QKAmx(const uint32_t* q, int64_t rows, int64_t n, const uint32_t
       if (nc == 2) amx::Block<2>(a, b, n / kGroupPairs, acc, 32, true);
       else amx::Block<1>(a, b, n / kGroupPairs, acc, 32, true);
       for (int64_t i = 0; i < std::min<int64_t>(32, rows - r); ++i)
-        for (int64_t c = 0; c < nc * 16; c += 16) {
-          float* dst = s + (r + i) * lds + j * 16 + c;
-          const VF x = hn::Load(d, acc + i * 32 + c);
-          hn::StoreU(add ? hn::MulAdd(x, vs, hn::LoadU(d, dst)) : hn::Mul(x, vs), d, dst);
-        }
+        for (int64_t c = 0; c < nc * 16; c += 16)
+          StoreScores(hn::Load(d, acc + i * 32 + c), vs, s + (r + i) * lds + j * 16 + c, add);
     }
 }
 
 // O = α ⊙ O + P·V, as PV16Tile: O's rows scaled in place, then loaded into the C tiles.
 HWY_INLINE void PVAmx(const uint32_t* p, int64_t rows, int64_t ldp, const uint32_t* v, int64_t n, float* o,
                       int64_t Dvp, const float* alpha) {
-  const DF d;
-  if (alpha)
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t c = 0; c < Dvp; c += 16)
-        hn::StoreU(hn::Mul(hn::LoadU(d, o + i * Dvp + c), hn::Set(d, alpha[i])), d, o + i * Dvp + c);
+  if (alpha) ScaleRows(o, rows, Dvp, Dvp, alpha);
   for (int64_t c = 0; c < Dvp; c += 32)
     for (int64_t r = 0; r < rows; r += 32) {
       const amx::ATiles a{p + r * ldp, ldp, kGroupPairs};

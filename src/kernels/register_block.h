@@ -174,7 +174,7 @@ HWY_INLINE void DpBlock(D d, hn::Vec<D> (&acc)[MR][NV], ARows<uint32_t> A, int64
 // - float: bf16 values as fp32 (a bf16 is an fp32's high half) in k order, 32 positions a group: E runs
 //   FmaBlock over the even positions, O over the odd ones (each product is exact in fp32);
 // - uint32_t: CHAIN words, 16 a group: word 2s holds k = 4s (high) and 4s + 2 (low), word 2s + 1 k = 4s + 1
-//   and 4s + 3 (ChainWords, ChainAcross), so one VDPBF16PS, which adds a word's high product first, is two
+//   and 4s + 3 (pairs.h ChainRows), so one VDPBF16PS, which adds a word's high product first, is two
 //   steps of one chain: E runs DpBlock over the even words, O over the odd ones.
 // AMX itself multiplies plain pair words (gemm_bf16.cpp, flash_common.h's tiles).
 inline constexpr int64_t kGroupPairs = 16;
