@@ -1,11 +1,15 @@
 // `attn embed`: sentence embeddings of a Hugging Face model directory (attn/hf.h), one text per line of
-// a file or stdin, written as .npy (float32, (N, E)) or JSON lines ({"text": ..., "embedding": [...]}) by
-// the extension of --out, JSON lines on stdout without it. Not a server and not a search index.
+// a file, a pipe or stdin, written as .npy (float32, (N, E)) or JSON lines ({"text": ..., "embedding":
+// [...]}) by the extension of --out (any case; another is refused before the model loads), JSON lines on
+// stdout without it. --out is written whole or not at all, one writer at a time (attn/file.h's AtomicFile,
+// lock_writer): a full disk or a signal leaves the previous file as it was. Not a server and not a search index.
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -22,7 +26,7 @@ namespace attn {
 CLI::App* add_embed_command(CLI::App& app, EmbedCli& cli) {
   auto* cmd = app.add_subcommand("embed", "sentence embeddings from a Hugging Face model directory (e.g. MiniLM)");
   cmd->add_option("--model", cli.model, "model directory: config.json, model.safetensors, tokenizer.json")->required();
-  cmd->add_option("--input", cli.input, "texts, one per line (default: stdin)");
+  cmd->add_option("--input", cli.input, "texts, one per line: a file, a pipe, or - (default: stdin)");
   cmd->add_option("--out", cli.out, "output: FILE.npy (float32 (N, E)) or FILE.jsonl (default: JSON lines on stdout)");
   cmd->add_option("--batch", cli.batch, "texts per forward (sorted by length, padded per batch)")
       ->check(number_of<int64_t>())->check(positive());
@@ -44,53 +48,67 @@ std::vector<std::string> read_lines(const std::string& text) {
 }
 
 // NumPy's .npy format 1.0: magic, version, a header dict padded with spaces to 64 bytes, the data.
-void write_npy(std::FILE* f, const Tensor& t) {
+void write_npy(AtomicFile& f, const Tensor& t) {
   std::string header = cat("{'descr': '<f4', 'fortran_order': False, 'shape': (", t.size(0), ", ", t.size(1), "), }");
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
   const uint16_t len = uint16_t(header.size());
-  std::fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-  std::fwrite(&len, 2, 1, f);  // little-endian, as this host (safetensors.cpp asserts it)
-  std::fwrite(header.data(), 1, header.size(), f);
-  std::fwrite(t.data(), sizeof(float), size_t(t.numel()), f);
+  f.write("\x93NUMPY\x01\x00", 8);
+  f.write(&len, 2);  // little-endian, as this host (safetensors.cpp asserts it)
+  f.write(header);
+  f.write(t.data(), sizeof(float) * size_t(t.numel()));
+}
+
+// The rows of e (N, E) as JSON lines, the text beside each vector.
+std::string json_lines(const std::vector<std::string>& lines, const Tensor& e) {
+  std::string out;
+  const int64_t E = e.size(1);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    nlohmann::json row;
+    row["text"] = lines[i];
+    row["embedding"] = std::vector<float>(e.data() + int64_t(i) * E, e.data() + int64_t(i + 1) * E);
+    out += row.dump() + "\n";
+  }
+  return out;
+}
+
+enum class Format { npy, jsonl };
+
+// --out's format by its extension, in any case: .npy, or .jsonl / .ndjson (JSON lines); else an Error.
+Format format_of(const std::string& out) {
+  std::string ext = std::filesystem::path(out).extension().string();
+  for (char& c : ext) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (ext == ".npy") return Format::npy;
+  ATTN_CHECK(ext == ".jsonl" || ext == ".ndjson", "Expected --out ending in .npy or .jsonl, but got '", out,
+             "' instead");
+  return Format::jsonl;
 }
 
 }  // namespace
 
 int run_embed(const EmbedCli& cli) {
   set_num_threads(cli.threads);
-  std::string text;
-  if (cli.input.empty()) {
-    std::ostringstream s;
-    s << std::cin.rdbuf();
-    text = s.str();
-  } else {
-    text = read_regular_file(cli.input, "--input", uint64_t(1) << 32);
+  std::shared_ptr<void> lock;  // taken before the work: a second writer of --out is refused at once
+  Format format = Format::jsonl;
+  if (!cli.out.empty()) {
+    format = format_of(cli.out);
+    lock = lock_writer(cli.out, "--out");
   }
+  const std::string text = read_input(cli.input.empty() ? "-" : cli.input, "--input", uint64_t(1) << 32);
   const std::vector<std::string> lines = read_lines(text);
   Pretrained p = Pretrained::load(cli.model, dtype_of(cli.dtype, cli.strict));
   const Tensor e = p.embed(lines, cli.batch);  // (N, E)
-  const bool npy = cli.out.size() >= 4 && cli.out.compare(cli.out.size() - 4, 4, ".npy") == 0;
-  if (!cli.out.empty()) check_path(cli.out, "--out");
-  std::FILE* f = cli.out.empty() ? stdout : std::fopen(cli.out.c_str(), "wb");
-  ATTN_CHECK(f, "Expected --out '", cli.out, "' to be writable, but got '", std::strerror(errno), "' instead");
-  if (npy) {
-    write_npy(f, e);
-  } else {
-    const int64_t E = e.size(1);
-    for (size_t i = 0; i < lines.size(); ++i) {
-      nlohmann::json row;
-      row["text"] = lines[i];
-      row["embedding"] = std::vector<float>(e.data() + int64_t(i) * E, e.data() + int64_t(i + 1) * E);
-      const std::string s = row.dump() + "\n";
-      std::fwrite(s.data(), 1, s.size(), f);
-    }
+  if (cli.out.empty()) {
+    const std::string s = json_lines(lines, e);
+    const bool ok = std::fwrite(s.data(), 1, s.size(), stdout) == s.size() && std::fflush(stdout) == 0;
+    ATTN_CHECK(ok, "Expected to write stdout, but got '", std::strerror(errno), "' instead");
+    return 0;
   }
-  const bool ok = std::fflush(f) == 0 && !std::ferror(f);
-  if (f != stdout) std::fclose(f);
-  ATTN_CHECK(ok, "Expected to write ", cli.out.empty() ? std::string("stdout") : "--out '" + cli.out + "'",
-             ", but got a write error instead");
+  AtomicFile f(cli.out, "--out");
+  if (format == Format::npy) write_npy(f, e);
+  else f.write(json_lines(lines, e));
+  f.commit();
   return 0;
 }
 

@@ -23,7 +23,9 @@ struct Tuning {
   std::string measured;     // when (UTC), empty if never
 };
 
-// The per-user file: $ATTN_TUNE_FILE, else $XDG_CACHE_HOME/attn/tune.json, else ~/.cache/attn/tune.json.
+// The per-user file: $ATTN_TUNE_FILE, else $XDG_CACHE_HOME/attn/tune.json, else ~/.cache/attn/tune.json
+// (~ from $HOME, else the user's entry in the password database). "" when there is no home: no file is
+// read, and saving is refused (a shared folder such as /tmp is never used).
 std::string tuning_path();
 // The key of this CPU and the SIMD target now chosen: "AMD EPYC|avx2 fma ...|L1d 48K L2 1024K L3 32768K|AVX3".
 std::string tuning_key();
@@ -61,7 +63,8 @@ struct TuneReport {
 
 // Measures the candidates on this CPU with the current thread count (interleaved rounds, medians; a
 // candidate replaces the derived value only where it is 3% faster), saves the fastest under
-// tuning_key() in tuning_path() (atomically: a temporary file renamed over it), and returns the table.
+// tuning_key() in tuning_path() (atomically, under its lock: attn/file.h's AtomicFile, lock_writer), and
+// returns the table.
 TuneReport tune(const TuneOptions& options = {});
 std::string to_string(const TuneReport& r);
 // One line for `attn info`: what the kernels use now and where it came from.

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -42,8 +41,6 @@ static_assert(std::endian::native == std::endian::little, "safetensors data is l
 // The library's own limit on the JSON header (MAX_HEADER_SIZE in safetensors/src/tensor.rs).
 constexpr uint64_t kMaxHeader = 100'000'000;
 constexpr uint64_t kMaxI64 = std::numeric_limits<int64_t>::max();
-
-std::string os_error(int e) { return std::generic_category().message(e); }
 
 // Messages quote bytes of the file (the JSON parser's "last read" token, names). Python decodes a
 // message as strict UTF-8 and C++ reads it up to the first NUL, so any byte that is not part of a
@@ -332,15 +329,6 @@ void check_tiling(const std::string& path, std::vector<Entry>& entries, uint64_t
            " unused bytes [", pos, ", ", data_size, ") at the end instead");
 }
 
-void write_all(const std::string& path, int fd, const void* p, size_t n) {
-  for (auto* c = static_cast<const char*>(p); n > 0;) {
-    ssize_t w = ::write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    ST_CHECK(w > 0, "Expected to write ", n, " more bytes, but got '", os_error(w < 0 ? errno : EIO), "' instead");
-    c += w, n -= size_t(w);
-  }
-}
-
 // A JSON string literal; names and metadata must be UTF-8 (the header is JSON).
 std::string quote(const std::string& path, const std::string& s) {
   try {
@@ -504,39 +492,12 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   h.append((8 - h.size() % 8) % 8, ' ');  // pad with spaces so the data starts 8-byte aligned
   const uint64_t n = h.size();
 
-  // Atomic: write a temporary file next to the target, fsync it, then rename it over the target.
-  static std::atomic<uint64_t> counter{0};
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; fd < 0; ++attempt) {
-    tmp = cat(path, ".tmp.", ::getpid(), ".", counter++);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    int e = errno;
-    ST_CHECK(fd >= 0 || (e == EEXIST && attempt < 100), "Expected to create the temporary file '", tmp,
-             "', but got '", os_error(e), "' instead");
-  }
-  try {
-    write_all(path, fd, &n, 8);
-    write_all(path, fd, h.data(), h.size());
-    for (const auto& [name, t] : tensors) write_all(path, fd, t.data(), size_t(t.numel()) * 4);
-    ST_CHECK(::fsync(fd) == 0, "Expected fsync to succeed, but got '", os_error(errno), "' instead");
-    int rc = ::close(fd);
-    fd = -1;
-    ST_CHECK(rc == 0, "Expected close to succeed, but got '", os_error(errno), "' instead");
-    ST_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "Expected to rename '", tmp, "' over it, but got '",
-             os_error(errno), "' instead");
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  // Make the rename itself durable (best effort: the new file is complete either way).
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  // Atomic (file.h): a fresh sibling, fsynced, renamed over the target.
+  AtomicFile f(path, "safetensors file");
+  f.write(&n, 8);
+  f.write(h);
+  for (const auto& [name, t] : tensors) f.write(t.data(), size_t(t.numel()) * 4);
+  f.commit();
 }
 
 const Tensor& expect_tensor(const StateDict& sd, const std::string& name, const Shape& want) {

@@ -7,6 +7,7 @@
 // "measured": "2026-12-01 22:50 UTC"}}}, KEY as tuning_key(). Entries of other CPUs are kept as they are.
 #include "attn/tune.h"
 
+#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -116,20 +117,17 @@ std::string now_utc() {
 
 void save(const std::string& key, const Tuning& t) {
   const std::string path = tuning_path();
+  ATTN_CHECK(!path.empty(), "Expected a home folder for the tuning file (HOME, or the user's entry in the ",
+             "password database), but got none instead: set ATTN_TUNE_FILE");
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::shared_ptr<void> lock = lock_writer(path, "the tuning file");  // read, change, write: one at a time
   json j = read_file(path, true);
   if (!j.contains("entries")) j = {{"version", 1}, {"entries", json::object()}};
   j["entries"][key] = {{"gemm_kc", t.gemm_kc}, {"gemm_mc", t.gemm_mc}, {"gemm_nt", t.gemm_nt},
                        {"gemm_pack_a", t.gemm_pack_a}, {"gemm_pack_at", t.gemm_pack_at}, {"flash_rows", t.flash_rows},
                        {"measured", t.measured}};
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  const std::string tmp = cat(path, ".tmp-", ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << j.dump(2) << "\n";
-    f.flush();
-    ATTN_CHECK(f.good(), "Expected to write the tuning file ", tmp, ", but the write failed instead");
-  }
-  std::filesystem::rename(tmp, path);  // atomic: a reader sees the old file or the new one
+  write_file_atomic(path, "the tuning file", j.dump(2) + "\n");  // a reader sees the old file or the new one
 }
 
 // ---- Measurement ----
@@ -229,8 +227,16 @@ struct FlashOperands {
 std::string tuning_path() {
   if (const char* p = std::getenv("ATTN_TUNE_FILE"); p && *p) return p;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/attn/tune.json";
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : "/tmp") + "/.cache/attn/tune.json";
+  std::string home;
+  if (const char* h = std::getenv("HOME"); h && *h) {
+    home = h;
+  } else {  // no HOME (a service, `env -i`): the user's own home, never a folder shared with other users
+    std::vector<char> buf(16384);
+    passwd pw, *found = nullptr;
+    if (::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &found) == 0 && found && found->pw_dir && *found->pw_dir)
+      home = found->pw_dir;
+  }
+  return home.empty() ? std::string() : home + "/.cache/attn/tune.json";
 }
 
 std::string tuning_key() { return key_for(simd_target_bits()); }

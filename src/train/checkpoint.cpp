@@ -57,8 +57,6 @@ constexpr uint64_t kMaxConfigBytes = 64 << 20;  // a vocabulary of a million cha
 int exchange(const char* from, const char* to) { return ::renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE); }
 SwapFn g_swap = exchange;
 
-std::string os_error(int e) { return std::strerror(e); }
-
 // Size and FNV-1a hash of a file, streamed.
 std::pair<uint64_t, uint64_t> size_and_hash(const std::string& path, const std::string& shown) {
   struct stat st;
@@ -83,26 +81,6 @@ void fsync_path(const std::string& path, int flags) {
     ::fsync(fd);
     ::close(fd);
   }
-}
-
-void write_file_synced(const std::string& path, const std::string& text) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  ATTN_CHECK(fd >= 0, "Expected to create '", path, "', but got '", os_error(errno), "' instead");
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int e = errno;
-      ::close(fd);
-      throw Error(cat("Expected to write '", path, "', but got '", os_error(e), "' instead"));
-    }
-    done += size_t(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  const int e = errno;
-  ::close(fd);
-  ATTN_CHECK(synced, "Expected fsync of '", path, "' to succeed, but got '", os_error(e), "' instead");
 }
 
 // Everything in `dir` must be ours: it is replaced as a whole.
@@ -147,51 +125,9 @@ T get(const json& j, const char* key, const std::string& where) {
   return v.get<T>();
 }
 
-// The hidden siblings this process is writing right now (their file names): a sibling named with this
-// process's PID and not in this set was left by an earlier process that had the same PID (PID 1 in every
-// container start), so it is stale although kill(PID, 0) finds this process alive.
-std::mutex g_own_mu;
-std::set<std::string> g_own_siblings;
-struct OwnSibling {
-  std::string name;
-  explicit OwnSibling(std::string n) : name(std::move(n)) {
-    std::lock_guard<std::mutex> l(g_own_mu);
-    g_own_siblings.insert(name);
-  }
-  ~OwnSibling() {
-    std::lock_guard<std::mutex> l(g_own_mu);
-    g_own_siblings.erase(name);
-  }
-};
-
-// Hidden siblings ".NAME.tmp-PID-..." and ".NAME.old-PID-..." of a save that was killed: removed at the
-// next save when process PID is gone (a live one may be saving right now), or when PID is this process
-// and the sibling is not one of its saves in progress.
-void remove_stale_siblings(const fs::path& parent, const std::string& name) {
-  std::error_code ec;
-  const long self = long(::getpid());
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    const std::string f = e.path().filename().string();
-    for (const char* kind : {".tmp-", ".old-"}) {
-      const std::string prefix = "." + name + kind;
-      if (f.rfind(prefix, 0) != 0) continue;
-      const long pid = std::strtol(f.c_str() + prefix.size(), nullptr, 10);
-      if (pid == self) {
-        std::lock_guard<std::mutex> l(g_own_mu);
-        if (g_own_siblings.count(f) || (f.size() >= 6 && f.compare(f.size() - 6, 6, "-probe") == 0)) continue;
-      } else if (pid > 0 && (::kill(pid_t(pid), 0) == 0 || errno != ESRCH)) {
-        continue;  // alive (or not ours to ask)
-      }
-      fs::remove_all(e.path(), ec);
-    }
-  }
-}
-
 void write_checked(const fs::path& target, const StateDict& tensors, json config) {
   const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  static std::atomic<uint64_t> counter{0};
-  const uint64_t nonce = mix64(uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-                               (uint64_t(::getpid()) << 32) ^ counter.fetch_add(1));
+  const uint64_t nonce = sibling_nonce();
   const fs::path tmp = parent / cat(".", target.filename().string(), ".tmp-", ::getpid(), "-", hex64(nonce));
   const fs::path old = parent / cat(".", target.filename().string(), ".old-", ::getpid(), "-", hex64(nonce));
   const OwnSibling own_tmp(tmp.filename().string()), own_old(old.filename().string());
@@ -209,7 +145,8 @@ void write_checked(const fs::path& target, const StateDict& tensors, json config
     config["checkpoint_id"] = id;
     config["model_file"] = {{"name", kModelFile}, {"bytes", size}, {"fnv1a64", hex64(hash)}};
     config[kConfigHash] = config_hash(config);
-    write_file_synced((tmp / kConfigFile).string(), config.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+    write_file_atomic((tmp / kConfigFile).string(), "the checkpoint's config",
+                      config.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
     fsync_path(tmp.string(), O_RDONLY | O_DIRECTORY);
 
     std::error_code ec;
@@ -297,7 +234,7 @@ fs::path prepare(const std::string& dir) {
   ATTN_CHECK(!ec && fs::is_directory(parent), "Expected to create the folder '", parent.string(), "' of checkpoint '", dir,
              "', but got '", ec ? ec.message() : "not a directory", "' instead");
   check_replaceable(target);
-  remove_stale_siblings(parent, target.filename().string());
+  remove_stale_siblings(parent.string(), target.filename().string());
   // Writable: what the save will do first, tried now.
   const fs::path probe = parent / cat(".", target.filename().string(), ".tmp-", ::getpid(), "-probe");
   ATTN_CHECK(::mkdir(probe.c_str(), 0777) == 0, "Expected to write the checkpoint '", dir, "' in '", parent.string(),
@@ -306,80 +243,10 @@ fs::path prepare(const std::string& dir) {
   return target;
 }
 
-namespace {
-
-// The flock'ed .NAME.lock beside a checkpoint directory, shared by this process's holders (by path). The
-// last holder removes the file before it unlocks; a locker checks that the file it locked is still the
-// one at the path (else a holder removed it in between, and it tries again). A kill -9 leaves the file,
-// unlocked: the next run takes it over.
-std::mutex g_locks_mu;
-std::map<std::string, std::weak_ptr<void>> g_locks;
-
-struct DirLock {
-  std::string path;
-  int fd = -1;
-};
-
-void release(DirLock* lock) {
-  std::lock_guard<std::mutex> l(g_locks_mu);
-  ::unlink(lock->path.c_str());
-  ::close(lock->fd);  // releases the flock
-  auto it = g_locks.find(lock->path);
-  if (it != g_locks.end() && it->second.expired()) g_locks.erase(it);
-  delete lock;
-}
-
-std::shared_ptr<void> lock_target(const fs::path& target, const std::string& dir) {
-  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  std::error_code ec;
-  const std::string path =
-      fs::absolute(parent / cat(".", target.filename().string(), ".lock"), ec).lexically_normal().string();
-  std::unique_lock<std::mutex> l(g_locks_mu);
-  if (auto held = g_locks[path].lock()) return held;
-  for (int attempt = 0;; ++attempt) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    ATTN_CHECK(fd >= 0, "Expected to create the lock file '", path, "' of checkpoint '", dir, "', but got '",
-               os_error(errno), "' instead");
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int e = errno;
-      char text[32] = {};
-      const ssize_t n = ::pread(fd, text, sizeof text - 1, 0);
-      const long pid = n > 0 ? std::strtol(text, nullptr, 10) : 0;
-      ::close(fd);
-      if (e == EWOULDBLOCK && pid == long(::getpid()) && attempt < 1000) {  // our last holder is releasing it
-        l.unlock();
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        l.lock();
-        if (auto held = g_locks[path].lock()) return held;
-        continue;
-      }
-      ATTN_CHECK(e != EWOULDBLOCK, "Expected no other process writing the checkpoint '", dir, "', but got ",
-                 pid > 0 ? cat("process ", pid) : std::string("another process"), " holding its lock '", path,
-                 "' instead: wait for it to end, or give another directory");
-      throw Error(cat("Expected to lock '", path, "' of checkpoint '", dir, "', but got '", os_error(e), "' instead"));
-    }
-    struct stat a, b;
-    if (::fstat(fd, &a) != 0 || ::stat(path.c_str(), &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
-      ::close(fd);  // removed by its last holder after we opened it: lock the new one
-      ATTN_CHECK(attempt < 1000, "Expected to lock '", path, "' of checkpoint '", dir,
-                 "', but got it replaced on every try instead");
-      continue;
-    }
-    // The PID is for the message of a process refused; the lock holds without it.
-    const std::string pid = cat(::getpid(), "\n");
-    if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, pid.data(), pid.size(), 0);
-    std::shared_ptr<DirLock> lock(new DirLock{path, fd}, release);
-    g_locks[path] = lock;
-    return lock;
-  }
-}
-
-}  // namespace
-
 void write(const std::string& dir, const StateDict& tensors, json config) {
   try {
     const fs::path target = prepare(dir);
-    const std::shared_ptr<void> lock = lock_target(target, dir);
+    const std::shared_ptr<void> lock = lock_writer(target.string(), "the checkpoint");
     write_checked(target, tensors, std::move(config));
   } catch (const fs::filesystem_error& e) {  // a rename or removal the checks above could not foresee
     throw Error(cat("Expected to write the checkpoint '", dir, "', but got '", e.what(), "' instead"));
@@ -515,5 +382,5 @@ StateDict take_prefixed(StateDict& all, const std::string& prefix) {
 
 namespace attn {
 void check_checkpoint_dir(const std::string& dir) { ckpt::prepare(dir); }
-std::shared_ptr<void> lock_checkpoint_dir(const std::string& dir) { return ckpt::lock_target(ckpt::prepare(dir), dir); }
+std::shared_ptr<void> lock_checkpoint_dir(const std::string& dir) { return lock_writer(ckpt::prepare(dir).string(), "the checkpoint"); }
 }  // namespace attn

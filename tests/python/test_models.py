@@ -8,6 +8,7 @@ Not the loader's error messages on tiny files (tests/test_hf.cpp).
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +147,64 @@ def test_cli_embed_writes_json_lines_and_npy(model, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "e.npy"), want)
     r = run_cli("embed", "--model", str(tmp_path), input=b"x")
     assert r.returncode == 2 and b"config.json" in r.stderr
+
+
+def test_cli_embed_out_by_extension_in_any_case_and_input_from_pipes(model, tmp_path):
+    # Issue 36/39: --out X.NPY wrote JSON lines, x.csv too (exit 0); --input /dev/stdin and - were refused.
+    texts = SENTENCES[:3]
+    want = model.embed(texts)
+    data = ("\n".join(texts) + "\n").encode()
+    r = run_cli("embed", "--model", MODEL, "--input", "-", "--out", str(tmp_path / "E.NPY"), input=data)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "E.NPY"), want)
+    r = run_cli("embed", "--model", MODEL, "--input", "/dev/stdin", "--out", str(tmp_path / "e.JSONL"), input=data)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in (tmp_path / "e.JSONL").read_text().splitlines()]
+    assert [row["text"] for row in rows] == texts
+    r = run_cli("embed", "--model", "/nonexistent", "--out", str(tmp_path / "e.csv"), input=data)
+    assert r.returncode == 2 and b"Expected --out ending in .npy or .jsonl" in r.stderr, r.stderr  # before the model
+    assert not (tmp_path / "e.csv").exists()
+
+
+def test_cli_embed_killed_while_writing_leaves_the_old_file(model, tmp_path):
+    # Issue 36: --out was opened in place, so a full disk or a signal during the write left a torn file.
+    # A file size limit kills the writer (SIGXFSZ) half-way through the new file, as a full disk stops it.
+    texts = SENTENCES[:4] * 50
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    out = tmp_path / "e.npy"
+    r = run_cli("embed", "--model", MODEL, "--input", str(tmp_path / "in.txt"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    old = out.read_bytes()
+    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    r = subprocess.run(["bash", "-c", f'ulimit -f 64; exec "$0" "$@"', str(exe), "embed", "--model", MODEL,
+                        "--input", str(tmp_path / "in.txt"), "--out", str(out), "--batch", "3"],
+                       capture_output=True, timeout=300)
+    assert r.returncode != 0, r.stderr
+    assert out.read_bytes() == old  # the new vectors never reached it
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".e.npy.tmp-")]
+    assert len(left) == 1  # the killed writer's hidden sibling ...
+    r = run_cli("embed", "--model", MODEL, "--input", str(tmp_path / "in.txt"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "in.txt"]  # ... removed by the next writer
+
+
+def test_cli_embed_second_writer_of_one_out_is_refused(model, tmp_path):
+    # Issue 36: two runs on one --out interleaved their bytes, both exiting 0.
+    fifo = tmp_path / "in"
+    os.mkfifo(fifo)
+    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    first = subprocess.Popen([str(exe), "embed", "--model", MODEL, "--input", str(fifo), "--out",
+                              str(tmp_path / "e.npy")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        with open(fifo, "w") as w:  # the first holds the lock while it waits for its input
+            deadline = time.time() + 60
+            while not (tmp_path / ".e.npy.lock").exists() and time.time() < deadline:
+                time.sleep(0.05)
+            r = run_cli("embed", "--model", MODEL, "--out", str(tmp_path / "e.npy"), input=b"x\n")
+            assert r.returncode == 2, r.stderr
+            assert f"process {first.pid} holding its lock".encode() in r.stderr, r.stderr
+            w.write("one\ntwo\n")
+        assert first.wait(timeout=300) == 0, first.stderr.read()
+    finally:
+        first.kill()
+    assert np.load(tmp_path / "e.npy").shape == (2, 384)
