@@ -10,6 +10,7 @@
 #include <vector>
 #include <string>
 
+#include "attn/mha.h"
 #include "attn/sdpa.h"
 #include "numpy_view.h"
 
@@ -71,6 +72,17 @@ struct Variants {
     a.documents.cu_seqlens_k = array("cu_seqlens_k", int64_t());
   }
 };
+
+// The variants a layer passes on (mha.h AttnVariants), from the same dict; a relative bias or cu_seqlens (which
+// a layer does not take) is refused by name.
+inline AttnVariants layer_variants(Variants& var) {
+  SdpaArgs<float> a;
+  var.apply(a);
+  ATTN_CHECK(!a.relative_bias.given() && a.documents.cu_seqlens_q.empty() && a.documents.cu_seqlens_k.empty(),
+             "Expected window, alibi_slopes, softcap or document_ids for a layer's attention, but got ",
+             a.relative_bias.given() ? "relative_bias" : "cu_seqlens", " instead (scaled_dot_product_attention takes it)");
+  return {a.window, a.alibi_slopes, a.softcap, a.documents.ids};
+}
 
 // SdpaArgs over numpy arrays (read in place) and the Python spelling of the options.
 template <typename T>

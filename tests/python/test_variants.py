@@ -246,3 +246,33 @@ def test_compiles_with_variants_fullgraph():
     torch.testing.assert_close(compiled(q, k, v, table), f(q, k, v, table))
     compiled(q, k, v, table).sum().backward()
     assert table.grad is not None and table.grad.abs().sum() > 0
+
+
+def test_layers_pass_the_variants_to_their_attention():
+    # MultiheadAttention and TransformerEncoderLayer: a window or ALiBi in the kernel equals the same visibility or
+    # bias given as a mask (PyTorch's bool True = masked out, float = added), forward and MHA's backward.
+    rng = np.random.default_rng(5)
+    N, L, E, H = 2, 40, 32, 4
+    x = rng.standard_normal((N, L, E), dtype=np.float32)
+    i, j = np.arange(L)[:, None], np.arange(L)[None, :]
+    hidden = ~((j <= i) & (j >= i - 8))
+    slopes = alibi_slopes(H).numpy().astype(np.float32)
+    bias = np.where(j <= i, -slopes[:, None, None] * np.abs(i - j), -np.inf).astype(np.float32)  # (H, L, L)
+    mha = attn.MultiheadAttention(E, H, batch_first=True, seed=1)
+    mha.train()
+    got, _ = mha(x, x, x, is_causal=True, window=(8, 0), need_weights=False)
+    dgot = mha.backward(np.ones_like(got))
+    want, _ = mha(x, x, x, attn_mask=hidden, need_weights=False)
+    dwant = mha.backward(np.ones_like(want))
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    for a, b in zip(dgot, dwant):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    got, w = mha(x, x, x, is_causal=True, alibi_slopes=slopes, average_attn_weights=False)
+    want, w2 = mha(x, x, x, attn_mask=np.tile(bias, (N, 1, 1)), average_attn_weights=False)
+    np.testing.assert_allclose(got, want, atol=2e-6)
+    np.testing.assert_allclose(w, w2, atol=1e-6)  # weights too (the reference or flash's LSE, with the bias)
+    enc = attn.TransformerEncoderLayer(E, H, dim_feedforward=64, batch_first=True, norm_first=True)
+    enc.eval()
+    np.testing.assert_allclose(enc(x, is_causal=True, window=(8, 0)), enc(x, src_mask=hidden), atol=2e-5)
+    with pytest.raises(attn.AttnError, match="relative_bias"):
+        mha._native.forward(x, x, x, None, False, None, True, False, False, {"relative_bias": np.ones((4, H), np.float32)})
