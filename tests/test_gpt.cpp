@@ -82,11 +82,23 @@ double loss_at(Gpt& m, const std::vector<int64_t>& x, const std::vector<int64_t>
   return l;
 }
 
+// The positions and windows of issue 37 (learned, RoPE through the attention's rotation hook, ALiBi in the
+// kernel; a sliding window): each configuration the tests below run.
+struct Positions {
+  const char* position;
+  int64_t window;
+};
+constexpr Positions kPositions[] = {{"learned", 0}, {"rope", 0}, {"alibi", 0}, {"rope", 3}, {"alibi", 2}};
+
 TEST(Gpt, GradientsMatchFiniteDifferences) {
-  for (bool tie : {true, false}) {
+  for (int variant = 0; variant < 6; ++variant) {
+    const bool tie = variant != 1;
+    const Positions pos = kPositions[variant < 2 ? 0 : variant - 1];
     GptConfig c = small_config(2);
     c.tie_weights = tie;
     c.n_layer = 1;
+    c.position = pos.position, c.window = pos.window;
+    SCOPED_TRACE(cat(c.position, " window ", c.window));
     Gpt m(c, 3);
     const int64_t B = 2, T = 6;
     std::vector<int64_t> x = random_ids(B * T, c.vocab_size, 4), y = random_ids(B * T, c.vocab_size, 5);
@@ -115,8 +127,11 @@ TEST(Gpt, GradientsMatchFiniteDifferences) {
 }
 
 TEST(Gpt, KvCacheDecodingMatchesTheFullForward) {
-  for (int64_t kv : {4, 2, 1}) {  // MHA, GQA, MQA
+  for (int variant = 0; variant < 7; ++variant) {  // MHA, GQA, MQA; then the positions and windows with GQA
+    const int64_t kv = variant < 3 ? int64_t(4) >> variant : 2;
     GptConfig c = small_config(kv);
+    if (variant >= 3) c.position = kPositions[variant - 2].position, c.window = kPositions[variant - 2].window;
+    SCOPED_TRACE(cat(c.position, " window ", c.window));
     Gpt m(c, 11);
     m.eval();
     const int64_t T = 13;
@@ -161,6 +176,41 @@ TEST(Gpt, GreedyGenerationFollowsTheFullForwardPastTheBlock) {
   const SampleOptions a{.max_new_tokens = 20, .top_k = 5, .seed = 7};
   EXPECT_EQ(generate(m, prompt, a), generate(m, prompt, a));
   EXPECT_NE(generate(m, prompt, {.max_new_tokens = 20, .seed = 7}), generate(m, prompt, {.max_new_tokens = 20, .seed = 8}));
+}
+
+// RoPE and ALiBi have no position table: a model trained on block_size runs on longer sequences (what
+// --eval-lengths measures), its KV cache too; learned positions refuse them by name. A window's weights are
+// 0 outside it. Saved and loaded, the model is the same (no wpe tensor in its checkpoint).
+TEST(Gpt, RopeAndAlibiRunPastTheBlockAndWindowsHideTheKeysBefore) {
+  for (const Positions& pos : kPositions) {
+    GptConfig c = small_config(2);
+    c.block_size = 8, c.position = pos.position, c.window = pos.window;
+    SCOPED_TRACE(cat(c.position, " window ", c.window));
+    Gpt m(c, 31);
+    m.eval();
+    std::vector<int64_t> ids = random_ids(20, c.vocab_size, 32);
+    if (c.position == std::string("learned")) {
+      EXPECT_THROW(m.forward(ids.data(), 1, 20), Error);
+      continue;
+    }
+    Tensor full = m.forward(ids.data(), 1, 20);  // 20 > block_size 8
+    for (int64_t i = 0; i < full.numel(); ++i) ASSERT_TRUE(std::isfinite(full.data()[i]));
+    const std::vector<Tensor> w = m.attention_weights(ids.data(), 1, 20);
+    for (int64_t h = 0; h < 4 && pos.window > 0; ++h)
+      for (int64_t l = 0; l < 20; ++l)
+        for (int64_t s = 0; s < 20; ++s)
+          if (s > l || s < l - pos.window) EXPECT_EQ(w[0].data()[(h * 20 + l) * 20 + s], 0.0f) << l << " " << s;
+    const StateDict sd = m.state_dict();
+    EXPECT_EQ(sd.count("transformer.wpe.weight"), 0u);
+    Gpt again(c, 99);
+    again.load_state_dict(sd);
+    again.eval();
+    Tensor same = again.forward(ids.data(), 1, 20);
+    for (int64_t i = 0; i < full.numel(); ++i) ASSERT_EQ(same.data()[i], full.data()[i]);
+  }
+  GptConfig bad = small_config(2);
+  bad.position = "sinusoidal";
+  EXPECT_THROW(check_gpt_config(bad), Error);
 }
 
 TEST(Gpt, AttentionWeightsAreCausalDistributions) {

@@ -71,6 +71,7 @@ struct TrainCli {
   std::string data, out = "out";
   bool resume = false, untied = false, no_decay_embeddings = false, profile = false, strict = false;
   int64_t log_every = 10;
+  std::vector<int64_t> eval_lengths;  // --eval-lengths: val loss at these context lengths after the run
   TrainOptions values;
   std::vector<std::function<std::string(TrainOptions&)>> apply;
 };

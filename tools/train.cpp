@@ -151,6 +151,13 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
       ->check(CLI::IsMember(gpt_config_names()));
   bind_option(cmd, cli, "--block", &TrainOptions::block_size, "context length (default: the configuration's)");
   bind_option(cmd, cli, "--kv-heads", &TrainOptions::n_kv_head, "key/value heads for grouped-query attention");
+  bind_option(cmd, cli, "--position", &TrainOptions::position, "positions: learned (a table of --block rows), rope or "
+              "alibi (no table: the model runs past --block)")->check(CLI::IsMember({"learned", "rope", "alibi"}));
+  bind_option(cmd, cli, "--window", &TrainOptions::window, "sliding window: each position sees itself and the W "
+              "before it (0: all before it)")->check(non_negative());
+  cmd->add_option("--eval-lengths", cli.eval_lengths, "after the run, the val loss at these context lengths "
+                  "(past --block with --position rope or alibi)")->delimiter(',')
+      ->check(number_of<int64_t>())->check(positive());
   bind_option(cmd, cli, "--steps", &TrainOptions::steps, "optimizer steps in all");
   bind_option(cmd, cli, "--batch", &TrainOptions::batch, "sequences per step");
   bind_option(cmd, cli, "--lr", &TrainOptions::lr, "peak learning rate");
@@ -234,10 +241,11 @@ void print_plan(Trainer& t) {
               bytes_text(gpt_training_bytes_estimate(c, double(opt.batch), double(t.seq_len())) +
                          double(d.token_bytes())).c_str(),
               (long long)opt.batch, (long long)t.seq_len(), bytes_text(double(d.token_bytes())).c_str());
-  std::printf("model %s: %lld layers, %lld heads (%lld kv), embedding %lld, block %lld, vocab %lld, %lld parameters\n",
-              opt.config.c_str(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_kv_head,
+  std::printf("model %s: %lld layers, %lld heads (%lld kv), embedding %lld, block %lld, vocab %lld, %lld parameters, "
+              "%s positions%s\n", opt.config.c_str(), (long long)c.n_layer, (long long)c.n_head, (long long)c.n_kv_head,
               (long long)c.n_embd, (long long)c.block_size, (long long)c.vocab_size,
-              (long long)t.model().num_parameters());
+              (long long)t.model().num_parameters(), c.position.c_str(),
+              c.window ? cat(", window ", c.window).c_str() : "");
   if (d.synthetic())
     std::printf("data: the reversal task (%lld letters, '|', the letters reversed; loss on the reversed half)\n",
                 (long long)d.task_length());
@@ -438,6 +446,14 @@ int train_loop(TrainCli& cli, Trainer& t) {
   save(&ev);
   progress.clear();
   print_summary(t, cli, ev, t.step_count() - first, since(t0), train_s);
+  for (int64_t T : cli.eval_lengths) {  // a length the positions can't reach is said, not an error
+    try {
+      std::printf("val loss at context %lld: %.4f\n", (long long)T, t.evaluate_val(T));
+    } catch (const Error& e) {
+      std::printf("val loss at context %lld: none (%s)\n", (long long)T, e.what());
+    }
+    std::fflush(stdout);
+  }
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ struct GptConfig {
   double dropout = 0.0;     // embeddings, attention weights, residual branches and MLP
   bool bias = true;         // in Linear and LayerNorm layers (nanoGPT's `bias`)
   bool tie_weights = true;  // lm_head shares wte's matrix
+  // How positions reach the attention: "learned" (wpe, a table of block_size rows: the model sees no
+  // longer context), "rope" (rotary, theta 10000, on queries and keys) or "alibi" (BLOOM's slopes, a bias in
+  // the kernel); rope and alibi have no table, so the model runs past block_size (`Gpt::forward` at any T).
+  std::string position = "learned";
+  int64_t window = 0;       // > 0: each query sees itself and the `window` keys before it (a sliding window)
 };
 
 // GptConfig's fields, each named once: config.json's "model" object (written, read and type-checked) and
@@ -36,7 +42,8 @@ struct GptConfig {
 inline constexpr auto kGptConfigFields = std::tuple{
     ATTN_FIELD(GptConfig, vocab_size), ATTN_FIELD(GptConfig, block_size), ATTN_FIELD(GptConfig, n_layer),
     ATTN_FIELD(GptConfig, n_head),     ATTN_FIELD(GptConfig, n_kv_head),  ATTN_FIELD(GptConfig, n_embd),
-    ATTN_FIELD(GptConfig, dropout),    ATTN_FIELD(GptConfig, bias),       ATTN_FIELD(GptConfig, tie_weights)};
+    ATTN_FIELD(GptConfig, dropout),    ATTN_FIELD(GptConfig, bias),       ATTN_FIELD(GptConfig, tie_weights),
+    ATTN_FIELD(GptConfig, position),   ATTN_FIELD(GptConfig, window)};
 
 // Configurations by name, vocab_size left 0: "tiny" (2 layers, 4 heads, E 64, block 64: seconds to
 // train), "nanogpt-cpu" (nanoGPT's shakespeare_char CPU run: 4 layers, 4 heads, E 128, block 64, no
@@ -69,13 +76,17 @@ int64_t scored_tokens(const int64_t* targets, int64_t n);
 double cross_entropy_sum(View<const float> logits, const int64_t* targets, View<float> dlogits = {},
                          int64_t count = 0);
 
+// ALiBi's slopes of H heads as BLOOM's build_alibi_tensor makes them (2^(-8(h+1)/H) for a power of two H).
+Tensor alibi_slopes(int64_t H);
+
 class Gpt : public Layer {
  public:
   // Weights as nanoGPT initialises them: N(0, 0.02) for matrices and embeddings, N(0, 0.02/sqrt(2·n_layer))
   // for the projections into the residual stream (attention out_proj, MLP linear2), biases 0, LayerNorm 1.
   Gpt(const GptConfig& config, uint64_t seed);
 
-  // idx (B, T) token ids, T <= block_size -> logits (B, T, V). In training mode saves for backward().
+  // idx (B, T) token ids -> logits (B, T, V); T <= block_size with learned positions (any T with rope or
+  // alibi). In training mode saves for backward().
   Tensor forward(const int64_t* idx, int64_t B, int64_t T);
   // Adds the gradients of the loss given dlogits (B, T, V) of the last forward.
   void backward(View<const float> dlogits);
@@ -129,8 +140,13 @@ class Gpt : public Layer {
  private:
   View<const float> head_weight() const { return c_.tie_weights ? wte.weight.view() : lm_head.weight.view(); }
   Tensor embed(const int64_t* idx, int64_t B, int64_t T, int64_t pos0);  // (B, T, E)
+  // What the blocks' attention gets from the configuration: the window, ALiBi's slopes, RoPE's rotation.
+  AttnVariants variants();
+  void rotate(View<float> x, int64_t heads, int64_t first, bool inverse);  // RoPE on (B, T, heads·D)
 
   GptConfig c_;
+  Tensor alibi_slopes_;         // (H), position "alibi"
+  std::unique_ptr<Rope> rope_;  // position "rope": its table grows to the longest sequence seen
   int64_t B_ = 0, T_ = 0;  // the last training forward's shape
   Tensor y_;               // (B·T, E): ln_f's output, the head's input
 };

@@ -16,6 +16,7 @@
 //   other numbers.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -53,15 +54,23 @@ inline constexpr auto kMhaOptionsFields = std::tuple{
     ATTN_FIELD(MhaOptions, kdim),        ATTN_FIELD(MhaOptions, vdim),          ATTN_FIELD(MhaOptions, batch_first),
     ATTN_FIELD(MhaOptions, num_kv_heads), ATTN_FIELD(MhaOptions, seed)};
 
+// A rotation of the projected queries and keys before the attention, given by the layer's caller (RoPE: nn.h's
+// Rope; the positions are the caller's: first_position is 0, or the KV cache's length when decoding):
+// q (B, L, H·D) and k (B, S, Hkv·D) views, rotated in place; inverse rotates gradients back (backward).
+using QkRotation = std::function<void(View<float> q, View<float> k, int64_t first_position, bool inverse)>;
+
 // The attention variants a layer passes on to sdpa as they are (SdpaArgs' fields, attn/kernels/problem.h):
-// a sliding window, ALiBi slopes (H) or (N, H), softcap, documents of self-attention (N, L). Not T5's
-// relative bias: a learned table belongs to the model that owns it.
+// a sliding window, ALiBi slopes (H) or (N, H), softcap, documents of self-attention (N, L), and a rotation
+// of Q and K (RoPE). Not T5's relative bias: a learned table belongs to the model that owns it.
 struct AttnVariants {
   Window window = {};
   View<const float> alibi_slopes = {};
   double softcap = 0;
   View<const int64_t> document_ids = {};
-  bool given() const { return window.given() || !alibi_slopes.empty() || softcap != 0 || !document_ids.empty(); }
+  QkRotation rotate = {};
+  bool given() const {
+    return window.given() || !alibi_slopes.empty() || softcap != 0 || !document_ids.empty() || rotate;
+  }
 };
 
 // forward()'s optional arguments, named and defaulted as in PyTorch. Masks are views (no copy is made
@@ -120,8 +129,9 @@ class MultiheadAttention : public Layer {
   // Eval-mode incremental self-attention: x holds T new tokens ((T, N, E), (N, T, E) with batch_first, or
   // (T, E)); their K and V are appended to cache layer `layer` (B, Hkv, S_max, D), and each new token
   // attends to every cached token up to itself (bottom-right causal; one token takes the flash decode
-  // path). Returns x's shape. Not with add_bias_kv, add_zero_attn, or kdim / vdim != E.
-  Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer);
+  // path), within the variants' window, with their biases (their rotation at positions from the cache's
+  // length on). Returns x's shape. Not with add_bias_kv, add_zero_attn, or kdim / vdim != E.
+  Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer, const AttnVariants& variants = {});
 
   // The dropout stream on the attention weights: the next forwards draw from `seed` (as Dropout::reseed).
   void reseed(uint64_t seed) override;
@@ -150,6 +160,7 @@ class MultiheadAttention : public Layer {
     TensorT<uint8_t> mask_bools, padding_bools;
     Tensor alibi_slopes;                     // copies of the variants' arrays, which args views
     std::vector<int64_t> document_ids;
+    QkRotation rotate;                       // the forward's rotation of Q and K, inverted for their gradients
   };
 
   MhaOptions o_;

@@ -121,8 +121,9 @@ class Rope {
  public:
   Rope(int64_t head_dim, double theta, int64_t max_positions);
   // Rotates in place the heads of T rows: row t's head h is x[t·row_stride + h·D ... + D), at position
-  // pos[t] in [0, max_positions).
-  void apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const int64_t* pos) const;
+  // pos[t] in [0, max_positions). inverse: the transposed rotation (by -angle), which takes a gradient with
+  // respect to rotated vectors back to the vectors before it (the rotation is orthogonal).
+  void apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const int64_t* pos, bool inverse = false) const;
   int64_t head_dim() const { return D_; }
   int64_t max_positions() const { return P_; }
 
@@ -277,7 +278,7 @@ class TransformerEncoderLayer : public Layer {
   Tensor backward(Tensor&& dout);           // the same; pre-LN accumulates dsrc over dout's buffer
   // Eval-mode incremental decoding: x holds the T new tokens (layout as forward), attending to
   // themselves and every token already in cache layer `layer` (bottom-right causal); appends their K/V.
-  Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer);
+  Tensor forward_cached(View<const float> x, KVCache& cache, int64_t layer, const AttnVariants& variants = {});
   // Eval mode: the self-attention's weights per head on src (after norm1 when pre-LN), (N, H, L, L)
   // (unbatched: (H, L, L)), with forward()'s masks.
   Tensor attention_weights(View<const float> src, const EncoderArgs& args = {});

@@ -120,6 +120,8 @@ struct TrainOptions {
   int64_t block_size = 0;       // 0: the configuration's (the task's length for the synthetic data)
   int64_t n_kv_head = 0;        // 0: n_head; fewer for GQA
   bool tie_weights = true;
+  std::string position = "learned";  // GptConfig::position: learned, rope or alibi
+  int64_t window = 0;           // GptConfig::window: > 0, a sliding window of that many keys before each query
   int64_t steps = 2000;
   int64_t batch = 12;
   double lr = 1e-3, min_lr = 1e-4;
@@ -148,7 +150,7 @@ inline constexpr auto kTrainOptionsFields = std::tuple{
     ATTN_FIELD(TrainOptions, beta2), ATTN_FIELD(TrainOptions, eps), ATTN_FIELD(TrainOptions, decay_embeddings),
     ATTN_FIELD(TrainOptions, grad_clip), ATTN_FIELD(TrainOptions, dropout), ATTN_FIELD(TrainOptions, eval_every),
     ATTN_FIELD(TrainOptions, eval_iters), ATTN_FIELD(TrainOptions, seed), ATTN_FIELD(TrainOptions, threads),
-    ATTN_FIELD(TrainOptions, dtype)};
+    ATTN_FIELD(TrainOptions, dtype), ATTN_FIELD(TrainOptions, position), ATTN_FIELD(TrainOptions, window)};
 
 // Defaults for the synthetic task: a short, fast run whose loss falls within 20 steps (1 thread).
 TrainOptions synthetic_defaults();
@@ -177,6 +179,9 @@ class Trainer {
 
   StepStats step();      // one optimizer step on the batch of step_count()
   EvalStats evaluate();  // mean loss over eval_iters batches of each split (fixed per step, eval mode)
+  // The mean validation loss over eval_iters batches of T tokens (eval mode): T past block_size where the
+  // positions allow it (rope, alibi), to see how a model trained on block_size extrapolates.
+  float evaluate_val(int64_t T);
   void save(const std::string& dir, const EvalStats* last_eval = nullptr);
 
   // Data-parallel training over `sync`'s N processes: each builds the same Trainer (same options and data,

@@ -344,6 +344,8 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
 
   // 2. Masks, as sdpa takes them (with the causal triangle folded in where columns are appended).
   MhaMasks masks = read_masks(a, in, H, extra);
+  ATTN_CHECK(!extra || !a.variants.given(), "Expected no window, alibi_slopes, softcap, document_ids or rotation ",
+             "with add_bias_kv or add_zero_attn (the key they append has no position), but got them together instead");
 
   // 3. In-projections into buffers in the input's layout. K and V get S' rows: the extra ones are the
   // bias_k / bias_v row, then (add_zero_attn) a zero row, left as the buffer's zero fill.
@@ -359,6 +361,7 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   project(in.xq, weight(0, q_proj_weight_), rows(in_proj_bias_, 0, E), q);
   project(in.xk, weight(1, k_proj_weight_), rows(in_proj_bias_, E, KV), k_rows);
   project(in.xv, weight(2, v_proj_weight_), rows(in_proj_bias_, E + KV, KV), v_rows);
+  if (a.variants.rotate) a.variants.rotate(q, k_rows, 0, false);  // RoPE: positions 0... (extra keys refused below)
   if (o_.add_bias_kv) {
     for (int64_t b = 0; b < B; ++b) {
       std::memcpy(&k.at({b, S, 0}), bias_k_.data(), sizeof(float) * size_t(KV));
@@ -376,8 +379,6 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   args.key_padding = masks.padding.mask;
   args.causal = masks.causal;
   const AttnVariants& var = a.variants;
-  ATTN_CHECK(!extra || !var.given(), "Expected no window, alibi_slopes, softcap or document_ids with add_bias_kv or ",
-             "add_zero_attn (the key they append has no position), but got them together instead");
   args.window = var.window, args.alibi_slopes = var.alibi_slopes, args.softcap = var.softcap;
   args.documents.ids = var.document_ids;
   if (training_ && o_.dropout > 0) {
@@ -451,6 +452,7 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     s.args = args;
     s.args.attn_mask = keep_mask(std::move(masks.mask), s.mask_bias, s.mask_bools);
     s.args.key_padding = keep_mask(std::move(masks.padding), s.padding_bias, s.padding_bools);
+    s.rotate = var.rotate;
     if (!var.alibi_slopes.empty()) s.args.alibi_slopes = (s.alibi_slopes = Tensor::copy_of(var.alibi_slopes)).view();
     if (const View<const int64_t>& ids = var.document_ids; !ids.empty()) {
       for (int64_t b = 0; b < ids.size(0); ++b)
@@ -505,6 +507,7 @@ MhaGrads MultiheadAttention::backward(View<const float> dout) {
     sdpa_backward<float>(args, split_heads(btc(s.ctx, sf), H), s.lse.view(), split_heads<const float>(dctx, H),
                          {split_heads(dq, H), split_heads(dk, Hkv), split_heads(dv, Hkv)}, opt);
   }
+  if (s.rotate) s.rotate(dq, dk, 0, true);  // the gradients of the rotated Q and K, back before the rotation
 
   // 3. In-projections over the S projected rows of dK, dV; row S (bias_k / bias_v) sums over the batch,
   // the add_zero_attn row has no parameter.
@@ -532,7 +535,8 @@ MhaGrads MultiheadAttention::backward(View<const float> dout) {
 
 // ---- Incremental decoding ----
 
-Tensor MultiheadAttention::forward_cached(View<const float> x, KVCache& cache, int64_t layer) {
+Tensor MultiheadAttention::forward_cached(View<const float> x, KVCache& cache, int64_t layer,
+                                         const AttnVariants& variants) {
   ATTN_CHECK(!training_, "Expected eval mode for MultiheadAttention.forward_cached, but got training mode instead");
   ATTN_CHECK(!o_.add_bias_kv && !o_.add_zero_attn && o_.kdim == o_.embed_dim && o_.vdim == o_.embed_dim,
              "Expected self-attention without add_bias_kv / add_zero_attn for forward_cached, but got add_bias_kv = ",
@@ -559,12 +563,14 @@ Tensor MultiheadAttention::forward_cached(View<const float> x, KVCache& cache, i
   project(xq, weight(0, q_proj_weight_), rows(in_proj_bias_, 0, E), q);
   project(xq, weight(1, k_proj_weight_), rows(in_proj_bias_, E, KV), k);
   project(xq, weight(2, v_proj_weight_), rows(in_proj_bias_, E + KV, KV), v);
+  if (variants.rotate) variants.rotate(q, k, cache.length(layer), false);  // at their positions, before caching
   cache.append(layer, split_heads<const float>(k, Hkv), split_heads<const float>(v, Hkv));
   // 2. The T queries against all S cached keys, bottom-right causal: query t sees keys s <= S - T + t.
   //    A 16-bit cache goes to the half-precision decode kernel, an fp32 one to sdpa's flash kernel.
   SdpaArgs<float> args;
   args.q = split_heads(q, H);
   args.causal = Causal::bottom_right;
+  args.window = variants.window, args.alibi_slopes = variants.alibi_slopes, args.softcap = variants.softcap;
   Tensor ctx_buf = new_buffer(sf, B, T, E);
   View<float> ctx = btc(ctx_buf, sf);  // (B, T, E)
   if (cache.dtype() == KvDtype::f32) {

@@ -58,6 +58,11 @@ GptConfig check_gpt_config(GptConfig c) {
   ATTN_CHECK(c.n_kv_head > 0 && c.n_head % c.n_kv_head == 0, "Expected n_kv_head dividing n_head ", c.n_head,
              ", but got ", c.n_kv_head, " instead");
   check_dropout_p("dropout", c.dropout);
+  ATTN_CHECK(c.position == "learned" || c.position == "rope" || c.position == "alibi",
+             "Expected position \"learned\", \"rope\" or \"alibi\", but got \"", c.position, "\" instead");
+  ATTN_CHECK(c.position != "rope" || (c.n_embd / c.n_head) % 2 == 0, "Expected an even head dim n_embd / n_head for ",
+             "position \"rope\", but got ", c.n_embd / c.n_head, " instead");
+  ATTN_CHECK(c.window >= 0, "Expected window >= 0 (0: none), but got ", c.window, " instead");
   // Before any allocation (n_layer 1e8 failed in h.reserve with std::bad_alloc): the parameters and
   // their gradients must fit.
   check_fits_in_memory(8 * gpt_parameter_estimate(c),
@@ -166,7 +171,7 @@ double gpt_parameter_estimate(const GptConfig& c) {
   const double E = double(c.n_embd), H = double(c.n_head), Hkv = double(c.n_kv_head ? c.n_kv_head : c.n_head);
   const double kv = H > 0 ? E * Hkv / H : E;
   const double per_layer = E * (E + 2 * kv) + E * E + 8 * E * E + (E + 2 * kv) + 13 * E;  // attention, MLP, 2 LN
-  return double(c.vocab_size) * E * (c.tie_weights ? 1 : 2) + double(c.block_size) * E +
+  return double(c.vocab_size) * E * (c.tie_weights ? 1 : 2) + (c.position == "learned" ? double(c.block_size) * E : 0) +
          double(c.n_layer) * per_layer + 2 * E;
 }
 
@@ -179,7 +184,7 @@ double gpt_training_bytes_estimate(const GptConfig& c, double B, double T) {
 
 Gpt::Gpt(const GptConfig& config, uint64_t seed)
     : wte(check_gpt_config(config).vocab_size, config.n_embd, mix64(seed ^ streams::kWte)),
-      wpe(config.block_size, config.n_embd, mix64(seed ^ streams::kWpe)),
+      wpe(config.position == "learned" ? config.block_size : 1, config.n_embd, mix64(seed ^ streams::kWpe)),
       drop(config.dropout, mix64(seed ^ streams::kEmbedDropout)),
       ln_f(config.n_embd, 1e-5, true, config.bias),
       lm_head(config.tie_weights ? 1 : config.n_embd, config.tie_weights ? 1 : config.vocab_size, false,
@@ -199,12 +204,47 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed)
     }
   }
   reseed(mix64(seed ^ streams::kFirstReseed));
+  if (c_.position == "alibi") alibi_slopes_ = alibi_slopes(c_.n_head);
+  if (c_.position == "rope") rope_ = std::make_unique<Rope>(c_.n_embd / c_.n_head, 10000.0, c_.block_size);
+}
+
+Tensor alibi_slopes(int64_t H) {
+  // BLOOM's build_alibi_tensor: for the largest power of two n <= H, slopes base^1..n with base =
+  // 2^(-8/n); the heads beyond n take every other slope of 2n heads' (base' = 2^(-4/n))
+  int64_t n = 1;
+  while (2 * n <= H) n *= 2;
+  Tensor s({H});
+  for (int64_t h = 0; h < n; ++h) s.data()[h] = float(std::pow(2.0, -8.0 / double(n) * double(h + 1)));
+  for (int64_t h = n; h < H; ++h) s.data()[h] = float(std::pow(2.0, -4.0 / double(n) * double(2 * (h - n) + 1)));
+  return s;
+}
+
+void Gpt::rotate(View<float> x, int64_t heads, int64_t first, bool inverse) {
+  const int64_t B = x.size(0), T = x.size(1);
+  if (first + T > rope_->max_positions())  // a longer sequence than any before: a larger table
+    rope_ = std::make_unique<Rope>(rope_->head_dim(), 10000.0, std::max(first + T, 2 * rope_->max_positions()));
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  std::iota(pos.begin(), pos.end(), first);
+  for (int64_t b = 0; b < B; ++b) rope_->apply(x.data + b * x.strides[0], T, x.strides[1], heads, pos.data(), inverse);
+}
+
+AttnVariants Gpt::variants() {
+  AttnVariants v;
+  if (c_.window > 0) v.window = {c_.window, 0};
+  if (alibi_slopes_.data()) v.alibi_slopes = alibi_slopes_.view();
+  if (rope_)
+    v.rotate = [this](View<float> q, View<float> k, int64_t first, bool inverse) {
+      rotate(q, c_.n_head, first, inverse);
+      rotate(k, c_.n_kv_head, first, inverse);
+    };
+  return v;
 }
 
 std::vector<Child> Gpt::children() {
   using namespace streams;
-  std::vector<Child> c = {{"transformer.wte.", &wte}, {"transformer.wpe.", &wpe},
-                          {"transformer.drop.", &drop, kReseedEmbedDropout}};
+  std::vector<Child> c = {{"transformer.wte.", &wte}};
+  if (c_.position == "learned") c.push_back({"transformer.wpe.", &wpe});
+  c.push_back({"transformer.drop.", &drop, kReseedEmbedDropout});
   for (size_t i = 0; i < h.size(); ++i) c.push_back({cat("transformer.h.", i, "."), &h[i], kPerBlock * i});
   c.push_back({"transformer.ln_f.", &ln_f});
   if (!c_.tie_weights) c.push_back({"lm_head.", &lm_head});
@@ -224,13 +264,17 @@ int64_t Gpt::num_parameters() {
 
 Tensor Gpt::embed(const int64_t* idx, int64_t B, int64_t T, int64_t pos0) {
   ATTN_CHECK(B > 0 && T > 0, "Expected idx (B, T) with B, T > 0, but got (", B, ", ", T, ") instead");
-  ATTN_CHECK(pos0 + T <= c_.block_size, "Expected at most block_size = ", c_.block_size, " positions, but got ",
-             pos0 + T, " instead");
+  const bool learned = c_.position == "learned";
+  ATTN_CHECK(!learned || pos0 + T <= c_.block_size, "Expected at most block_size = ", c_.block_size,
+             " positions (learned position embeddings; rope or alibi have no such limit), but got ", pos0 + T,
+             " instead");
   Tensor x = wte.forward(idx, {B, T});  // (B, T, E)
-  std::vector<int64_t> pos(static_cast<size_t>(T));
-  std::iota(pos.begin(), pos.end(), pos0);
-  Tensor p = wpe.forward(pos.data(), {T});  // (T, E)
-  for (int64_t b = 0; b < B; ++b) add_(x.view().select(0, b), p.view());
+  if (learned) {
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    std::iota(pos.begin(), pos.end(), pos0);
+    Tensor p = wpe.forward(pos.data(), {T});  // (T, E)
+    for (int64_t b = 0; b < B; ++b) add_(x.view().select(0, b), p.view());
+  }
   if (c_.dropout > 0) x = drop.forward(x.view());
   return x;
 }
@@ -244,6 +288,7 @@ Tensor Gpt::forward(const int64_t* idx, int64_t B, int64_t T) {
   }
   EncoderArgs args;
   args.is_causal = true;
+  args.variants = variants();
   for (size_t i = 0; i < h.size(); ++i) {
     profile::Scope p(block_name(i));
     x = h[i].forward(x.view(), args);
@@ -303,7 +348,7 @@ void Gpt::backward(View<const float> dlogits) {
     profile::Scope p("embed");
     if (c_.dropout > 0) dx = drop.backward(dx.view());
     wte.backward(dx.view());
-    wpe.backward(sum_batch(dx.view()).view());
+    if (c_.position == "learned") wpe.backward(sum_batch(dx.view()).view());
   }
   y_ = Tensor();
   finished();
@@ -362,7 +407,8 @@ Tensor Gpt::forward_cached(const int64_t* idx, int64_t B, int64_t T, KVCache& ca
   ATTN_CHECK(cache.layers() == c_.n_layer, "Expected a KV cache of ", c_.n_layer, " layers, but got ",
              cache.layers(), " instead");
   Tensor x = embed(idx, B, T, cache.length(0));
-  for (size_t i = 0; i < h.size(); ++i) x = h[i].forward_cached(x.view(), cache, int64_t(i));
+  const AttnVariants v = variants();
+  for (size_t i = 0; i < h.size(); ++i) x = h[i].forward_cached(x.view(), cache, int64_t(i), v);
   Tensor y = ln_f.forward(x.view());
   Tensor logits({B, T, c_.vocab_size});
   linear<float>(y.view().reshape({B * T, c_.n_embd}), head_weight(), {},
@@ -377,6 +423,7 @@ std::vector<Tensor> Gpt::attention_weights(const int64_t* idx, int64_t B, int64_
   Tensor x = embed(idx, B, T, 0);
   EncoderArgs args;
   args.is_causal = true;
+  args.variants = variants();
   for (auto& block : h) {
     weights.push_back(block.attention_weights(x.view(), args));  // (B, H, T, T)
     x = block.forward(x.view(), args);

@@ -175,7 +175,7 @@ Rope::Rope(int64_t D, double theta, int64_t P) : D_(D), P_(P) {
   }
 }
 
-void Rope::apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const int64_t* pos) const {
+void Rope::apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const int64_t* pos, bool inverse) const {
   const int64_t h = D_ / 2;
   for (int64_t t = 0; t < T; ++t)
     ATTN_CHECK(pos[t] >= 0 && pos[t] < P_, "Expected positions in [0, ", P_, ") (max_position_embeddings), but got ",
@@ -186,6 +186,14 @@ void Rope::apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const i
       float* v = x + t * row_stride + hd * D_;
       const float* c = cos_.data() + pos[t] * h;
       const float* s = sin_.data() + pos[t] * h;
+      if (inverse) {
+        for (int64_t i = 0; i < h; ++i) {  // (x1, x2) -> (x1·c + x2·s, x2·c - x1·s)
+          const float x1 = v[i], x2 = v[i + h];
+          v[i] = x1 * c[i] + x2 * s[i];
+          v[i + h] = x2 * c[i] - x1 * s[i];
+        }
+        continue;
+      }
       for (int64_t i = 0; i < h; ++i) {  // (x1, x2) -> (x1·c - x2·s, x2·c + x1·s), each product rounded
         const float x1 = v[i], x2 = v[i + h];
         v[i] = x1 * c[i] - x2 * s[i];

@@ -149,14 +149,15 @@ Tensor TransformerEncoderLayer::run_backward(View<const float> dout, Tensor* own
   return g;
 }
 
-Tensor TransformerEncoderLayer::forward_cached(View<const float> x, KVCache& cache, int64_t layer) {
+Tensor TransformerEncoderLayer::forward_cached(View<const float> x, KVCache& cache, int64_t layer,
+                                               const AttnVariants& variants) {
   ATTN_CHECK(!training_, "Expected eval mode for forward_cached (incremental decoding), but got training mode "
              "instead");
   if (options.norm_first) {
-    Tensor x1 = plus(x, self_attn.forward_cached(norm1.forward(x).view(), cache, layer));
+    Tensor x1 = plus(x, self_attn.forward_cached(norm1.forward(x).view(), cache, layer, variants));
     return plus(x1.view(), ff.forward(norm2.forward(x1.view()).view()));
   }
-  Tensor x1 = norm1.forward(plus(x, self_attn.forward_cached(x, cache, layer)).view());
+  Tensor x1 = norm1.forward(plus(x, self_attn.forward_cached(x, cache, layer, variants)).view());
   return norm2.forward(plus(x1.view(), ff.forward(x1.view())).view());
 }
 

@@ -183,10 +183,10 @@ void validate(const Contents& c, const std::string& where) {
   ATTN_CHECK(m.vocab_size > 0 && m.block_size > 0 && m.n_layer > 0 && m.n_head > 0 && m.n_embd > 0 && m.n_kv_head >= 0,
              "Expected ", where, " model sizes > 0, but got ", j["model"].dump(), " instead");
   tokenizer_from(j["tokenizer"], where + " tokenizer");
-  // The tensors say what the model is: embeddings (V, E) and (block, E), n_layer blocks, no more.
+  // The tensors say what the model is: embeddings (V, E) and (block, E) (learned positions), n_layer blocks.
   const int64_t E = m.n_embd;
   expect_tensor(c.tensors, "transformer.wte.weight", {m.vocab_size, E});
-  expect_tensor(c.tensors, "transformer.wpe.weight", {m.block_size, E});
+  if (m.position == "learned") expect_tensor(c.tensors, "transformer.wpe.weight", {m.block_size, E});
   ATTN_CHECK(c.tensors.count(cat("transformer.h.", m.n_layer - 1, ".norm1.weight")) &&
                  !c.tensors.count(cat("transformer.h.", m.n_layer, ".norm1.weight")),
              "Expected the ", m.n_layer, " layers of ", where, " model.n_layer in ", kModelFile,
@@ -334,7 +334,10 @@ json fields_json(const S& s, const Fields& fields) {
 }
 
 // Fields added after checkpoints were first written: absent means the default (what those runs did).
-bool added_later(const char* name) { return std::string_view(name) == "dtype"; }
+bool added_later(const char* name) {
+  const std::string_view n = name;
+  return n == "dtype" || n == "position" || n == "window";
+}
 
 template <class S, class Fields>
 S fields_from(const json& j, const Fields& fields, const std::string& where) {

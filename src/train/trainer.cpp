@@ -80,6 +80,8 @@ GptConfig model_config(const TrainOptions& o, const Dataset& data) {
   c.n_kv_head = o.n_kv_head;
   c.tie_weights = o.tie_weights;
   c.dropout = o.dropout;
+  c.position = o.position;
+  c.window = o.window;
   return c;
 }
 
@@ -295,6 +297,21 @@ EvalStats Trainer::evaluate() {
   }
   model_->train();
   return {loss[0], loss[1]};
+}
+
+float Trainer::evaluate_val(int64_t T) {
+  ATTN_CHECK(T > 0, "Expected an evaluation length T > 0, but got ", T, " instead");
+  model_->eval();
+  const Autocast autocast(parse_precision(o_.dtype));
+  std::vector<int64_t> x(size_t(o_.batch * T)), y(x.size());
+  Rng rng(stream_seed(o_.seed, kEvalVal, step_));
+  double sum = 0;
+  for (int64_t i = 0; i < o_.eval_iters; ++i) {
+    data_.batch(1, o_.batch, T, rng, x.data(), y.data());
+    sum += model_->evaluate(x.data(), y.data(), o_.batch, T);
+  }
+  model_->train();
+  return float(sum / double(o_.eval_iters));
 }
 
 void Trainer::distribute(std::shared_ptr<GradientSync> sync) {
