@@ -46,7 +46,7 @@ TEST(Fields, EveryGptConfigFieldRoundTripsThroughACheckpoint) {
   const CharTokenizer tok = CharTokenizer::from_text("abcde");
   GptConfig c;
   c.vocab_size = 5, c.block_size = 12, c.n_layer = 3, c.n_head = 2, c.n_kv_head = 1, c.n_embd = 16;
-  c.dropout = 0.25, c.bias = false, c.tie_weights = false;
+  c.dropout = 0.25, c.bias = false, c.tie_weights = false, c.position = "alibi", c.window = 6;
   Gpt model(c, 1);
   const std::string dir = temp_dir("model");
   save_model(dir, model, tok);
@@ -59,7 +59,7 @@ TEST(Fields, EveryTrainOptionsFieldRoundTripsThroughACheckpoint) {
   o.config = "nanogpt-cpu", o.block_size = 16, o.n_kv_head = 2, o.tie_weights = false, o.steps = 7, o.batch = 3;
   o.lr = 2e-3, o.min_lr = 2e-4, o.warmup = 3, o.lr_decay_steps = 5, o.weight_decay = 0.05, o.beta1 = 0.8;
   o.beta2 = 0.95, o.eps = 1e-7, o.decay_embeddings = false, o.grad_clip = 0.5, o.dropout = 0.1, o.eval_every = 2;
-  o.eval_iters = 1, o.seed = 42, o.threads = 1, o.dtype = "bf16";
+  o.eval_iters = 1, o.seed = 42, o.threads = 1, o.dtype = "bf16", o.position = "rope", o.window = 8;
   std::string text;
   for (int i = 0; i < 40; ++i) text += "to be or not to be, ";
   Trainer t(o, Dataset::text(text));
