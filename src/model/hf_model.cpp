@@ -150,10 +150,7 @@ Pooling read_pooling(const std::string& dir) {
                                              "max_seq_length", sbert.string(), 0);
   const fs::path modules = fs::path(dir) / "modules.json";
   if (!fs::exists(modules)) return p;
-  const std::string text = read_regular_file(modules.string(), "modules.json", hf::kMaxJsonBytes);
-  const json j = json::parse(text, nullptr, false);
-  ATTN_CHECK(!j.is_discarded() && j.is_array(), "Expected modules.json '", modules.string(),
-             "' to hold a JSON array of modules, but got text that is not one instead");
+  const json j = hf::read_json(modules.string(), "modules.json", /*array=*/true);
   for (const json& m : j) {
     const std::string where = cat("a module of '", modules.string(), "'");
     const std::string type = hf::field<std::string>(m, "type", where);
