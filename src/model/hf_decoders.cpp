@@ -44,7 +44,7 @@ Decoder decoder_of(const json& d, const std::string& type, const std::string& dw
 namespace {
 
 // One decoder's decode_chain: tokens in, tokens out.
-std::vector<std::string> decode_chain(const Decoder& d, std::vector<std::string> toks) {
+std::vector<std::string> decode_chain(const Decoder& d, std::vector<std::string> toks, RegexBudget& budget) {
   using K = Decoder::Kind;
   switch (d.kind) {
     case K::wordpiece:
@@ -140,7 +140,7 @@ std::vector<std::string> decode_chain(const Decoder& d, std::vector<std::string>
       }
       return toks;
     case K::replace:
-      for (std::string& tok : toks) tok = replace_all(d.pattern, tok, d.text);
+      for (std::string& tok : toks) tok = replace_all(d.pattern, tok, d.text, budget);
       return toks;
     case K::bpe:  // end_of_word_suffix -> a space, none after the last token
       for (size_t i = 0; i < toks.size(); ++i) {
@@ -161,7 +161,10 @@ std::string decode_tokens(const std::vector<Decoder>& decoders, std::vector<std:
     for (size_t i = 0; i < toks.size(); ++i) out += (i ? " " : "") + toks[i];
     return out;
   }
-  for (const Decoder& d : decoders) toks = decode_chain(d, std::move(toks));
+  size_t bytes = 0;
+  for (const std::string& tok : toks) bytes += tok.size();
+  RegexBudget budget(bytes);
+  for (const Decoder& d : decoders) toks = decode_chain(d, std::move(toks), budget);
   for (const std::string& tok : toks) out += tok;
   return out;
 }

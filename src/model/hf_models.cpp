@@ -1,6 +1,8 @@
 // tokenizer.json's model (see hf_pipeline.h): its vocabulary read from the file, and WordPiece applied as
 // the `tokenizers` library's models/wordpiece does (greedy longest match first); BPE is hf_bpe.cpp. Not
 // Unigram or WordLevel: refused by name.
+#include <algorithm>
+
 #include "attn/tokenizer.h"
 #include "hf_pipeline.h"
 
@@ -15,9 +17,10 @@ Model Model::read(const json& model, const std::string& where) {
   ATTN_CHECK(model.contains("vocab") && model["vocab"].is_object(), "Expected \"vocab\" (token -> id) in ", mw,
              ", but got none instead");
   for (const auto& [tok, id] : model["vocab"].items()) {
-    ATTN_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "Expected the id of '", tok, "' in ", mw,
-               " to be an integer >= 0, but got ", brief(id), " instead");
+    ATTN_CHECK(id.is_number_unsigned() && id.get<uint64_t>() <= kMaxTokenId, "Expected the id of '", tok, "' in ",
+               mw, " to be an integer in [0, ", kMaxTokenId, "], but got ", brief(id), " instead");
     m.vocab[tok] = id.get<int64_t>();
+    m.longest = std::max(m.longest, size_t(code_points(tok)));
   }
   if (mtype == "BPE") {
     m.bpe.emplace(model, m.vocab, mw);
@@ -34,13 +37,15 @@ Model Model::read(const json& model, const std::string& where) {
 }
 
 // WordPiece: greedy longest match first from the start of the word; any part without a match makes the
-// whole word [UNK], and so does a word longer than max_input_chars_per_word.
+// whole word [UNK], and so does a word longer than max_input_chars_per_word. Candidates longer than the
+// longest token are not tried (they can't match): a word of n characters costs n · longest lookups, not
+// n² (a file allowing words of 10^9 characters made one 64 KB word a minute's work).
 void Model::wordpiece(const std::u32string& word, std::vector<int64_t>& ids) const {
   if (int64_t(word.size()) > max_chars) return ids.push_back(unk_id);
   std::vector<int64_t> pieces;
   for (size_t start = 0; start < word.size();) {
     int64_t found = -1;
-    size_t end = word.size();
+    size_t end = std::min(word.size(), start + longest);
     for (; end > start; --end) {
       const std::string sub = (start > 0 ? prefix : "") + utf8_encode(word.substr(start, end - start));
       auto it = vocab.find(sub);

@@ -122,7 +122,7 @@ Normalizer normalizer_of(const json& n, const std::string& type, const std::stri
   return x;
 }
 
-std::string normalize(const std::vector<Normalizer>& normalizers, std::string s) {
+std::string normalize(const std::vector<Normalizer>& normalizers, std::string s, RegexBudget& budget) {
   using K = Normalizer::Kind;
   for (const Normalizer& n : normalizers) {
     switch (n.kind) {
@@ -177,7 +177,7 @@ std::string normalize(const std::vector<Normalizer>& normalizers, std::string s)
       case K::prepend:
         if (!s.empty()) s = n.content + s;
         break;
-      case K::replace: s = replace_all(n.pattern, s, n.content); break;
+      case K::replace: s = replace_all(n.pattern, s, n.content, budget); break;
       case K::byte_level: s = byte_level(s); break;
     }
   }

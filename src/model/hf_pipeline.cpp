@@ -22,9 +22,9 @@ Regex pattern_of(const json& part, const std::string& where) {
   return Regex(p[literal ? "String" : "Regex"].get<std::string>(), literal, where);
 }
 
-std::string replace_all(const Regex& re, const std::string& s, const std::string& content) {
+std::string replace_all(const Regex& re, const std::string& s, const std::string& content, RegexBudget& budget) {
   std::string out;
-  for (const Piece& p : re.find_matches(s)) out += p.match ? content : s.substr(p.begin, p.end - p.begin);
+  for (const Piece& p : re.find_matches(s, budget)) out += p.match ? content : s.substr(p.begin, p.end - p.begin);
   return out;
 }
 

@@ -32,7 +32,7 @@ bool is_whitespace(char32_t c);
 // A "pattern" of Split and Replace: {"String": s} (matched as it is) or {"Regex": r}.
 Regex pattern_of(const json& part, const std::string& where);
 // The replacement of every match of `re` in s by `content` (NormalizedString::replace, Replace's decoder).
-std::string replace_all(const Regex& re, const std::string& s, const std::string& content);
+std::string replace_all(const Regex& re, const std::string& s, const std::string& content, RegexBudget& budget);
 // Each byte of s as GPT-2's byte-level alphabet spells it (hf_bpe.h's byte_char).
 std::string byte_level(const std::string& s);
 
@@ -73,8 +73,8 @@ struct Normalizer {
 };
 // The normalizer of `type` in `n`; `where` names it in the file.
 Normalizer normalizer_of(const json& n, const std::string& type, const std::string& where);
-// s through the normalizers in order.
-std::string normalize(const std::vector<Normalizer>& normalizers, std::string s);
+// s through the normalizers in order; their patterns' work from `budget`.
+std::string normalize(const std::vector<Normalizer>& normalizers, std::string s, RegexBudget& budget);
 
 // ---- pre-tokenizers (hf_pre_tokenizers.cpp) ----
 
@@ -103,10 +103,15 @@ struct Split {
 };
 
 PreTokenizer pre_tokenizer_of(const json& p, const std::string& type, const std::string& where);
-// Each pre-tokenizer in order cuts every piece further (PreTokenizedString::split; empty pieces dropped).
-void pre_tokenize(const std::vector<PreTokenizer>& pre_tokenizers, std::vector<Split>& splits);
+// Each pre-tokenizer in order cuts every piece further (PreTokenizedString::split; empty pieces dropped);
+// their patterns' work from `budget`.
+void pre_tokenize(const std::vector<PreTokenizer>& pre_tokenizers, std::vector<Split>& splits, RegexBudget& budget);
 
 // ---- models (hf_models.cpp): WordPiece, or BPE (hf_bpe.h) ----
+
+// Token ids are at most this: the library keeps them as u32 (a larger one is its load error), and the
+// BPE merge table packs two of them into 64 bits.
+constexpr int64_t kMaxTokenId = 4294967295;
 
 struct Model {
   Vocab vocab;
@@ -114,6 +119,7 @@ struct Model {
   std::string unk;         // WordPiece's
   int64_t unk_id = -1, max_chars = 100;
   std::string prefix = "##";
+  size_t longest = 0;  // code points of the vocabulary's longest token: no longer piece can match
 
   // tokenizer.json's "model" object; `where` names the file.
   static Model read(const json& model, const std::string& where);
@@ -147,7 +153,8 @@ struct Decoder {
   bool prepend_never = false;  // Metaspace
 };
 Decoder decoder_of(const json& d, const std::string& type, const std::string& where);
-// The text of tokens through the decoders in order (none: the tokens joined by spaces).
+// The text of tokens through the decoders in order (none: the tokens joined by spaces); Replace's work from
+// a budget for the tokens' bytes.
 std::string decode_tokens(const std::vector<Decoder>& decoders, std::vector<std::string> tokens);
 
 }  // namespace attn::hf

@@ -173,7 +173,7 @@ PreTokenizer pre_tokenizer_of(const json& p, const std::string& type, const std:
   return x;
 }
 
-void pre_tokenize(const std::vector<PreTokenizer>& pre_tokenizers, std::vector<Split>& splits) {
+void pre_tokenize(const std::vector<PreTokenizer>& pre_tokenizers, std::vector<Split>& splits, RegexBudget& budget) {
   using K = PreTokenizer::Kind;
   std::vector<Split> next;
   // the ranges `keep` of s become pieces; empty ones are dropped (PreTokenizedString::split)
@@ -213,12 +213,12 @@ void pre_tokenize(const std::vector<PreTokenizer>& pre_tokenizers, std::vector<S
             break;
           }
           const size_t from = next.size();
-          emit(sp, s, split_ranges(gpt2_pattern().find_matches(s), Behavior::isolated));
+          emit(sp, s, split_ranges(gpt2_pattern().find_matches(s, budget), Behavior::isolated));
           for (size_t i = from; i < next.size(); ++i) next[i].text = byte_level(next[i].text);
           break;
         }
         case K::split: {
-          std::vector<Piece> m = p.pattern.find_matches(sp.text);
+          std::vector<Piece> m = p.pattern.find_matches(sp.text, budget);
           if (p.invert)
             for (Piece& x : m) x.match = !x.match;
           emit(sp, sp.text, split_ranges(m, p.behavior));
@@ -236,7 +236,7 @@ void pre_tokenize(const std::vector<PreTokenizer>& pre_tokenizers, std::vector<S
           break;
         }
         case K::whitespace: {  // the pattern's matches kept, the whitespace between them removed
-          std::vector<Piece> m = whitespace_pattern().find_matches(sp.text);
+          std::vector<Piece> m = whitespace_pattern().find_matches(sp.text, budget);
           for (Piece& x : m) x.match = !x.match;
           emit(sp, sp.text, split_ranges(m, Behavior::removed));
           break;

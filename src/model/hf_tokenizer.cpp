@@ -74,7 +74,10 @@ struct HfTokenizer::Impl {
   std::vector<hf::Normalizer> normalizers;       // in order (a Sequence flattened)
   std::vector<hf::PreTokenizer> pre_tokenizers;  // in order
   hf::Model model;                               // WordPiece or BPE
-  std::vector<std::string> tokens;  // id -> token (model's and added)
+  // id -> token (the model's and the added ones): a map, as the library's, so that a file whose ids are
+  // sparse (one id of 10^8 among three) costs what it holds, not a table of 10^8 strings
+  std::unordered_map<int64_t, std::string> tokens;
+  int64_t size = 0;  // the largest id + 1
   std::vector<AddedToken> added_raw, added_normalized;  // longest first
   std::unordered_map<int64_t, bool> special_of;         // added token id -> special
   // post-processor, single sequence: the special tokens before and after it
@@ -86,13 +89,13 @@ struct HfTokenizer::Impl {
 
   void push(int64_t id, Encoding& enc) const {
     enc.ids.push_back(id);
-    enc.tokens.push_back(tokens[size_t(id)]);
+    enc.tokens.push_back(tokens.at(id));
   }
   // The model's ids of one pre-tokenized word, and their tokens, appended to enc.
   void model_word(const std::string& word, Encoding& enc) const {
     const size_t from = enc.ids.size();
     model.tokenize(word, enc.ids);
-    for (size_t i = from; i < enc.ids.size(); ++i) enc.tokens.push_back(tokens[size_t(enc.ids[i])]);
+    for (size_t i = from; i < enc.ids.size(); ++i) enc.tokens.push_back(tokens.at(enc.ids[i]));
   }
 };
 
@@ -125,31 +128,34 @@ HfTokenizer HfTokenizer::from_file(const std::string& path) {
     hf::add_components(part("decoder"), "decoder", "decoders", where, t->decoders, hf::decoder_of);
 
   // added tokens (their ids may extend the vocabulary); a normalized one is matched in normalized text
-  int64_t size = 0;
+  int64_t& size = t->size;  // ids are at most kMaxTokenId: no + 1 overflows
   for (const auto& [tok, id] : t->model.vocab) size = std::max(size, id + 1);
   std::vector<std::pair<std::string, int64_t>> added_text;  // content as written, id
-  if (auto a = j.find("added_tokens"); a != j.end() && a->is_array()) {
-    for (const json& x : *a) {
+  const json& added = part("added_tokens");
+  ATTN_CHECK(added.is_null() || added.is_array(), "Expected \"added_tokens\" (a list) in ", where, ", but got ",
+             hf::brief(added), " instead");
+  if (added.is_array()) {
+    for (const json& x : added) {
       const std::string aw = cat("an added token of ", where);
       const std::string content = hf::field<std::string>(x, "content", aw);
-      AddedToken at{utf8_decode(content), hf::field<int64_t>(x, "id", aw), hf::field_or<bool>(x, "special", aw, false),
+      AddedToken at{utf8_decode(content), hf::field<uint32_t>(x, "id", aw), hf::field_or<bool>(x, "special", aw, false),
                     hf::field_or<bool>(x, "single_word", aw, false), hf::field_or<bool>(x, "lstrip", aw, false),
                     hf::field_or<bool>(x, "rstrip", aw, false), hf::field_or<bool>(x, "normalized", aw, true)};
-      ATTN_CHECK(at.id >= 0 && !at.content.empty(), "Expected an added token with content and an id >= 0 in ", where,
-                 ", but got ", hf::brief(x), " instead");
+      ATTN_CHECK(!at.content.empty(), "Expected an added token with content in ", where, ", but got ", hf::brief(x),
+                 " instead");
       size = std::max(size, at.id + 1);
       added_text.emplace_back(content, at.id);
       t->special_of[at.id] = at.special;
       if (at.normalized) {
-        at.content = utf8_decode(hf::normalize(t->normalizers, content));
+        hf::RegexBudget budget(content.size());
+        at.content = utf8_decode(hf::normalize(t->normalizers, content, budget));
         if (at.content.empty()) continue;  // normalized to nothing: never matches
       }
       (at.normalized ? t->added_normalized : t->added_raw).push_back(std::move(at));
     }
   }
-  t->tokens.assign(size_t(size), "");
-  for (const auto& [tok, id] : t->model.vocab) t->tokens[size_t(id)] = tok;
-  for (const auto& [content, id] : added_text) t->tokens[size_t(id)] = content;
+  for (const auto& [tok, id] : t->model.vocab) t->tokens[id] = tok;
+  for (const auto& [content, id] : added_text) t->tokens[id] = content;
   for (auto* set : {&t->added_raw, &t->added_normalized})
     std::stable_sort(set->begin(), set->end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
@@ -175,15 +181,16 @@ Encoding HfTokenizer::encode(std::string_view text, bool add_special_tokens, int
   const std::u32string s = utf8_decode(text);  // invalid UTF-8: an Error naming the byte offset
   Encoding body;
   std::vector<hf::Split> splits;
+  hf::RegexBudget budget(text.size());  // the patterns' work on this text, all of them together
   // a stretch between raw added tokens: normalized, split by the normalized added tokens, pre-tokenized
   auto run = [&](size_t a, size_t b) {
     const std::u32string n =
-        utf8_decode(hf::normalize(t.normalizers, utf8_encode(std::u32string_view(s).substr(a, b - a))));
+        utf8_decode(hf::normalize(t.normalizers, utf8_encode(std::u32string_view(s).substr(a, b - a)), budget));
     split_added(
         n, t.added_normalized,
         [&](size_t c, size_t d) {
           splits.assign(1, {utf8_encode(std::u32string_view(n).substr(c, d - c)), a == 0 && c == 0});
-          hf::pre_tokenize(t.pre_tokenizers, splits);
+          hf::pre_tokenize(t.pre_tokenizers, splits, budget);
           for (const hf::Split& w : splits) t.model_word(w.text, body);
         },
         [&](const AddedToken& tok) { t.push(tok.id, body); });
@@ -215,21 +222,21 @@ std::string HfTokenizer::decode(const std::vector<int64_t>& ids, bool skip_speci
   return hf::decode_tokens(t.decoders, std::move(toks));
 }
 
-int64_t HfTokenizer::vocab_size() const { return int64_t(impl_->tokens.size()); }
+int64_t HfTokenizer::vocab_size() const { return impl_->size; }
 
 int64_t HfTokenizer::token_to_id(const std::string& token) const {
   for (const auto* set : {&impl_->added_raw, &impl_->added_normalized})
     for (const AddedToken& a : *set)
-      if (impl_->tokens[size_t(a.id)] == token) return a.id;
+      if (impl_->tokens.at(a.id) == token) return a.id;
   auto it = impl_->model.vocab.find(token);
   return it == impl_->model.vocab.end() ? -1 : it->second;
 }
 
 std::string HfTokenizer::id_to_token(int64_t id) const {
-  ATTN_CHECK(id >= 0 && id < vocab_size() && (impl_->special_of.count(id) || !impl_->tokens[size_t(id)].empty()),
-             "Expected a token id in the vocabulary of '", impl_->path, "' (", vocab_size(), " ids), but got ", id,
-             " instead");
-  return impl_->tokens[size_t(id)];
+  auto it = impl_->tokens.find(id);
+  ATTN_CHECK(it != impl_->tokens.end(), "Expected a token id in the vocabulary of '", impl_->path, "' (ids below ",
+             vocab_size(), "), but got ", id, " instead");
+  return it->second;
 }
 
 int64_t HfTokenizer::pad_id() const { return impl_->pad; }
