@@ -216,6 +216,45 @@ TEST(HfTokenizer, UnknownComponentsAreNamed) {
 
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// ---- hostile model directories (issue 36) ----
+
+TEST(HfLoader, HostileDirectoriesNameTheFieldAndTheFile) {
+  TempDir d;
+  write_bert(d);
+  auto config = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(d / "config.json"));
+    edit(j);
+    write_text(d / "config.json", j.dump());
+  };
+  const std::string orig = nlohmann::json::parse(std::ifstream(d / "config.json")).dump();
+  config([](nlohmann::json& j) { j["layer_norm_eps"] = -1e-12; });  // NaN embeddings with exit 0 before
+  std::string e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "\"layer_norm_eps\" in '" + d / "config.json" + "' to be >= 0")) << e;
+  config([&](nlohmann::json& j) { j = nlohmann::json::parse(orig), j["num_hidden_layers"] = int64_t(1) << 50; });
+  e = error_of([&] { load_pretrained(d.dir.string()); });  // "vector::reserve" before
+  EXPECT_TRUE(has(e, "num_hidden_layers 1125899906842624") && has(e, "encoder.layer.1125899906842623.")) << e;
+  config([&](nlohmann::json& j) { j = nlohmann::json::parse(orig); });
+
+  // a tokenizer whose ids pass the embedding failed at the first text that used one: refused at load
+  write_text(d / "tokenizer.json", R"({"model": {"type": "WordPiece", "unk_token": "[UNK]",
+    "vocab": {"[UNK]": 0, "a": 1, "far": 30}}})");
+  e = error_of([&] { Pretrained::load(d.dir.string()); });
+  EXPECT_TRUE(has(e, d / "tokenizer.json") && has(e, d / "config.json") && has(e, "below vocab_size 30") &&
+              has(e, "up to 30")) << e;
+
+  // a dangling model.safetensors was "without either" file
+  std::filesystem::rename(d / "model.safetensors", d / "real.safetensors");
+  std::filesystem::create_symlink(d / "gone.safetensors", d / "model.safetensors");
+  e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "a symbolic link to '" + d / "gone.safetensors" + "'") && has(e, "No such file")) << e;
+  std::filesystem::remove(d / "model.safetensors");
+  // a list where weight_map's object goes read "got none"
+  write_text(d / "model.safetensors.index.json", R"({"weight_map": ["real.safetensors"]})");
+  e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "\"weight_map\"") && has(e, "but got [\"real.safetensors\"]")) << e;
+}
+
+
 // A WordPiece tokenizer.json (the ids of "hello world" are [2, 4, 5, 3] with the BERT template) with
 // `edit` applied to its JSON.
 std::string wordpiece_file(const TempDir& d, const std::function<void(nlohmann::json&)>& edit) {

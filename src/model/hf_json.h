@@ -29,6 +29,23 @@ inline json read_json(const std::string& path, const std::string& what, bool arr
   return j;
 }
 
+// a · b for sizes a config.json implies (num_attention_heads · head_dim), or an Error naming `what` and
+// `where` (the file) when the product does not fit in 64 bits: nothing is sized by a wrapped number.
+inline int64_t product(int64_t a, int64_t b, const char* what, const std::string& where) {
+  int64_t r;
+  ATTN_CHECK(!__builtin_mul_overflow(a, b, &r), "Expected ", what, " in ", where, " to fit in 64 bits, but got ", a,
+             " * ", b, " instead");
+  return r;
+}
+
+// A norm's epsilon (layer_norm_eps, rms_norm_eps): a finite number >= 0, `fallback` where absent. A
+// negative one gave NaN embeddings (sqrt of a negative variance + eps) with exit 0.
+inline double epsilon(const json& j, const char* key, const std::string& where, double fallback) {
+  const double eps = field_or<double>(j, key, where, fallback);
+  ATTN_CHECK(eps >= 0, "Expected \"", key, "\" in ", where, " to be >= 0, but got ", eps, " instead");
+  return eps;
+}
+
 // The token ids that end generation: generation_config.json's "eos_token_id" in `dir` if the file has one
 // (transformers' generate reads it there), else `config`'s; an integer or a list of them; none: empty.
 std::vector<int64_t> eos_token_ids(const std::string& dir, const json& config);
