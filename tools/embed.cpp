@@ -115,8 +115,8 @@ int run_embed(const EmbedCli& cli) {
   if (p.pooling.configured)
     std::fprintf(stderr, "attn embed: %s (sentence-transformers' modules.json)\n", to_string(p.pooling).c_str());
   else
-    std::fprintf(stderr, "attn embed: warning: '%s' has no sentence-transformers pooling config (modules.json): %s "
-                 "of %s's last hidden state, which was not trained as a sentence embedding\n", cli.model.c_str(),
+    std::fprintf(stderr, "attn embed: warning: '%s' has no sentence-transformers pooling config (modules.json): %s, "
+                 "over %s's last hidden state, which was not trained as a sentence embedding\n", cli.model.c_str(),
                  to_string(p.pooling).c_str(), p.model->architecture().c_str());
   // a line every cli.progress seconds: texts done, rate, time left
   using Clock = std::chrono::steady_clock;
