@@ -63,6 +63,13 @@ struct MhaArgs {
   bool average_attn_weights = true;   // weights averaged over heads, else per head
   bool is_causal = false;             // top-left causal; combines with both masks
   std::ostream* trace = nullptr;      // if set, prints the shape at every stage
+  // Variants, as SdpaArgs takes them (attn/kernels/problem.h), in the kernel: a sliding window, ALiBi slopes
+  // (H) or (N, H), softcap, documents of self-attention (N, L). Not with add_bias_kv / add_zero_attn
+  // (their extra key has no position). Copied for backward.
+  Window window = {};
+  View<const float> alibi_slopes = {};
+  double softcap = 0;
+  View<const int64_t> document_ids = {};
 };
 
 // S' = S + add_bias_kv + add_zero_attn: the keys actually attended to.
@@ -134,6 +141,8 @@ class MultiheadAttention : public Layer {
     Precision precision = Precision::f32;    // the forward's sdpa precision, the backward's too
     Tensor mask_bias, padding_bias;          // additive (or padded) mask copies
     TensorT<uint8_t> mask_bools, padding_bools;
+    Tensor alibi_slopes;                     // copies of the variants' arrays, which args views
+    std::vector<int64_t> document_ids;
   };
 
   MhaOptions o_;

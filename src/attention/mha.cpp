@@ -375,6 +375,11 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   args.attn_mask = masks.mask.mask;
   args.key_padding = masks.padding.mask;
   args.causal = masks.causal;
+  ATTN_CHECK(!extra || (!a.window.given() && a.alibi_slopes.empty() && a.softcap == 0 && a.document_ids.empty()),
+             "Expected no window, alibi_slopes, softcap or document_ids with add_bias_kv or add_zero_attn (the key ",
+             "they append has no position), but got them together instead");
+  args.window = a.window, args.alibi_slopes = a.alibi_slopes, args.softcap = a.softcap;
+  args.documents.ids = a.document_ids;
   if (training_ && o_.dropout > 0) {
     args.dropout_p = o_.dropout;
     args.seed = dropout_seed_++;
@@ -446,6 +451,13 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     s.args = args;
     s.args.attn_mask = keep_mask(std::move(masks.mask), s.mask_bias, s.mask_bools);
     s.args.key_padding = keep_mask(std::move(masks.padding), s.padding_bias, s.padding_bools);
+    if (!a.alibi_slopes.empty()) s.args.alibi_slopes = (s.alibi_slopes = Tensor::copy_of(a.alibi_slopes)).view();
+    if (!a.document_ids.empty()) {
+      for (int64_t b = 0; b < a.document_ids.size(0); ++b)
+        for (int64_t l = 0; l < a.document_ids.size(1); ++l)
+          s.document_ids.push_back(a.document_ids.data[b * a.document_ids.strides[0] + l * a.document_ids.strides[1]]);
+      s.args.documents.ids = View<const int64_t>(s.document_ids.data(), a.document_ids.shape);
+    }
     s.valid = true;
   }
   return {std::move(output), std::move(weights)};
