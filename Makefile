@@ -60,7 +60,7 @@ test-python:
 # corpus (tests/fuzz/corpus/NAME), niced so a shared machine stays usable; a finding fails the target.
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD ?= build-fuzz
-FUZZERS := safetensors checkpoint
+FUZZERS := safetensors checkpoint tokenizer
 fuzz-build:
 	@ATTN_FUZZ=1 scripts/install-deps.sh
 	@[ -f $(FUZZ_BUILD)/CMakeCache.txt ] || CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DATTN_FUZZ=ON \

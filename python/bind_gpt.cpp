@@ -28,18 +28,7 @@ void distribute_if_launched(Trainer& t);  // bind_dist.cpp: under mpirun, data-p
 namespace {
 
 // Token ids (B, T) as a contiguous int64 array (copied only if needed).
-py::array_t<int64_t, py::array::c_style | py::array::forcecast> ids_of(const py::object& x, const char* arg) {
-  // Float ids (1.5) were truncated silently: an array or list must hold integers.
-  const py::array given = py::array::ensure(x);
-  ATTN_CHECK(!given || given.size() == 0 || given.dtype().kind() == 'i' || given.dtype().kind() == 'u', "Expected ", arg,
-             " of an integer dtype (token ids), but got ", given ? std::string(py::str(given.dtype())) : "?",
-             " instead");
-  auto a = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(x);
-  ATTN_CHECK(a && a.ndim() == 2, "Expected ", arg, " of shape (B, T) holding token ids, but got ",
-             a ? std::to_string(a.ndim()) + " dims" : std::string("an object that is not an integer array"),
-             " instead");
-  return a;
-}
+py_util::Ids ids_of(const py::object& x, const char* arg) { return py_util::int_array_2d(x, arg, "(B, T)"); }
 
 // Token ids and their targets, both (B, T).
 auto ids_and_targets(const py::object& idx, const py::object& targets) {

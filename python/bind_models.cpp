@@ -16,22 +16,14 @@ using py_util::to_numpy;
 
 namespace {
 
-using Ids = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-
-Ids ids_2d(const py::object& x, const char* arg) {
-  Ids a = Ids::ensure(x);
-  ATTN_CHECK(a && a.ndim() == 2, "Expected ", arg, " of shape (B, L) holding integers, but got ",
-             a ? std::to_string(a.ndim()) + " dims" : std::string("an object that is not an integer array"),
-             " instead");
-  return a;
-}
+using py_util::Ids;
 
 // (ids, attention_mask or None) checked against each other; mask may be None.
 std::pair<Ids, Ids> ids_and_mask(const py::object& ids, const py::object& mask) {
-  Ids x = ids_2d(ids, "ids");
+  Ids x = py_util::int_array_2d(ids, "ids", "(B, L)");
   Ids m;
   if (!mask.is_none()) {
-    m = ids_2d(mask, "attention_mask");
+    m = py_util::int_array_2d(mask, "attention_mask", "(B, L)", /*mask01=*/true);
     ATTN_CHECK(m.shape(0) == x.shape(0) && m.shape(1) == x.shape(1), "Expected attention_mask of ids' shape (",
                x.shape(0), ", ", x.shape(1), "), but got (", m.shape(0), ", ", m.shape(1), ") instead");
   }

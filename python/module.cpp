@@ -23,7 +23,10 @@ void bind_models(py::module_& m);
 PYBIND11_MODULE(_attn, m) {
   m.doc() = "attn: multi-head attention in C++ (native core)";
   m.attr("__version__") = ATTN_VERSION;
-  py::register_exception<attn::Error>(m, "AttnError", PyExc_ValueError);
+  // attn's errors are ValueError (bad arguments) and RuntimeError too: torch raises RuntimeError for the
+  // same misuse (q and k of different dtypes, wrong ranks), and code written against it catches that.
+  py::register_exception<attn::Error>(m, "AttnError",
+                                      py::make_tuple(py::handle(PyExc_ValueError), py::handle(PyExc_RuntimeError)));
   m.def("set_num_threads", &attn::set_num_threads, py::arg("n"), "Threads of attn's pool (every kernel and layer).");
   m.def("get_num_threads", &attn::num_threads);
   m.def(

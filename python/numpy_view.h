@@ -132,6 +132,31 @@ inline Mask<float> nn_mask(py::object& m, const char* arg) {
 }
 
 // A new C-contiguous numpy array and a view of it.
+using Ids = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// Integers of shape (B, T) (`dims` says it, "(B, T)"), as a contiguous int64 array, copied only if needed.
+// An array or list of another dtype is refused naming `arg`: float ids (1.9) were truncated to 1 silently,
+// and bools are no ids. With mask01, floats and bools are accepted when every value is 0 or 1 (an
+// attention mask as transformers takes it).
+inline Ids int_array_2d(const py::object& x, const char* arg, const char* dims, bool mask01 = false) {
+  const py::array given = py::array::ensure(x);
+  const char kind = given ? given.dtype().kind() : '?';
+  bool ok = !given || given.size() == 0 || kind == 'i' || kind == 'u';
+  if (!ok && mask01 && (kind == 'f' || kind == 'b')) {
+    const auto d = py::array_t<double, py::array::forcecast>::ensure(x);
+    ok = bool(d);
+    for (py::ssize_t i = 0; ok && i < d.size(); ++i) ok = d.data()[i] == 0.0 || d.data()[i] == 1.0;
+  }
+  const bool other = mask01 && (kind == 'f' || kind == 'b');  // of a dtype it may have: other values
+  ATTN_CHECK(ok, "Expected ", arg, " of an integer dtype", mask01 ? " (or 0s and 1s)" : " (token ids)", ", but got ",
+             given ? std::string(py::str(given.dtype())) : "?", other ? " values other than 0 and 1" : "", " instead");
+  Ids a = Ids::ensure(x);
+  ATTN_CHECK(a && a.ndim() == 2, "Expected ", arg, " of shape ", dims, " holding integers, but got ",
+             a ? std::to_string(a.ndim()) + " dims" : std::string("an object that is not an integer array"),
+             " instead");
+  return a;
+}
+
 template <typename T>
 std::pair<py::array_t<T>, View<T>> new_array(const Shape& shape) {
   py::array_t<T> a(std::vector<py::ssize_t>(shape.begin(), shape.end()));

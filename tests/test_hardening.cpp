@@ -200,24 +200,32 @@ TEST(Checkpoint, ConfigSchemaIsCheckedBeforeAnythingIsBuilt) {
     std::function<void(json&)> edit;
     const char* want;
     bool resume;
+    const char* type = "";  // what the field should have been (json_io::field's words), if a type error
   };
   const Case cases[] = {
-      {"step string", [](json& j) { j["step"] = "abc"; }, "step to be an integer", false},
+      {"step string", [](json& j) { j["step"] = "abc"; }, "\"step\" in", false,
+       "to be an integer that fits in 64 bits, but got \"abc\""},
       {"step negative", [](json& j) { j["step"] = -3; }, "step >= 0", false},
-      {"task_length string", [](json& j) { j["data"]["task_length"] = "8"; }, "task_length to be an integer", true},
-      {"kind int", [](json& j) { j["data"]["kind"] = 3; }, "kind to be a string", true},
+      {"task_length string", [](json& j) { j["data"]["task_length"] = "8"; }, "\"task_length\" in", true,
+       "to be an integer that fits in 64 bits, but got \"8\""},
+      {"kind int", [](json& j) { j["data"]["kind"] = 3; }, "\"kind\" in", true, "to be a string, but got 3"},
       {"kind unknown", [](json& j) { j["data"]["kind"] = "movie"; }, "kind \"reverse\" or \"text\"", true},
       {"n_layer 1e8", [](json& j) { j["model"]["n_layer"] = 100000000; }, "layers", false},
-      {"n_layer float", [](json& j) { j["model"]["n_layer"] = 1e8; }, "n_layer to be an integer", false},
+      {"n_layer float", [](json& j) { j["model"]["n_layer"] = 1e8; }, "\"n_layer\" in", false,
+       "to be an integer that fits in 64 bits, but got 100000000.0"},
       {"n_embd 2^40", [](json& j) { j["model"]["n_embd"] = int64_t(1) << 40; }, "transformer.wte.weight", false},
       {"vocab mismatch", [](json& j) { j["model"]["vocab_size"] = 5; }, "transformer.wte.weight", false},
       {"batch 2^60", [](json& j) { j["training"]["batch"] = int64_t(1) << 60; }, "training batch 1152921504606846976", true},
-      {"threads 2^40", [](json& j) { j["training"]["threads"] = int64_t(1) << 40; }, "threads to be an integer that fits", true},
-      {"seed -1", [](json& j) { j["training"]["seed"] = -1; }, "seed to be a non-negative integer", true},
-      {"lr string", [](json& j) { j["training"]["lr"] = "fast"; }, "lr to be a finite number", true},
+      {"threads 2^40", [](json& j) { j["training"]["threads"] = int64_t(1) << 40; }, "\"threads\" in", true,
+       "to be an integer in [-2147483648, 2147483647], but got 1099511627776"},
+      {"seed -1", [](json& j) { j["training"]["seed"] = -1; }, "\"seed\" in", true,
+       "to be a non-negative integer that fits in 64 bits, but got -1"},
+      {"lr string", [](json& j) { j["training"]["lr"] = "fast"; }, "\"lr\" in", true,
+       "to be a finite number, but got \"fast\""},
       {"/dev/zero data", [](json& j) { j["data"] = {{"kind", "text"}, {"bytes", 1}, {"path", "/dev/zero"}, {"fnv1a64", 1}}; },
        "a character device", true},
-      {"tokenizer type", [](json& j) { j["tokenizer"]["type"] = 1; }, "type to be a string", false},
+      {"tokenizer type", [](json& j) { j["tokenizer"]["type"] = 1; }, "\"type\" in", false,
+       "to be a string, but got 1"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -226,6 +234,7 @@ TEST(Checkpoint, ConfigSchemaIsCheckedBeforeAnythingIsBuilt) {
     edit_config(tmp / "ck", c.edit);
     const std::string msg = c.resume ? error_of([&] { Trainer::resume(tmp / "ck"); }) : error_of([&] { load_model(tmp / "ck"); });
     EXPECT_TRUE(has(msg, c.want)) << msg;
+    EXPECT_TRUE(has(msg, c.type)) << msg;
   }
 }
 

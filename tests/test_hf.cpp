@@ -1,10 +1,15 @@
 // Hugging Face model directories (attn/hf.h, attn/hf_tokenizer.h) on tiny files written here: the mapped
-// safetensors reader, the loader's errors, BERT's packing of padded batches, and the WordPiece pipeline.
+// safetensors reader, the loader's errors, BERT's packing of padded batches, the WordPiece pipeline, and
+// hostile tokenizer.json files (an Error naming the part, never a crash, a hang or gigabytes).
 // The comparisons with transformers and tokenizers on the real MiniLM are tests/python/test_models.py.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
 
 #include "attn/hf.h"
 #include "attn/rng.h"
@@ -205,6 +210,156 @@ TEST(HfTokenizer, UnknownComponentsAreNamed) {
   write_text(d / "tokenizer.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a", "b"]]}})");
   EXPECT_NE(error_of([&] { HfTokenizer::from_file(d / "tokenizer.json"); }).find("'b', which is not one"),
             std::string::npos);
+}
+
+// ---- hostile files (issue 36): each was a crash, a hang or gigabytes ----
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// ---- hostile model directories (issue 36) ----
+
+TEST(HfLoader, HostileDirectoriesNameTheFieldAndTheFile) {
+  TempDir d;
+  write_bert(d);
+  auto config = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(d / "config.json"));
+    edit(j);
+    write_text(d / "config.json", j.dump());
+  };
+  const std::string orig = nlohmann::json::parse(std::ifstream(d / "config.json")).dump();
+  config([](nlohmann::json& j) { j["layer_norm_eps"] = -1e-12; });  // NaN embeddings with exit 0 before
+  std::string e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "\"layer_norm_eps\" in '" + d / "config.json" + "' to be >= 0")) << e;
+  config([&](nlohmann::json& j) { j = nlohmann::json::parse(orig), j["num_hidden_layers"] = int64_t(1) << 50; });
+  e = error_of([&] { load_pretrained(d.dir.string()); });  // "vector::reserve" before
+  EXPECT_TRUE(has(e, "num_hidden_layers 1125899906842624") && has(e, "encoder.layer.1125899906842623.")) << e;
+  config([&](nlohmann::json& j) { j = nlohmann::json::parse(orig); });
+
+  // a tokenizer whose ids pass the embedding failed at the first text that used one: refused at load
+  write_text(d / "tokenizer.json", R"({"model": {"type": "WordPiece", "unk_token": "[UNK]",
+    "vocab": {"[UNK]": 0, "a": 1, "far": 30}}})");
+  e = error_of([&] { Pretrained::load(d.dir.string()); });
+  EXPECT_TRUE(has(e, d / "tokenizer.json") && has(e, d / "config.json") && has(e, "below vocab_size 30") &&
+              has(e, "up to 30")) << e;
+
+  // a dangling model.safetensors was "without either" file
+  std::filesystem::rename(d / "model.safetensors", d / "real.safetensors");
+  std::filesystem::create_symlink(d / "gone.safetensors", d / "model.safetensors");
+  e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "a symbolic link to '" + d / "gone.safetensors" + "'") && has(e, "No such file")) << e;
+  std::filesystem::remove(d / "model.safetensors");
+  // a list where weight_map's object goes read "got none"
+  write_text(d / "model.safetensors.index.json", R"({"weight_map": ["real.safetensors"]})");
+  e = error_of([&] { load_pretrained(d.dir.string()); });
+  EXPECT_TRUE(has(e, "\"weight_map\"") && has(e, "but got [\"real.safetensors\"]")) << e;
+}
+
+
+// A WordPiece tokenizer.json (the ids of "hello world" are [2, 4, 5, 3] with the BERT template) with
+// `edit` applied to its JSON.
+std::string wordpiece_file(const TempDir& d, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "added_tokens": [{"id": 0, "content": "[UNK]", "special": true}, {"id": 2, "content": "[CLS]", "special": true},
+                     {"id": 3, "content": "[SEP]", "special": true}],
+    "normalizer": {"type": "Lowercase"},
+    "pre_tokenizer": {"type": "WhitespaceSplit"},
+    "post_processor": {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": "[SEP]", "type_id": 0}}],
+      "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]},
+                         "[SEP]": {"id": "[SEP]", "ids": [3], "tokens": ["[SEP]"]}}},
+    "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+              "vocab": {"[UNK]": 0, "a": 1, "[CLS]": 2, "[SEP]": 3, "hello": 4, "world": 5}}})");
+  edit(j);
+  write_text(d / "tokenizer.json", j.dump());
+  return d / "tokenizer.json";
+}
+
+std::string load_error(const std::string& path) { return error_of([&] { HfTokenizer::from_file(path); }); }
+
+TEST(HfTokenizer, HostileFieldsAreErrorsNamingThem) {
+  TempDir d;
+  using nlohmann::json;
+  EXPECT_EQ(HfTokenizer::from_file(wordpiece_file(d, [](json&) {})).encode("Hello world").ids,
+            (std::vector<int64_t>{2, 4, 5, 3}));
+  // id + 1 overflowed (an out-of-bounds write); the library keeps ids as u32
+  std::string e = load_error(wordpiece_file(d, [](json& j) { j["model"]["vocab"]["x"] = INT64_MAX; }));
+  EXPECT_TRUE(has(e, "the id of 'x'") && has(e, "[0, 4294967295]") && has(e, d / "tokenizer.json")) << e;
+  e = load_error(wordpiece_file(d, [](json& j) { j["added_tokens"][0]["id"] = INT64_MAX; }));
+  EXPECT_TRUE(has(e, "\"id\" in an added token of") && has(e, "[0, 4294967295]")) << e;
+  // a special token the template names but special_tokens lacks: a missing key read (undefined behaviour)
+  e = load_error(wordpiece_file(d, [](json& j) { j["post_processor"]["special_tokens"].erase("[SEP]"); }));
+  EXPECT_TRUE(has(e, "special_tokens[\"[SEP]\"]") && has(e, "but got none")) << e;
+  // wrongly typed ids: nlohmann's type_error text, a RuntimeError in Python
+  e = load_error(wordpiece_file(d, [](json& j) { j["post_processor"]["single"][0]["SpecialToken"]["id"] = 7; }));
+  EXPECT_TRUE(has(e, "SpecialToken items (with a string \"id\")")) << e;
+  e = load_error(wordpiece_file(d, [](json& j) { j["post_processor"]["special_tokens"]["[CLS]"]["ids"] = {"2"}; }));
+  EXPECT_TRUE(has(e, "special_tokens[\"[CLS]\"] with as many ids")) << e;
+  // an object where the list goes was ignored silently
+  e = load_error(wordpiece_file(d, [](json& j) { j["added_tokens"] = {{"id", 6}, {"content", "zz"}}; }));
+  EXPECT_TRUE(has(e, "\"added_tokens\" (a list)")) << e;
+}
+
+// Sequence in Sequence recursed once a level: 100,000 levels overflowed the stack. The file's nesting is
+// bounded as the library's JSON reader bounds it: 62 nested Sequences (126 levels) load, 63 do not.
+TEST(HfTokenizer, NestingIsBoundedAsTheLibraryBoundsIt) {
+  TempDir d;
+  auto nested = [&](int n) {
+    return wordpiece_file(d, [n](nlohmann::json& j) {
+      std::string s = R"({"type": "Lowercase"})";
+      for (int i = 0; i < n; ++i) s = R"({"type": "Sequence", "normalizers": [)" + s + "]}";
+      j["normalizer"] = nlohmann::json::parse(s);
+    });
+  };
+  EXPECT_EQ(HfTokenizer::from_file(nested(62)).encode("HELLO").ids, (std::vector<int64_t>{2, 4, 3}));
+  EXPECT_TRUE(has(load_error(nested(63)), "nested at most 127 levels deep")) << load_error(nested(63));
+  // 100,000 levels, written as text (nlohmann's dump would recurse as deep)
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += R"({"type": "Sequence", "normalizers": [)";
+  deep += R"({"type": "Lowercase"})";
+  for (int i = 0; i < 100000; ++i) deep += "]}";
+  std::string text = nlohmann::json::parse(std::ifstream(nested(0))).dump();
+  text.insert(text.rfind('}'), R"(, "normalizer": )" + deep);
+  write_text(d / "deep.json", text);
+  EXPECT_TRUE(has(load_error(d / "deep.json"), "nested at most 127 levels deep"));
+}
+
+// A Split pattern that backtracks: (a+)+b|a costs 2^n steps at each a of a run of n, under PCRE2's limit
+// per search but 11 ms per 19 bytes (380 KB ran past 30 s). The input's budget stops it, naming the pattern
+// and the file; the same file on ordinary text, and a pattern that needs more than the JIT's stack (PCRE2
+// error -46 before), still run.
+TEST(HfTokenizer, ABacktrackingPatternIsStoppedNamingItAndTheFile) {
+  TempDir d;
+  const std::string path = wordpiece_file(d, [](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(a+)+b|a"}}}, {"behavior", "Isolated"},
+                          {"invert", false}};
+  });
+  HfTokenizer t = HfTokenizer::from_file(path);
+  EXPECT_EQ(t.encode("aa", false).ids, (std::vector<int64_t>{1, 1}));
+  std::string runs;  // 20 KB: 1,052 runs of 18 a's, each ~2^19 steps
+  while (runs.size() < 20000) runs += std::string(18, 'a') + " ";
+  const std::string e = error_of([&] { t.encode(runs); });
+  EXPECT_TRUE(has(e, "'(a+)+b|a'") && has(e, "\"Split\" pre_tokenizer of '" + path + "'") && has(e, "backtracks"))
+      << e;
+  const std::string deep = wordpiece_file(d, [](nlohmann::json& j) {  // the one match removed: no words left
+    j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "WhitespaceSplit"}}, {{"type", "Split"},
+                          {"pattern", {{"Regex", "(?:ab|a)+"}}}, {"behavior", "Removed"}, {"invert", false}}}}};
+  });
+  std::string abs;
+  for (int i = 0; i < 500000; ++i) abs += "ab";
+  EXPECT_EQ(HfTokenizer::from_file(deep).encode(abs + " hello", false).ids, (std::vector<int64_t>{4}));
+}
+
+// The id -> token table is a map: one id of 10^8 among a few costs what the file holds (a 3 KB file took
+// 3.1 GB and 7 s as a dense table).
+TEST(HfTokenizer, SparseIdsAreKeptAsTheFileHoldsThem) {
+  TempDir d;
+  HfTokenizer t =
+      HfTokenizer::from_file(wordpiece_file(d, [](nlohmann::json& j) { j["model"]["vocab"]["far"] = 100000000; }));
+  EXPECT_EQ(t.vocab_size(), 100000001);
+  EXPECT_EQ(t.id_to_token(100000000), "far");
+  EXPECT_EQ(t.encode("far", false).ids, (std::vector<int64_t>{100000000}));
+  EXPECT_TRUE(has(error_of([&] { t.id_to_token(50000000); }), "50000000"));
 }
 
 }  // namespace

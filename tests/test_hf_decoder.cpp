@@ -1,11 +1,17 @@
 // The pretrained decoders (attn/hf.h: Gpt2Model, LlamaModel) on tiny files written here: the loader's
 // errors (unknown architecture, missing tensor, a shape that contradicts the config, unsupported RoPE),
-// the KV-cache path against the full forward, and padding against the sequence alone. The comparisons
+// the KV-cache path against the full forward, padding against the sequence alone, and hostile config.json
+// fields (an Error naming the field and the file, never a crash or gigabytes). The comparisons
 // with transformers (logits, greedy generation) are tests/python/test_decoders.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <fstream>
+#include <functional>
+
+#include <nlohmann/json.hpp>
 
 #include "attn/hf.h"
 #include "attn/rng.h"
@@ -171,6 +177,105 @@ TEST(HfDecoder, PaddingCostsNothingAndChangesNothing) {
       ASSERT_NEAR(got.data()[t * V + v], t < 6 ? alone.data()[t * V + v] : 0.0f, 1e-6) << t;
   Tensor second = m->forward(ids.data() + L, 1, L);
   for (int64_t i = 0; i < L * V; ++i) ASSERT_NEAR(got.data()[L * V + i], second.data()[i], 1e-6);
+}
+
+// ---- hostile config.json fields (issue 36) ----
+
+// config.json of `d` with edit() applied.
+void edit_config(const TempDir& d, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(d / "config.json"));
+  edit(j);
+  write_text(d / "config.json", j.dump());
+}
+
+TEST(HfDecoder, HostileSizesAndEpsilonsAreNamedNeverACrash) {
+  using nlohmann::json;
+  struct Case {
+    const char* arch;
+    std::function<void(json&)> edit;
+    std::vector<const char*> want;
+  };
+  const Case cases[] = {
+      // head_dim 2^61: an overflowing RoPE table size, then writes into nothing (SIGSEGV); the table is built
+      // for the positions used now, and the weights say what 3 heads of 2^61 would need
+      {"llama", [](json& j) { j["head_dim"] = int64_t(1) << 61; },
+       {"'model.layers.0.self_attn.q_proj.weight' of shape (6917529027641081856, 12) (from config.json)"}},
+      {"llama", [](json& j) { j["head_dim"] = int64_t(1) << 62; },
+       {"num_attention_heads * head_dim", "3 * 4611686018427387904", "config.json"}},
+      // "vector::reserve" before
+      {"llama", [](json& j) { j["num_hidden_layers"] = int64_t(1) << 40; },
+       {"num_hidden_layers 1099511627776 in config.json", "'model.layers.1099511627775.input_layernorm.weight'"}},
+      {"gpt2", [](json& j) { j["n_layer"] = int64_t(1) << 40; }, {"n_layer 1099511627776", "transformer.h.1099511627775"}},
+      {"gpt2", [](json& j) { j["n_embd"] = int64_t(1) << 62; }, {"4 * n_embd", "config.json"}},
+      // NaN embeddings or token 0 with exit 0 before
+      {"llama", [](json& j) { j["rms_norm_eps"] = -1e-5; }, {"\"rms_norm_eps\"", "to be >= 0", "config.json"}},
+      {"gpt2", [](json& j) { j["layer_norm_epsilon"] = -1.0; }, {"\"layer_norm_epsilon\"", "to be >= 0"}},
+      // 2^64 - 1 read as int64 was -1
+      {"llama", [](json& j) { j["vocab_size"] = UINT64_MAX; }, {"\"vocab_size\"", "an integer that fits in 64 bits"}},
+  };
+  for (const Case& c : cases) {
+    TempDir d;
+    c.arch == std::string("gpt2") ? write_gpt2(d) : write_llama(d);
+    edit_config(d, c.edit);
+    const std::string e = error_of([&] { load_pretrained(d.dir.string()); });
+    for (const char* w : c.want) EXPECT_TRUE(has(e, w)) << c.arch << ": " << e;
+  }
+}
+
+// max_position_embeddings 2^62 overflowed the RoPE table's size (SIGSEGV); 2^26 built 4.2 GB before the
+// first token. The table now grows with the positions used: the logits are those of the model with 32.
+// generate's cache is prompt + max_new_tokens, at most the positions: -n 2^63-1 made it -2^63.
+TEST(HfDecoder, HugeMaxPositionsCostOnlyThePositionsUsed) {
+  TempDir small, huge;
+  write_llama(small);
+  write_llama(huge);
+  edit_config(huge, [](nlohmann::json& j) { j["max_position_embeddings"] = int64_t(1) << 62; });
+  auto a = load_pretrained(small.dir.string()), b = load_pretrained(huge.dir.string());
+  EXPECT_EQ(b->max_positions(), int64_t(1) << 62);
+  const std::vector<int64_t> ids = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+  Tensor x = a->forward(ids.data(), 1, 11), y = b->forward(ids.data(), 1, 11);
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.data()[i], y.data()[i]) << i;
+  SampleOptions o;
+  o.max_new_tokens = INT64_MAX;
+  o.temperature = 0;
+  for (int64_t v = 0; v < b->vocab_size(); ++v) o.eos_token_ids.push_back(v);  // stops after one token
+  for (auto* m : {a.get(), b.get()})
+    EXPECT_EQ(generate(*dynamic_cast<PretrainedDecoder*>(m), ids, o).size(), 1u);
+  // 300 greedy tokens: the cache grows past the prompt + 256 it starts with, and each token is the argmax of
+  // the full forward over everything before it
+  o.eos_token_ids.clear();
+  o.max_new_tokens = 300;
+  std::vector<int64_t> all = ids;
+  const std::vector<int64_t> got = generate(*dynamic_cast<PretrainedDecoder*>(b.get()), ids, o);
+  ASSERT_EQ(got.size(), 300u);
+  all.insert(all.end(), got.begin(), got.end() - 1);
+  const int64_t L = int64_t(all.size()), V = b->vocab_size();
+  Tensor logits = b->forward(all.data(), 1, L);  // (1, L, V)
+  for (int64_t t = 0; t < 300; ++t) {
+    const float* row = logits.data() + (int64_t(ids.size()) - 1 + t) * V;
+    ASSERT_EQ(std::max_element(row, row + V) - row, got[size_t(t)]) << t;
+  }
+}
+
+// A decoder's sentence embedding pools its last hidden state (the final norm's output, E wide): the logits
+// were pooled before, V wide, and their rows copied E values at a time.
+TEST(HfDecoder, EmbedPoolsTheLastHiddenState) {
+  TempDir d;
+  write_gpt2(d);
+  write_text(d / "tokenizer.json", R"({"pre_tokenizer": {"type": "WhitespaceSplit"}, "model": {"type": "WordPiece",
+    "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1, "b": 2, "c": 3}}})");
+  Pretrained p = Pretrained::load(d.dir.string());
+  EXPECT_FALSE(p.pooling.configured);  // no modules.json: mean pooling, as sentence-transformers falls back
+  const Tensor e = p.embed({"a b c a", "b"});  // (2, E)
+  ASSERT_EQ(e.shape(), (Shape{2, 8}));
+  const std::vector<int64_t> ids = {1, 2, 3, 1};
+  const Tensor h = p.model->hidden_states(ids.data(), 1, 4);  // (1, 4, E)
+  ASSERT_EQ(h.shape(), (Shape{1, 4, 8}));
+  for (int64_t c = 0; c < 8; ++c) {
+    float mean = 0;  // pool's order: a float32 sum over the tokens, then / count
+    for (int64_t l = 0; l < 4; ++l) mean += h.data()[l * 8 + c];
+    EXPECT_NEAR(e.data()[c], mean / 4, 1e-6) << c;
+  }
 }
 
 }  // namespace

@@ -220,7 +220,7 @@ TEST(Safetensors, RejectsHostileStructure) {
   };
   std::string deep = R"({"w":{"j":)" + std::string(200, '[') + std::string(200, ']') + "}}";
   write_bytes(tmp / "a", make_file(deep, ""));
-  expect_load_error(tmp / "a", {"nested at most 128 levels"});
+  expect_load_error(tmp / "a", {"nested at most 127 levels"});
   std::string dims = "[1";
   for (int i = 0; i < 64; ++i) dims += ",1";
   write_bytes(tmp / "b", make_file(entry("\"F32\"", dims + "]", "[0,4]"), "abcd"));

@@ -100,6 +100,7 @@ struct EmbedCli {
   bool strict = false;            // refuse bf16 where it would be emulated
   int64_t batch = 32;
   int threads = 0;
+  double progress = 10;  // seconds between progress lines on stderr (0: none)
 };
 CLI::App* add_embed_command(CLI::App& app, EmbedCli& cli);
 int run_embed(const EmbedCli& cli);

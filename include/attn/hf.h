@@ -28,6 +28,9 @@ class HfWeights {
  public:
   explicit HfWeights(const std::string& dir);
   bool contains(const std::string& name) const;
+  // An Error unless a tensor `name` is here; `because` says what asks for it (a config field and its file),
+  // before anything is sized by that field.
+  void expect(const std::string& name, const std::string& because) const;
   // The tensor `name` with shape `want` (a view of the file when F32), or an Error naming the tensor and
   // both shapes, or the missing tensor and the file(s) searched.
   Tensor get(const std::string& name, const Shape& want) const;
@@ -75,6 +78,9 @@ class PretrainedModel {
   virtual int64_t max_positions() const = 0;
   // An encoder's last hidden state (B, L, E); a decoder's logits (B, L, V).
   virtual Tensor forward(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) = 0;
+  // The last hidden state (B, L, E), what sentence embeddings pool: an encoder's forward; a decoder's
+  // final norm before its lm_head (transformers' GPT2Model and LlamaModel give it as last_hidden_state).
+  virtual Tensor hidden_states(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) = 0;
   // Per layer, the attention weights (B, H, L, L) of the same forward (0 on padded rows and columns).
   virtual std::vector<Tensor> attention_weights(const int64_t* ids, int64_t B, int64_t L,
                                                 const int64_t* attention_mask = nullptr) = 0;
@@ -97,6 +103,9 @@ class BertModel : public PretrainedModel {
   int64_t max_positions() const override { return c_.max_position_embeddings; }
   const BertConfig& config() const { return c_; }
   Tensor forward(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) override;
+  Tensor hidden_states(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) override {
+    return forward(ids, B, L, attention_mask);
+  }
   std::vector<Tensor> attention_weights(const int64_t* ids, int64_t B, int64_t L,
                                         const int64_t* attention_mask = nullptr) override;
   // The same with token type ids (B, L) (null: all 0).
@@ -151,6 +160,8 @@ class PretrainedDecoder : public PretrainedModel {
   const DecoderConfig& decoder_config() const { return c_; }
   // logits (B, L, V)
   Tensor forward(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) override;
+  // final_norm's output (B, L, E), 0 at padded positions
+  Tensor hidden_states(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) override;
   // Per layer (B, H, L, L), causal; 0 on padded rows and columns.
   std::vector<Tensor> attention_weights(const int64_t* ids, int64_t B, int64_t L,
                                         const int64_t* attention_mask = nullptr) override;
@@ -171,12 +182,16 @@ class PretrainedDecoder : public PretrainedModel {
   virtual Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) = 0;
   // Layer i over the residual stream x (T, E), updated in place; pos (T) as embed's.
   virtual void layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& attend) = 0;
+  // The final norm: x (N, E) -> (N, E).
+  virtual Tensor final_norm(View<const float> x) = 0;
   // The final norm and the lm_head: x (N, E) -> logits (N, V).
   virtual Tensor head(View<const float> x) = 0;
   DecoderConfig c_;
 
  private:
-  Tensor run(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask, std::vector<Tensor>* weights);
+  // logits, or with hidden the final norm's output, or (weights) each layer's attention weights
+  Tensor run(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask, std::vector<Tensor>* weights,
+             bool hidden = false);
 };
 
 // transformers' GPT2LMHeadModel: wte + learned wpe, per layer x += attn(ln_1(x)); x += mlp(ln_2(x)) with
@@ -197,6 +212,7 @@ class Gpt2Model : public PretrainedDecoder {
  protected:
   Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) override;
   void layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& attend) override;
+  Tensor final_norm(View<const float> x) override;
   Tensor head(View<const float> x) override;
 
  private:
@@ -228,6 +244,7 @@ class LlamaModel : public PretrainedDecoder {
  protected:
   Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) override;
   void layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& attend) override;
+  Tensor final_norm(View<const float> x) override;
   Tensor head(View<const float> x) override;
 
  private:
@@ -255,9 +272,13 @@ struct Pooling {
   Mode mode = Mode::mean;
   bool normalize = false;
   int64_t max_seq_length = 0;  // sentence_bert_config.json's (0: none given)
+  bool configured = false;     // a Pooling module of modules.json gave the mode (else: the default, mean)
 };
-// What `dir`'s sentence-transformers files say; mean pooling without normalization if there are none.
+// What `dir`'s sentence-transformers files say; mean pooling without normalization if there are none (as
+// sentence-transformers itself falls back for a plain transformers directory).
 Pooling read_pooling(const std::string& dir);
+// "mean pooling, L2-normalized" and the like.
+std::string to_string(const Pooling& pooling);
 // hidden (B, L, E) and attention_mask (B, L) (1 = token) -> (B, E).
 Tensor pool(View<const float> hidden, const int64_t* attention_mask, const Pooling& pooling);
 
@@ -275,8 +296,9 @@ struct Pretrained {
   int64_t max_tokens() const;
   // Sentence embeddings (N, E) of texts: tokenized with special tokens and truncated to max_length tokens
   // (0: max_tokens()), sorted by length into batches of at most `batch` (padded to their longest, which
-  // costs no work), run and pooled; rows in the order of `texts`.
-  Tensor embed(const std::vector<std::string>& texts, int64_t batch = 32, int64_t max_length = 0);
+  // costs no work), run and pooled; rows in the order of `texts`. progress(done, total) after each batch.
+  Tensor embed(const std::vector<std::string>& texts, int64_t batch = 32, int64_t max_length = 0,
+               const std::function<void(int64_t done, int64_t total)>& progress = {});
 };
 
 }  // namespace attn

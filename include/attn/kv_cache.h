@@ -3,7 +3,8 @@
 // causal alignment. GQA-aware: only the Hkv key/value heads are stored, never repeated to H.
 // Storage in fp32 (default) or in 16 bits (fp16, bf16: half the bytes a decode step reads; appended
 // tokens are rounded once, see attn/kernels/half_kv.h for the error).
-// Not a paged or sliding-window cache: when S_max is reached, append() throws (clear() and re-prefill).
+// Not a paged or sliding-window cache: when S_max is reached, append() throws (grow(), or clear() and
+// re-prefill).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -33,6 +34,8 @@ class KVCache {
   int64_t heads() const { return Hkv_; }
   int64_t head_dim() const { return D_; }
   void clear();  // every layer back to length 0
+  // S_max becomes `capacity` (>= S_max): the buffers are reallocated and the cached tokens copied over.
+  void grow(int64_t capacity);
 
  private:
   int64_t B_, Hkv_, S_max_, D_, Dv_;

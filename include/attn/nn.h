@@ -20,6 +20,7 @@
 // MultiheadAttention (mha.h) has the same contract: backward(dout) -> {dquery, dkey, dvalue}.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -115,21 +116,27 @@ class RMSNorm : public LayerNorm {
 
 // Rotary position embedding (RoFormer) in transformers' rotate-half convention: a head vector x (D) at
 // position p becomes x·cos(p·f) + rotate_half(x)·sin(p·f), rotate_half(x) = (-x[D/2:], x[:D/2]), with
-// f_i = theta^(-2i/D) for i < D/2 repeated over both halves. The cos/sin tables are float32, computed once
-// as transformers computes them (float32 frequencies and angles). Not the scaled variants (rope_scaling).
+// f_i = theta^(-2i/D) for i < D/2 repeated over both halves. The cos/sin tables are float32, computed as
+// transformers computes them (float32 frequencies and angles), for the positions used so far: a table
+// grows (doubling, at most to max_positions) when a call reaches past it, so a model that allows 2^26
+// positions costs what its inputs use, not 4 GB before the first token. Not the scaled variants
+// (rope_scaling).
 class Rope {
  public:
-  Rope(int64_t head_dim, double theta, int64_t max_positions);
+  Rope(int64_t head_dim, double theta, int64_t max_positions);  // computes nothing yet
   // Rotates in place the heads of T rows: row t's head h is x[t·row_stride + h·D ... + D), at position
   // pos[t] in [0, max_positions). inverse: the transposed rotation (by -angle), which takes a gradient with
-  // respect to rotated vectors back to the vectors before it (the rotation is orthogonal).
+  // respect to rotated vectors back to the vectors before it (the rotation is orthogonal). Thread-safe (calls
+  // that grow the table take its lock alone).
   void apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const int64_t* pos, bool inverse = false) const;
   int64_t head_dim() const { return D_; }
   int64_t max_positions() const { return P_; }
 
  private:
   int64_t D_, P_;
-  std::vector<float> cos_, sin_;  // (P, D/2)
+  double theta_;
+  struct Table;
+  std::shared_ptr<Table> table_;  // cos and sin (rows, D/2), rows <= P
 };
 
 // Zeroes each element with probability p in training mode and scales the rest by 1/(1 - p), as

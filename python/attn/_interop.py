@@ -3,7 +3,8 @@
 (torch_io); numpy in gives numpy out. torch is never imported here: a tensor that arrived brings it.
 
 Not a converter of dtypes: attn computes in float32 (and float64 where a function says so); bfloat16 and
-float16 are refused by name rather than widened behind the caller's back.
+float16 are refused by name rather than widened behind the caller's back, except where a function says it
+takes them (scaled_dot_product_attention: float16 in float32; attn.torch).
 """
 import functools
 
@@ -13,7 +14,8 @@ import _attn
 
 # The one dtype rule, in every message that refuses a dtype.
 DTYPE_RULE = ("attn computes in float32 everywhere, and in float64 too in scaled_dot_product_attention and its "
-              "backward; bfloat16 and float16 are refused, not widened")
+              "backward (which take float16 too, computed in float32); elsewhere bfloat16 and float16 are refused, "
+              "not widened")
 
 
 def is_torch(x):

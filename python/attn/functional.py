@@ -29,7 +29,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     dtype: what Q·Kᵀ and P·V multiply in, "float32" or "bfloat16" (query, key, value and the softmax's
     probabilities rounded to bf16; sums, softmax and output fp32; the flash kernel without weights only,
     float32 elsewhere); with strict, bfloat16 without AVX512_BF16 (emulated) is an error. The backward of
-    a bfloat16 forward takes the same dtype.
+    a bfloat16 forward takes the same dtype. float16 query, key and value are computed in float32 (widened
+    exactly) and the output and weights rounded to float16; explain says so.
 
     Variants (FlashAttention 2's definitions, computed in the kernel, tiles no query sees never computed;
     they combine with each other, masks, causal and dropout):
@@ -41,6 +42,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     a document). cu_seqlens=(cu_seqlens_q, cu_seqlens_k) with one batch: documents of other lengths for
     queries and keys, FlashAttention's varlen (varlen_attention takes its (total, H, D) layout).
     """
+    half = _is_half(query)
     (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
     lead = query.shape[:-3]  # folded into B; dim -3 is the head dim
     causal = causal_alignment if is_causal else "none"
@@ -49,9 +51,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     result = _attn.sdpa(_as4(query), _as4(key), _as4(value), mask, kind, None, "drop", causal, scale,
                         float(dropout_p), int(seed), bool(return_weights), bool(return_lse), backend,
                         bool(strict), bool(explain), dtype, variants)
-    if explain:
-        return result  # (backend, reason)
+    if explain:  # (backend, reason)
+        return (result[0], result[1] + _HALF_REASON) if half else result
     out, weights, lse = result
+    if half:
+        out, weights = out.astype(np.float16), None if weights is None else weights.astype(np.float16)
     L, S = query.shape[-2], key.shape[-2]
     out = out.reshape(lead + query.shape[-3:-1] + (value.shape[-1],)) if query.ndim >= 3 else out.reshape(L, -1)
     if not (return_weights or return_lse):
@@ -84,9 +88,10 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
     products over bf16 pairs: Q, K, V, grad_out, P and dS rounded; sums and gradients fp32). The variants
     as the forward's; with a relative_bias, its gradient (num_buckets, H) comes last.
     """
-    mask_shape = None if attn_mask is None else as_array(attn_mask, "attn_mask").shape
+    mask_shape = None if attn_mask is None else as_array(attn_mask, "attn_mask", _FLOATS).shape
+    half = _is_half(query)
     (query, key, value), mask, kind = _prepare(query, key, value, attn_mask, enable_gqa)
-    out, lse, grad_out = (np.asarray(as_array(x, n), dtype=query.dtype)
+    out, lse, grad_out = (np.asarray(as_array(x, n, _FLOATS), dtype=query.dtype)
                           for x, n in ((out, "out"), (lse, "lse"), (grad_out, "grad_out")))
     causal = causal_alignment if is_causal else "none"
     variants = _variants(query.dtype, window, alibi_slopes, softcap, relative_bias, relative_bias_bidirectional,
@@ -95,6 +100,8 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse,
                                 _as4(grad_out), mask, kind, None, "drop", causal, scale, float(dropout_p),
                                 int(seed), backend, bool(strict), bool(return_mask_grad), dtype, variants)
     result = [grads[0].reshape(query.shape), grads[1].reshape(key.shape), grads[2].reshape(value.shape)]
+    if half:
+        result = [g.astype(np.float16) for g in result]
     if return_mask_grad:
         result.append(_sum_to(grads[3].reshape(query.shape[:-1] + (key.shape[-2],)), mask_shape))
     if relative_bias is not None:
@@ -189,13 +196,25 @@ def _as4(x):
     return x.reshape((-1,) + x.shape[-3:]) if x.ndim > 4 else x
 
 
+_FLOATS = ("float16", "float32", "float64")  # what these functions take (float16 computed in float32)
+_HALF_REASON = ("; float16 query, key and value are computed in float32 (widened exactly), the output rounded to "
+                "float16")
+
+
+def _is_half(query):
+    return as_array(query, "query", _FLOATS).dtype == np.float16
+
+
 def _prepare(query, key, value, attn_mask, enable_gqa):
-    """Checked numpy inputs of one dtype, and the mask with its kind ("keep" or "additive") folded like them."""
-    query, key, value = (as_array(x, n) for x, n in ((query, "query"), (key, "key"), (value, "value")))
-    if query.dtype not in (np.float32, np.float64) or key.dtype != query.dtype or value.dtype != query.dtype:
+    """Checked numpy inputs of one dtype (float16 widened to float32), and the mask with its kind ("keep" or
+    "additive") folded like them."""
+    query, key, value = (as_array(x, n, _FLOATS) for x, n in ((query, "query"), (key, "key"), (value, "value")))
+    if query.dtype.name not in _FLOATS or key.dtype != query.dtype or value.dtype != query.dtype:
         raise _attn.AttnError(
-            f"Expected query, key and value of one dtype, float32 or float64, but got {query.dtype}, "
+            f"Expected query, key and value of one dtype, float16, float32 or float64, but got {query.dtype}, "
             f"{key.dtype} and {value.dtype} instead")
+    if query.dtype == np.float16:
+        query, key, value = (x.astype(np.float32) for x in (query, key, value))
     dtype = query.dtype
     if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
         raise _attn.AttnError(
@@ -211,7 +230,7 @@ def _prepare(query, key, value, attn_mask, enable_gqa):
             f"(S, Dv) like key's, but got key {key.shape} and value {value.shape} instead")
     mask, kind = None, "keep"
     if attn_mask is not None:
-        mask = as_array(attn_mask, "attn_mask")
+        mask = as_array(attn_mask, "attn_mask", _FLOATS)
         if mask.dtype != np.bool_ and not np.issubdtype(mask.dtype, np.floating):
             raise _attn.AttnError(
                 f"Expected attn_mask of dtype bool or float, but got {mask.dtype} of shape {mask.shape} instead")

@@ -10,7 +10,8 @@ def load_safetensors(path, *, return_metadata=False):
     """{name: float32 array} from a safetensors file (F32, F64, F16 and BF16 are read as float32).
 
     With return_metadata=True, returns (tensors, metadata) where metadata is the file's
-    "__metadata__" dict of strings. Raises attn.AttnError (a ValueError) for a malformed file.
+    "__metadata__" dict of strings. Raises attn.AttnError (a ValueError, and a RuntimeError as torch raises) for
+    a malformed file.
     """
     tensors, metadata = _attn.load_safetensors(os.fspath(path))
     return (tensors, metadata) if return_metadata else tensors

@@ -10,6 +10,8 @@
 
 Not a hub client: a local directory only.
 """
+import os
+
 import numpy as np
 
 import _attn
@@ -19,7 +21,7 @@ class PretrainedModel:
     """A loaded model directory. Float32 weights are read in place from the mapped safetensors file."""
 
     def __init__(self, directory, dtype="float32"):
-        self._p = _attn.Pretrained(str(directory), _dtype_name(dtype))
+        self._p = _attn.Pretrained(_path(directory), _dtype_name(dtype))
         self.dtype = self._p.dtype
         self.tokenizer = self._p.tokenizer
         self.architecture = self._p.architecture
@@ -73,6 +75,16 @@ class PretrainedDecoder(PretrainedModel):
         None: the model's (eos_token_ids), [] never stops early."""
         return self._p.generate([int(t) for t in prompt_ids], max_new_tokens, temperature, top_k, seed, kv_dtype,
                                 None if eos_token_ids is None else [int(t) for t in eos_token_ids])
+
+
+def _path(directory):
+    """A directory given as str, bytes or os.PathLike, as a str (bytes decoded as the file system does:
+    str(b"/tmp/m") was "b'/tmp/m'"); anything else, None included, is refused rather than looked up as "None"."""
+    try:
+        return os.fsdecode(directory)
+    except TypeError:
+        raise _attn.AttnError(f"Expected a model directory (a str, bytes or os.PathLike), but got "
+                              f"{type(directory).__name__} {directory!r} instead") from None
 
 
 def _dtype_name(dtype):

@@ -8,8 +8,10 @@ Forward and backward are attn's C++ kernels (sdpa / sdpa_backward, MultiheadAtte
 everything around them stays torch's. Not a GPU path. bfloat16 query/key/value are accepted by
 scaled_dot_product_attention: the forward multiplies in bf16 (AMX or VDPBF16PS, or their exact emulation) with fp32
 sums and softmax, as torch's CPU flash kernel does, and returns bfloat16; the backward multiplies in bf16
-too (fp32 sums), returning bfloat16 gradients.
-float16 is refused by name, as is bfloat16 in MultiheadAttention.
+too (fp32 sums), returning bfloat16 gradients. float16 is computed in float32 (exact widening) and rounded
+back to float16, forward and backward (attn.functional's explain says so). MultiheadAttention runs attn's
+float32 layer: float16, bfloat16 and float64 modules and inputs are widened to float32 for it and its
+outputs and gradients rounded back to their dtypes (float64 results carry float32's error).
 Importing this module imports torch; `import attn` does not.
 """
 
@@ -23,19 +25,22 @@ import _attn
 _MHA = _attn.MHA_DEFAULTS  # the constructor's defaults, from MhaOptions (include/attn/mha.h)
 
 from . import functional as _F
-from ._interop import DTYPE_RULE, as_array
+from ._interop import as_array
 from .layers import _mask
 
 __all__ = ["scaled_dot_product_attention", "varlen_attention", "MultiheadAttention"]
 
 
-def _bf16(*tensors):
-    """True if the tensors are bfloat16 (all of them: a mix is refused naming the dtypes)."""
-    half = [t.dtype == torch.bfloat16 for t in tensors]
-    if any(half) and not all(half):
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _half(*tensors):
+    """The 16-bit float dtype of the tensors, or None (one dtype for all: a mix is refused naming the dtypes,
+    as torch refuses it, with an AttnError that is also a RuntimeError)."""
+    if len({t.dtype for t in tensors}) > 1:
         raise _attn.AttnError("Expected query, key and value of one dtype, but got "
                               f"{', '.join(str(t.dtype) for t in tensors)} instead")
-    return all(half)
+    return tensors[0].dtype if tensors[0].dtype in _HALF else None
 
 
 def _widened(t, half):
@@ -43,7 +48,17 @@ def _widened(t, half):
 
 
 def _narrowed(t, half):
-    return t.to(torch.bfloat16) if half else t
+    return t.to(half) if half else t
+
+
+def _products(half):
+    """What Q·Kᵀ and P·V multiply in: bf16 for bfloat16 (torch's CPU kernel does), float32 for float16."""
+    return "bfloat16" if half == torch.bfloat16 else "float32"
+
+
+def _float_mask(m, name):
+    """A mask as attn reads it: a 16-bit float mask (torch takes one of q's dtype) widened to float32."""
+    return None if m is None else as_array(m.float() if m.dtype in _HALF else m, name)
 
 
 def _draw_seed():
@@ -71,14 +86,14 @@ def _sdpa_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_m
              relative_max_distance: int = 128, document_ids: Optional[torch.Tensor] = None,
              cu_seqlens_q: Optional[torch.Tensor] = None,
              cu_seqlens_k: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    half = _bf16(query, key, value)
+    half = _half(query, key, value)
     q, k, v = (as_array(_widened(t, half), n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
-    mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+    mask = _float_mask(attn_mask, "attn_mask")
     var = _Variants(window_left, window_right, alibi_slopes, softcap, relative_bias, relative_bidirectional,
                     relative_max_distance, document_ids, cu_seqlens_q, cu_seqlens_k)
     out, lse = _F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
                                                causal_alignment=causal_alignment, return_lse=True, seed=seed,
-                                               dtype="bfloat16" if half else "float32", **var.kwargs())
+                                               dtype=_products(half), **var.kwargs())
     return _narrowed(torch.from_numpy(out), half), torch.from_numpy(lse)
 
 
@@ -99,8 +114,8 @@ def _sdpa_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Te
                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dmask, drelative_bias): dmask is the float mask's gradient when mask_grad, drelative_bias the
     table's with a relative_bias, else empty tensors."""
-    mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
-    half = _bf16(query, key, value)
+    mask = _float_mask(attn_mask, "attn_mask")
+    half = _half(query, key, value)
     w = lambda t: _widened(t, half)  # noqa: E731
     var = _Variants(window_left, window_right, alibi_slopes, softcap, relative_bias, relative_bidirectional,
                     relative_max_distance, document_ids, cu_seqlens_q, cu_seqlens_k)
@@ -108,7 +123,7 @@ def _sdpa_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Te
         as_array(w(grad_out).contiguous(), "grad_out"), as_array(w(query), "query"), as_array(w(key), "key"),
         as_array(w(value), "value"), as_array(w(out), "out"), as_array(lse, "lse"), mask, dropout_p, is_causal,
         scale, enable_gqa, causal_alignment=causal_alignment, seed=seed, return_mask_grad=mask_grad,
-        dtype="bfloat16" if half else "float32", **var.kwargs())
+        dtype=_products(half), **var.kwargs())
     dmask = torch.from_numpy(grads[3]).to(attn_mask.dtype) if mask_grad else query.new_empty(0)
     drel = torch.from_numpy(grads[-1]).to(relative_bias.dtype) if relative_bias is not None else query.new_empty(0)
     return (*(_narrowed(torch.from_numpy(g), half) for g in grads[:3]), dmask, drel)
@@ -183,8 +198,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  relative_bias_max_distance=128, document_ids=None):
     """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
 
-    float32 or float64 CPU tensors, or bfloat16 (bf16 products forward and backward, fp32 sums and softmax,
-    returned in bfloat16); attn_mask bool (True = may attend) or float (added; a float mask that
+    float32 or float64 CPU tensors, bfloat16 (bf16 products forward and backward, fp32 sums and softmax,
+    returned in bfloat16) or float16 (computed in float32, returned in float16); attn_mask bool (True = may
+    attend) or float of any of those dtypes (added; a float mask that
     requires grad gets its gradient, reduced over the dims it broadcasts, as torch gives it). First
     derivatives only: double backward (create_graph=True, then backward again) is not supported. One
     difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded
@@ -221,43 +237,51 @@ class _Mha(torch.autograd.Function):
     @staticmethod
     def forward(ctx, module, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights,
                 is_causal, *params):
+        # attn's layer is float32: other float dtypes are widened for it and its results rounded back
+        dtypes = {t.dtype for t in (query, key, value, *params)}
+        if len(dtypes) > 1 or not query.is_floating_point():
+            raise _attn.AttnError("Expected query, key, value and the parameters of one float dtype, but got "
+                                  f"{', '.join(sorted(str(d) for d in dtypes))} instead")
+        f32 = lambda t, n: as_array(t.float(), n)  # noqa: E731  (a float32 tensor as it is)
         native = _attn.MultiheadAttention(*module._native_args(), _draw_seed())
-        native.load_state_dict({n: as_array(p, n) for n, p in zip(module._names, params)})
+        native.load_state_dict({n: f32(p, n) for n, p in zip(module._names, params)})
         native.train(True)  # training mode keeps what backward needs; dropout is set by module.training
-        q, k, v = (np.asarray(as_array(t, n, ("float32",))) for t, n in ((query, "query"), (key, "key"),
-                                                                          (value, "value")))
-        out, weights, _ = native.forward(q, k, v, _mask(key_padding_mask, "key_padding_mask"), bool(need_weights),
-                                         _mask(attn_mask, "attn_mask"), bool(average_attn_weights),
-                                         bool(is_causal), False)
-        ctx.native, ctx.names = native, module._names
-        weights = torch.from_numpy(weights) if weights is not None else torch.empty(0)
+        q, k, v = (np.asarray(f32(t, n)) for t, n in ((query, "query"), (key, "key"), (value, "value")))
+        widen = lambda m: m.float() if m is not None and m.dtype in _HALF else m  # noqa: E731
+        out, weights, _ = native.forward(q, k, v, _mask(widen(key_padding_mask), "key_padding_mask"),
+                                         bool(need_weights), _mask(widen(attn_mask), "attn_mask"),
+                                         bool(average_attn_weights), bool(is_causal), False)
+        ctx.native, ctx.names, ctx.dtype = native, module._names, query.dtype
+        weights = torch.from_numpy(weights).to(query.dtype) if weights is not None else torch.empty(0)
         ctx.mark_non_differentiable(weights)  # attn's backward takes dL/doutput only
-        return torch.from_numpy(out), weights
+        return torch.from_numpy(out).to(query.dtype), weights
 
     @staticmethod
     def backward(ctx, grad_out, _grad_weights):
         _first_derivatives_only()
-        dq, dk, dv = ctx.native.backward(as_array(grad_out.contiguous(), "grad_output", ("float32",)))
+        dq, dk, dv = ctx.native.backward(as_array(grad_out.float().contiguous(), "grad_output"))
         grads = ctx.native.grads()
         ctx.native = None
-        return (None, torch.from_numpy(dq), torch.from_numpy(dk), torch.from_numpy(dv), None, None, None, None, None,
-                *(torch.from_numpy(grads[n]) for n in ctx.names))
+        back = lambda g: torch.from_numpy(g).to(ctx.dtype)  # noqa: E731
+        return (None, back(dq), back(dk), back(dv), None, None, None, None, None, *(back(grads[n]) for n in ctx.names))
 
 
 class MultiheadAttention(torch.nn.Module):
     """torch.nn.MultiheadAttention on attn's forward and backward: same constructor, forward, parameter
     names, state_dict and initialisation (torch's RNG), plus num_kv_heads (grouped-query attention).
 
-    float32 CPU tensors. The returned weights carry no gradient (attn's backward is for the output).
+    CPU tensors of float32, or float64, float16 or bfloat16 (widened to float32 for attn's layer, the output,
+    weights and gradients rounded back: float64 results carry float32's error). The returned weights carry no
+    gradient (attn's backward is for the output).
     """
 
     def __init__(self, embed_dim, num_heads, dropout=_MHA["dropout"], bias=_MHA["bias"],
                  add_bias_kv=_MHA["add_bias_kv"], add_zero_attn=_MHA["add_zero_attn"], kdim=None, vdim=None,
                  batch_first=_MHA["batch_first"], device=None, dtype=None, *, num_kv_heads=None):
         super().__init__()
-        if dtype not in (None, torch.float32) or torch.device(device or "cpu").type != "cpu":
-            raise _attn.AttnError(f"Expected dtype float32 on the CPU, but got dtype {dtype}, device {device} instead "
-                                  f"({DTYPE_RULE})")
+        if dtype not in (None, torch.float32, torch.float64, *_HALF) or torch.device(device or "cpu").type != "cpu":
+            raise _attn.AttnError(f"Expected dtype float32, float64, float16 or bfloat16 on the CPU, but got dtype "
+                                  f"{dtype}, device {device} instead")
         self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
         self.num_kv_heads = num_kv_heads or num_heads
@@ -270,8 +294,10 @@ class MultiheadAttention(torch.nn.Module):
         self._names = list(shapes)  # the native layer's order: the order of _Mha's gradients
         for name in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
                      "bias_k", "bias_v"):
-            self.register_parameter(name, torch.nn.Parameter(torch.empty(shapes[name])) if name in shapes else None)
-        self.out_proj = torch.nn.modules.linear.NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias)
+            self.register_parameter(name, torch.nn.Parameter(torch.empty(shapes[name], dtype=dtype))
+                                    if name in shapes else None)
+        self.out_proj = torch.nn.modules.linear.NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias,
+                                                                                dtype=dtype)
         self._reset_parameters()
 
     def _reset_parameters(self):  # torch.nn.MultiheadAttention's, in its order, so one seed gives one model

@@ -2,6 +2,7 @@
 // math here; the rounding to 16 bits is to_half's (src/kernels/flash_decode.cpp).
 #include "attn/kv_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace attn {
@@ -16,8 +17,8 @@ KVCache::KVCache(int64_t layers, int64_t B, int64_t Hkv, int64_t S_max, int64_t 
       k_.emplace_back(Shape{B, Hkv, S_max, D});
       v_.emplace_back(Shape{B, Hkv, S_max, Dv_});
     } else {
-      k16_.emplace_back(size_t(B * Hkv * S_max * D), uint16_t(0));
-      v16_.emplace_back(size_t(B * Hkv * S_max * Dv_), uint16_t(0));
+      k16_.emplace_back(size_t(numel({B, Hkv, S_max, D})), uint16_t(0));  // numel: an Error where it overflows
+      v16_.emplace_back(size_t(numel({B, Hkv, S_max, Dv_})), uint16_t(0));
     }
   }
   len_.assign(size_t(layers), 0);
@@ -81,5 +82,30 @@ HalfKV KVCache::half(int64_t layer) const {
 int64_t KVCache::length(int64_t layer) const { return len_.at(size_t(layer)); }
 
 void KVCache::clear() { len_.assign(len_.size(), 0); }
+
+void KVCache::grow(int64_t capacity) {
+  ATTN_CHECK(capacity >= S_max_, "Expected a KVCache capacity >= S_max = ", S_max_, ", but got ", capacity, " instead");
+  if (capacity == S_max_) return;
+  // each (b, h) row of S_max · d values keeps its first len tokens at the start of a row of capacity · d
+  auto moved = [&](const auto* src, auto* dst, int64_t d, int64_t len) {
+    for (int64_t r = 0; r < B_ * Hkv_; ++r) std::copy_n(src + r * S_max_ * d, len * d, dst + r * capacity * d);
+  };
+  for (size_t i = 0; i < len_.size(); ++i) {
+    if (dtype_ == KvDtype::f32) {
+      Tensor k(Shape{B_, Hkv_, capacity, D_}), v(Shape{B_, Hkv_, capacity, Dv_});
+      moved(k_[i].data(), k.data(), D_, len_[i]);
+      moved(v_[i].data(), v.data(), Dv_, len_[i]);
+      k_[i] = std::move(k);
+      v_[i] = std::move(v);
+    } else {
+      std::vector<uint16_t> k(size_t(numel({B_, Hkv_, capacity, D_}))), v(size_t(numel({B_, Hkv_, capacity, Dv_})));
+      moved(k16_[i].data(), k.data(), D_, len_[i]);
+      moved(v16_[i].data(), v.data(), Dv_, len_[i]);
+      k16_[i] = std::move(k);
+      v16_[i] = std::move(v);
+    }
+  }
+  S_max_ = capacity;
+}
 
 }  // namespace attn

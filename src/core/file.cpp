@@ -54,8 +54,15 @@ namespace {
 int open_regular(const std::string& path, const std::string& what, uint64_t max_bytes, uint64_t* size) {
   check_path(path, what);
   struct stat st;
-  ATTN_CHECK(::stat(path.c_str(), &st) == 0, "Expected ", what, " '", path, "' to be a readable file, but got '",
-             std::strerror(errno), "' instead");
+  if (::stat(path.c_str(), &st) != 0) {
+    const int e = errno;
+    std::string target(4096, '\0');  // a dangling symbolic link is named as one, not as a missing file
+    const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+    ATTN_CHECK(n < 0, "Expected ", what, " '", path, "' to be a readable file, but got a symbolic link to '",
+               target.substr(0, size_t(n)), "', which gives '", std::strerror(e), "', instead");
+    ATTN_CHECK(false, "Expected ", what, " '", path, "' to be a readable file, but got '", std::strerror(e),
+               "' instead");
+  }
   ATTN_CHECK(S_ISREG(st.st_mode), "Expected ", what, " '", path, "' to be a regular file, but got ",
              kind_of(st.st_mode), " instead");
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);

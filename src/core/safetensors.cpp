@@ -25,6 +25,7 @@
 
 #include "attn/file.h"
 #include "attn/memstat.h"
+#include "json.h"
 
 // Every file error names the file: "safetensors file 'x': Expected ..., but got ... instead".
 #define ST_CHECK(cond, ...)                                                                         \
@@ -35,7 +36,7 @@
 namespace attn {
 namespace {
 
-using json = nlohmann::json;
+using json = json_io::json;
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian, like this host");
 
 // The library's own limit on the JSON header (MAX_HEADER_SIZE in safetensors/src/tensor.rs).
@@ -69,11 +70,7 @@ std::string printable(const std::string& s) {
   return out;
 }
 
-// A JSON value for an error message, cut short: a header may be 100 MB.
-std::string brief(const json& v) {
-  std::string s = v.dump();
-  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
-}
+using json_io::brief;  // a header may be 100 MB: values in messages cut short
 
 // ---- dtypes we read, all converted to float32 exactly (F64 rounds to nearest) ----
 
@@ -181,7 +178,7 @@ class HeaderParser {
   }
 
  private:
-  static constexpr int kMaxDepth = 128;
+  static constexpr int kMaxDepth = json_io::kMaxDepth;  // as serde_json, which the library parses with
   static constexpr size_t kMaxDims = 64;  // numpy's limit (NPY_MAXDIMS): no array has more
   const std::string& path;
   std::vector<json*> open_;                  // the stored containers now open, outermost first

@@ -24,7 +24,7 @@ BertConfig read_bert_config(const std::string& dir) {
   c.intermediate_size = hf::field<int64_t>(j, "intermediate_size", w);
   c.max_position_embeddings = hf::field<int64_t>(j, "max_position_embeddings", w);
   c.type_vocab_size = hf::field_or<int64_t>(j, "type_vocab_size", w, 2);
-  c.layer_norm_eps = hf::field_or<double>(j, "layer_norm_eps", w, 1e-12);
+  c.layer_norm_eps = hf::epsilon(j, "layer_norm_eps", w, 1e-12);
   c.pad_token_id = hf::field_or<int64_t>(j, "pad_token_id", w, 0);
   const std::string act = hf::field_or<std::string>(j, "hidden_act", w, "gelu");
   ATTN_CHECK(act == "gelu", "Expected \"hidden_act\" \"gelu\" (the exact erf form) in ", w, ", but got \"", act,
@@ -64,6 +64,8 @@ BertModel::BertModel(const BertConfig& c, const HfWeights& w)
       embed_norm_(w.get(prefix_of(w) + "embeddings.LayerNorm.weight", {c.hidden_size}),
                   w.get(prefix_of(w) + "embeddings.LayerNorm.bias", {c.hidden_size}), c.layer_norm_eps) {
   const int64_t E = c.hidden_size, I = c.intermediate_size;
+  w.expect(cat(prefix_of(w), "encoder.layer.", c.num_hidden_layers - 1, ".attention.self.query.weight"),
+           cat("num_hidden_layers ", c.num_hidden_layers, " in config.json"));
   auto linear = [&](const std::string& name, int64_t out, int64_t in) {
     Tensor weight = w.get(name + ".weight", {out, in});  // the weight's error first
     return Linear(std::move(weight), w.get(name + ".bias", {out}));

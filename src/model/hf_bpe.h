@@ -2,7 +2,7 @@
 // a vocabulary symbol (or its bytes as <0xXX> tokens with byte_fallback, or the unk token), merged pair by
 // pair in the order of the merges list, lowest rank first and leftmost among equals; and GPT-2's
 // byte-level alphabet that ByteLevel pre-tokenizers and decoders map bytes through. Private to
-// src/model (hf_tokenizer.cpp). Not a trainer and not BPE-dropout (a file with dropout > 0 is refused).
+// src/model (hf_models.cpp). Not a trainer and not BPE-dropout (a file with dropout > 0 is refused).
 #pragma once
 #include <cstdint>
 #include <memory>

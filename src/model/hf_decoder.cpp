@@ -39,6 +39,10 @@ Tensor PretrainedDecoder::forward(const int64_t* ids, int64_t B, int64_t L, cons
   return run(ids, B, L, mask, nullptr);
 }
 
+Tensor PretrainedDecoder::hidden_states(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask) {
+  return run(ids, B, L, mask, nullptr, /*hidden=*/true);
+}
+
 std::vector<Tensor> PretrainedDecoder::attention_weights(const int64_t* ids, int64_t B, int64_t L,
                                                          const int64_t* mask) {
   std::vector<Tensor> w;
@@ -47,7 +51,7 @@ std::vector<Tensor> PretrainedDecoder::attention_weights(const int64_t* ids, int
 }
 
 Tensor PretrainedDecoder::run(const int64_t* ids, int64_t B, int64_t L, const int64_t* mask,
-                              std::vector<Tensor>* weights) {
+                              std::vector<Tensor>* weights, bool hidden) {
   const Autocast autocast(precision);
   const int64_t H = c_.num_heads, Hkv = c_.num_kv_heads, D = c_.head_dim;
   ATTN_CHECK(L <= c_.max_positions, "Expected ids (B, L) with L <= ", c_.max_positions, " (the positions ",
@@ -58,7 +62,7 @@ Tensor PretrainedDecoder::run(const int64_t* ids, int64_t B, int64_t L, const in
     weights->clear();
     for (int64_t i = 0; i < c_.num_layers; ++i) weights->emplace_back(Shape{B, H, L, L});
   }
-  if (T == 0) return Tensor({B, L, c_.vocab_size});
+  if (T == 0) return Tensor({B, L, hidden ? c_.hidden_size : c_.vocab_size});
   Tensor x = embed(p.tok.data(), p.pos.data(), T);  // (T, E): the residual stream
   for (int64_t i = 0; i < c_.num_layers; ++i) {
     // each sequence over its own rows, causal (kept tokens in order: their positions' order)
@@ -69,8 +73,8 @@ Tensor PretrainedDecoder::run(const int64_t* ids, int64_t B, int64_t L, const in
     });
   }
   if (weights) return Tensor();
-  Tensor logits = head(x.view());  // (T, V)
-  return hf::unpack(p, logits.view());
+  Tensor out = hidden ? final_norm(x.view()) : head(x.view());  // (T, E) or (T, V)
+  return hf::unpack(p, out.view());
 }
 
 KVCache PretrainedDecoder::new_cache(int64_t B, int64_t capacity, KvDtype dtype) const {
@@ -123,10 +127,18 @@ Tensor PretrainedDecoder::forward_cached(const int64_t* ids, int64_t B, int64_t 
 std::vector<int64_t> generate(PretrainedDecoder& model, const std::vector<int64_t>& prompt, const SampleOptions& o) {
   const int64_t V = model.vocab_size(), P = model.max_positions();
   ATTN_CHECK(o.max_new_tokens >= 0, "Expected max_new_tokens >= 0, but got ", o.max_new_tokens, " instead");
-  KVCache cache = model.new_cache(1, std::min<int64_t>(P, int64_t(prompt.size()) + o.max_new_tokens), o.kv_dtype);
+  // The cache holds prompt + max_new_tokens positions, at most P (saturating: -n 2^63-1 made a capacity of
+  // -2^63), allocated as they are reached: the prompt and kGrow more first, then doubling (a model that
+  // allows 2^62 positions asked for all of them at once).
+  constexpr int64_t kGrow = 256;
+  const int64_t np = int64_t(prompt.size());
+  const int64_t most = std::max<int64_t>(1, o.max_new_tokens >= P - np ? P : np + o.max_new_tokens);
+  KVCache cache = model.new_cache(1, std::min(most, np + kGrow), o.kv_dtype);
   Tensor logits;  // (1, 1, V) of the last step
   return sample_loop(prompt, o, V, P, [&](const int64_t* ids, int64_t n, bool restart) {
     if (restart) cache.clear();
+    const int64_t need = cache.length(0) + n;
+    if (need > cache.capacity()) cache.grow(std::min(most, std::max(need, 2 * cache.capacity())));
     logits = model.forward_cached(ids, 1, n, cache, true);
     return logits.data();
   });

@@ -21,8 +21,8 @@ std::pair<DecoderConfig, Activation> read_gpt2_config(const std::string& dir) {
   c.num_layers = hf::field<int64_t>(j, "n_layer", w);
   c.num_heads = c.num_kv_heads = hf::field<int64_t>(j, "n_head", w);
   c.max_positions = hf::field<int64_t>(j, "n_positions", w);
-  c.intermediate_size = hf::field_or<int64_t>(j, "n_inner", w, 4 * c.hidden_size);
-  c.norm_eps = hf::field_or<double>(j, "layer_norm_epsilon", w, 1e-5);
+  c.intermediate_size = hf::field_or<int64_t>(j, "n_inner", w, hf::product(4, c.hidden_size, "4 * n_embd", w));
+  c.norm_eps = hf::epsilon(j, "layer_norm_epsilon", w, 1e-5);
   c.tie_word_embeddings = hf::field_or<bool>(j, "tie_word_embeddings", w, true);
   c.eos_token_ids = hf::eos_token_ids(dir, j);
   ATTN_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.max_positions > 0 &&
@@ -43,6 +43,7 @@ std::pair<DecoderConfig, Activation> read_gpt2_config(const std::string& dir) {
              !hf::field_or<bool>(j, "add_cross_attention", w, false),
              "Expected GPT-2's plain attention (scale_attn_weights true; scale_attn_by_inverse_layer_idx, "
              "reorder_and_upcast_attn and add_cross_attention false) in ", w, ", but got another instead");
+  hf::product(3, c.hidden_size, "3 * n_embd (c_attn's q, k and v)", w);
   const Activation a = act == "gelu" ? Activation::gelu : act == "relu" ? Activation::relu : Activation::gelu_tanh;
   return {c, a};
 }
@@ -63,6 +64,7 @@ Gpt2Model::Gpt2Model(const std::pair<DecoderConfig, Activation>& cfg, const HfWe
                    : w.get("lm_head.weight", {c_.vocab_size, c_.hidden_size}),
                Tensor()) {
   const int64_t E = c_.hidden_size, I = c_.intermediate_size;
+  w.expect(cat("transformer.h.", c_.num_layers - 1, ".ln_1.weight"), cat("n_layer ", c_.num_layers, " in config.json"));
   // Conv1D: weight (in, out), bias (out)
   auto conv1d = [&](const std::string& name, int64_t in, int64_t out) {
     Tensor weight = w.get(name + ".weight", {in, out});  // the weight's error first
@@ -105,7 +107,8 @@ void Gpt2Model::layer(int64_t i, Tensor& x, const int64_t*, const Attend& attend
   add_(x.view(), f.view());
 }
 
-Tensor Gpt2Model::head(View<const float> x) { return lm_head_.forward(ln_f_.forward(x).view()); }
+Tensor Gpt2Model::final_norm(View<const float> x) { return ln_f_.forward(x); }
+Tensor Gpt2Model::head(View<const float> x) { return lm_head_.forward(final_norm(x).view()); }
 
 std::vector<Linear*> Gpt2Model::linears() {
   std::vector<Linear*> l{&lm_head_};

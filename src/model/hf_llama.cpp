@@ -26,7 +26,7 @@ std::pair<DecoderConfig, double> read_llama_config(const std::string& dir) {
   c.num_kv_heads = hf::field_or<int64_t>(j, "num_key_value_heads", w, c.num_heads);
   c.intermediate_size = hf::field<int64_t>(j, "intermediate_size", w);
   c.max_positions = hf::field<int64_t>(j, "max_position_embeddings", w);
-  c.norm_eps = hf::field_or<double>(j, "rms_norm_eps", w, 1e-6);
+  c.norm_eps = hf::epsilon(j, "rms_norm_eps", w, 1e-6);
   c.tie_word_embeddings = hf::field_or<bool>(j, "tie_word_embeddings", w, false);
   c.eos_token_ids = hf::eos_token_ids(dir, j);
   ATTN_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 && c.num_kv_heads > 0 &&
@@ -39,6 +39,7 @@ std::pair<DecoderConfig, double> read_llama_config(const std::string& dir) {
   c.head_dim = hf::field_or<int64_t>(j, "head_dim", w, c.hidden_size / c.num_heads);
   ATTN_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, "Expected an even head_dim > 0 in ", w, ", but got ", c.head_dim,
              " instead");
+  hf::product(c.num_heads, c.head_dim, "num_attention_heads * head_dim", w);  // q_proj's rows; k's and v's are fewer
   const std::string act = hf::field_or<std::string>(j, "hidden_act", w, "silu");
   ATTN_CHECK(act == "silu", "Expected \"hidden_act\" \"silu\" in ", w, ", but got \"", act, "\" instead");
   double theta = hf::field_or<double>(j, "rope_theta", w, 10000.0);
@@ -72,7 +73,9 @@ LlamaModel::LlamaModel(const std::pair<DecoderConfig, double>& cfg, const HfWeig
   const bool attn_bias = hf::field_or<bool>(j, "attention_bias", path, false);
   const bool mlp_bias = hf::field_or<bool>(j, "mlp_bias", path, false);
   const int64_t E = c_.hidden_size, I = c_.intermediate_size, QD = c_.num_heads * c_.head_dim,
-                KD = c_.num_kv_heads * c_.head_dim;
+                KD = c_.num_kv_heads * c_.head_dim;  // read_llama_config checked that H·D fits, and Hkv <= H
+  w.expect(cat("model.layers.", c_.num_layers - 1, ".input_layernorm.weight"),
+           cat("num_hidden_layers ", c_.num_layers, " in config.json"));
   auto linear = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
     Tensor weight = w.get(name + ".weight", {out, in});  // the weight's error first
     return Linear(std::move(weight), bias ? w.get(name + ".bias", {out}) : Tensor());
@@ -119,7 +122,8 @@ void LlamaModel::layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& a
   add_(x.view(), f.view());
 }
 
-Tensor LlamaModel::head(View<const float> x) { return lm_head_.forward(norm_.forward(x).view()); }
+Tensor LlamaModel::final_norm(View<const float> x) { return norm_.forward(x); }
+Tensor LlamaModel::head(View<const float> x) { return lm_head_.forward(final_norm(x).view()); }
 
 std::vector<Linear*> LlamaModel::linears() {
   std::vector<Linear*> l{&lm_head_};

@@ -19,13 +19,14 @@ HfWeights::HfWeights(const std::string& dir) : dir_(dir) {
   const fs::path single = fs::path(dir) / "model.safetensors";
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> shards;
-  if (fs::exists(single)) {
+  std::error_code ec;  // a symbolic link counts as there, dangling or not: its open says why it fails
+  if (fs::exists(fs::symlink_status(single, ec))) {
     shards.push_back("model.safetensors");
-  } else if (fs::exists(index)) {
+  } else if (fs::exists(fs::symlink_status(index, ec))) {
     const json j = hf::read_json(index.string(), "safetensors index");
     auto wm = j.find("weight_map");
     ATTN_CHECK(wm != j.end() && wm->is_object(), "Expected \"weight_map\" (tensor name -> file) in '",
-               index.string(), "', but got none instead");
+               index.string(), "', but got ", wm == j.end() ? std::string("none") : hf::brief(*wm), " instead");
     for (const auto& [name, file] : wm->items()) {
       ATTN_CHECK(file.is_string() && fs::path(file.get<std::string>()).filename() == file.get<std::string>(),
                  "Expected the shard of '", name, "' in '", index.string(), "' to be a file name, but got ",
@@ -48,6 +49,11 @@ HfWeights::HfWeights(const std::string& dir) : dir_(dir) {
 }
 
 bool HfWeights::contains(const std::string& name) const { return where_.count(name) > 0; }
+
+void HfWeights::expect(const std::string& name, const std::string& because) const {
+  ATTN_CHECK(contains(name), "Expected a tensor '", name, "' in '", dir_, "' (", because,
+             "), but got no tensor of that name instead");
+}
 
 std::vector<std::string> HfWeights::names() const {
   std::vector<std::string> out;
@@ -150,10 +156,7 @@ Pooling read_pooling(const std::string& dir) {
                                              "max_seq_length", sbert.string(), 0);
   const fs::path modules = fs::path(dir) / "modules.json";
   if (!fs::exists(modules)) return p;
-  const std::string text = read_regular_file(modules.string(), "modules.json", hf::kMaxJsonBytes);
-  const json j = json::parse(text, nullptr, false);
-  ATTN_CHECK(!j.is_discarded() && j.is_array(), "Expected modules.json '", modules.string(),
-             "' to hold a JSON array of modules, but got text that is not one instead");
+  const json j = hf::read_json(modules.string(), "modules.json", /*array=*/true);
   for (const json& m : j) {
     const std::string where = cat("a module of '", modules.string(), "'");
     const std::string type = hf::field<std::string>(m, "type", where);
@@ -172,9 +175,15 @@ Pooling read_pooling(const std::string& dir) {
       ATTN_CHECK(int(mean) + int(cls) + int(max) == 1 && !other, "Expected one pooling mode of mean, cls or max in ",
                  cw, ", but got ", hf::brief(c), " instead");
       p.mode = mean ? Pooling::Mode::mean : cls ? Pooling::Mode::cls : Pooling::Mode::max;
+      p.configured = true;
     }
   }
   return p;
+}
+
+std::string to_string(const Pooling& p) {
+  const char* mode = p.mode == Pooling::Mode::mean ? "mean" : p.mode == Pooling::Mode::cls ? "cls" : "max";
+  return cat(mode, " pooling, ", p.normalize ? "L2-normalized" : "not normalized");
 }
 
 Tensor pool(View<const float> hidden, const int64_t* mask, const Pooling& pooling) {
@@ -216,8 +225,13 @@ Tensor pool(View<const float> hidden, const int64_t* mask, const Pooling& poolin
 // ---- Pretrained ----
 
 Pretrained Pretrained::load(const std::string& dir, Precision precision) {
-  Pretrained p{load_pretrained(dir), HfTokenizer::from_file((fs::path(dir) / "tokenizer.json").string()),
-               read_pooling(dir)};
+  const std::string tokenizer = (fs::path(dir) / "tokenizer.json").string();
+  Pretrained p{load_pretrained(dir), HfTokenizer::from_file(tokenizer), read_pooling(dir)};
+  // an id past the embedding would fail only when a text met it: refused here, both files named
+  const int64_t V = p.model->vocab_size();
+  ATTN_CHECK(p.tokenizer.vocab_size() <= V, "Expected the token ids of '", tokenizer, "' below vocab_size ", V,
+             " of '", (fs::path(dir) / "config.json").string(), "', but got ids up to ", p.tokenizer.vocab_size() - 1,
+             " instead");
   p.model->precision = precision;
   if (precision == Precision::bf16)
     for (Linear* l : p.model->linears()) l->use_bf16_weights();
@@ -230,7 +244,8 @@ int64_t Pretrained::max_tokens() const {
   return n <= 0 ? cap : cap > 0 ? std::min(n, cap) : n;
 }
 
-Tensor Pretrained::embed(const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {
+Tensor Pretrained::embed(const std::vector<std::string>& texts, int64_t batch, int64_t max_length,
+                         const std::function<void(int64_t, int64_t)>& progress) {
   ATTN_CHECK(batch > 0, "Expected batch > 0, but got ", batch, " instead");
   ATTN_CHECK(max_length >= 0, "Expected max_length >= 0, but got ", max_length, " instead");
   const int64_t N = int64_t(texts.size()), E = model->hidden_size(), most = max_length ? max_length : max_tokens();
@@ -250,9 +265,10 @@ Tensor Pretrained::embed(const std::vector<std::string>& texts, int64_t batch, i
       std::copy(t.begin(), t.end(), x.begin() + i * L);
       std::fill_n(m.begin() + i * L, t.size(), 1);
     }
-    Tensor h = model->forward(x.data(), B, L, m.data());  // (B, L, E)
+    Tensor h = model->hidden_states(x.data(), B, L, m.data());  // (B, L, E)
     Tensor p = pool(h.view(), m.data(), pooling);          // (B, E)
     for (int64_t i = 0; i < B; ++i) std::copy_n(p.data() + i * E, E, out.data() + int64_t(order[size_t(b0 + i)]) * E);
+    if (progress) progress(b0 + B, N);
   }
   return out;
 }

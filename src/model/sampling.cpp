@@ -36,8 +36,10 @@ std::vector<int64_t> sample_loop(const std::vector<int64_t>& prompt, const Sampl
   ATTN_CHECK(!prompt.empty(), "Expected a prompt of at least one token, but got none instead");
   ATTN_CHECK(o.max_new_tokens >= 0, "Expected max_new_tokens >= 0, but got ", o.max_new_tokens, " instead");
   ATTN_CHECK(o.top_k >= 0, "Expected top_k >= 0, but got ", o.top_k, " instead");
-  ATTN_CHECK(std::isfinite(o.temperature), "Expected a finite temperature, but got ", o.temperature,
-             " instead");  // NaN compared false everywhere and sampled token 0 every time
+  // NaN compared false everywhere and sampled token 0 every time; a negative one ran greedy where the CLI
+  // refused it
+  ATTN_CHECK(std::isfinite(o.temperature) && o.temperature >= 0, "Expected a finite temperature >= 0 (0: greedy), "
+             "but got ", o.temperature, " instead");
   for (int64_t t : prompt)
     ATTN_CHECK(t >= 0 && t < V, "Expected prompt tokens in [0, ", V, "), but got ", t, " instead");
   std::vector<int64_t> all = prompt, out;

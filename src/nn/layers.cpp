@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
+#include <shared_mutex>
 
 #include "attn/gemm.h"
 #include "attn/kernels/half_kv.h"  // to_half: use_bf16_weights
@@ -156,36 +158,58 @@ RMSNorm::RMSNorm(Tensor w, double eps) : LayerNorm(std::move(w), Tensor(), eps) 
 
 // ---- Rope ----
 
-Rope::Rope(int64_t D, double theta, int64_t P) : D_(D), P_(P) {
-  ATTN_CHECK(D > 0 && D % 2 == 0 && P > 0 && theta > 0, "Expected an even head_dim > 0, max_positions > 0 and "
-             "rope_theta > 0, but got ", D, ", ", P, " and ", theta, " instead");
-  const int64_t h = D / 2;
-  cos_.resize(size_t(P * h));
-  sin_.resize(size_t(P * h));
-  // transformers: inv_freq = 1 / theta^(arange(0, D, 2).float() / D), angles = pos.float() · inv_freq,
-  // all float32; cos and sin of the float32 angle
-  for (int64_t i = 0; i < h; ++i) {
-    const float e = float(2 * i) / float(D);
-    const float inv = 1.0f / float(std::pow(theta, double(e)));
-    for (int64_t p = 0; p < P; ++p) {
-      const float a = float(p) * inv;
-      cos_[size_t(p * h + i)] = float(std::cos(double(a)));
-      sin_[size_t(p * h + i)] = float(std::sin(double(a)));
-    }
-  }
+struct Rope::Table {
+  std::shared_mutex mutex;
+  int64_t rows = 0;               // positions [0, rows) computed
+  std::vector<float> cos, sin;    // (rows, D/2)
+};
+
+Rope::Rope(int64_t D, double theta, int64_t P) : D_(D), P_(P), theta_(theta), table_(std::make_shared<Table>()) {
+  ATTN_CHECK(D > 0 && D % 2 == 0 && P > 0 && std::isfinite(theta) && theta > 0, "Expected an even head_dim > 0, "
+             "max_positions > 0 and a finite rope_theta > 0, but got ", D, ", ", P, " and ", theta, " instead");
 }
 
 void Rope::apply(float* x, int64_t T, int64_t row_stride, int64_t heads, const int64_t* pos, bool inverse) const {
   const int64_t h = D_ / 2;
-  for (int64_t t = 0; t < T; ++t)
+  int64_t need = 0;  // rows of the table this call reads
+  for (int64_t t = 0; t < T; ++t) {
     ATTN_CHECK(pos[t] >= 0 && pos[t] < P_, "Expected positions in [0, ", P_, ") (max_position_embeddings), but got ",
                pos[t], " at row ", t, " instead");
+    need = std::max(need, pos[t] + 1);
+  }
+  Table& tab = *table_;
+  std::shared_lock<std::shared_mutex> read(tab.mutex);
+  if (tab.rows < need) {
+    read.unlock();
+    {
+      std::unique_lock<std::shared_mutex> write(tab.mutex);
+      const int64_t old = tab.rows, rows = std::min(P_, std::max(need, 2 * old));
+      if (old < need) {  // (another call may have grown it meanwhile)
+        const size_t n = size_t(checked_mul(rows, h, "RoPE's table (positions * head_dim / 2)"));
+        tab.cos.resize(n);
+        tab.sin.resize(n);
+        // transformers: inv_freq = 1 / theta^(arange(0, D, 2).float() / D), angles = pos.float() · inv_freq,
+        // all float32; cos and sin of the float32 angle
+        for (int64_t i = 0; i < h; ++i) {
+          const float e = float(2 * i) / float(D_);
+          const float inv = 1.0f / float(std::pow(theta_, double(e)));
+          for (int64_t p = old; p < rows; ++p) {
+            const float a = float(p) * inv;
+            tab.cos[size_t(p * h + i)] = float(std::cos(double(a)));
+            tab.sin[size_t(p * h + i)] = float(std::sin(double(a)));
+          }
+        }
+        tab.rows = rows;
+      }
+    }
+    read.lock();
+  }
   parallel_for(T * heads, grain_for(3 * D_), [&](int64_t b, int64_t e, int) {
     for (int64_t r = b; r < e; ++r) {
       const int64_t t = r / heads, hd = r % heads;
       float* v = x + t * row_stride + hd * D_;
-      const float* c = cos_.data() + pos[t] * h;
-      const float* s = sin_.data() + pos[t] * h;
+      const float* c = tab.cos.data() + pos[t] * h;
+      const float* s = tab.sin.data() + pos[t] * h;
       if (inverse) {
         for (int64_t i = 0; i < h; ++i) {  // (x1, x2) -> (x1·c + x2·s, x2·c - x1·s)
           const float x1 = v[i], x2 = v[i + h];

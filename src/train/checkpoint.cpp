@@ -27,6 +27,7 @@
 #include "attn/check.h"
 #include "attn/file.h"
 #include "attn/rng.h"
+#include "../core/json.h"
 
 namespace attn::ckpt {
 namespace fs = std::filesystem;
@@ -100,30 +101,8 @@ void check_replaceable(const fs::path& dir) {
   }
 }
 
-// A JSON value of type T under key in j, or an Error naming where: integers must fit T (a uint64 field
-// refuses -1 rather than wrapping it), numbers must be finite, bools and strings are themselves.
-template <typename T>
-T get(const json& j, const char* key, const std::string& where) {
-  ATTN_CHECK(j.is_object() && j.contains(key), "Expected '", key, "' in ", where, ", but got none instead");
-  const json& v = j.at(key);
-  bool ok;
-  const char* want;
-  if constexpr (std::is_same_v<T, bool>) {
-    ok = v.is_boolean(), want = "a boolean";
-  } else if constexpr (std::is_integral_v<T>) {
-    want = std::is_signed_v<T> ? "an integer" : "a non-negative integer";
-    if (v.is_number_unsigned()) ok = v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
-    else if (v.is_number_integer()) ok = std::is_signed_v<T> && v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min());
-    else ok = false;
-  } else if constexpr (std::is_floating_point_v<T>) {
-    ok = v.is_number() && std::isfinite(v.get<double>()), want = "a finite number";
-  } else {
-    ok = v.is_string(), want = "a string";
-  }
-  ATTN_CHECK(ok, "Expected ", where, ".", key, " to be ", want, std::is_integral_v<T> && !std::is_same_v<T, bool> ? " that fits its type" : "",
-             ", but got ", v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 80), " instead");
-  return v.get<T>();
-}
+// Every field read with its type checked (integers must fit, numbers be finite): core's getter.
+using json_io::field;
 
 void write_checked(const fs::path& target, const StateDict& tensors, json config) {
   const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
@@ -176,7 +155,7 @@ void write_checked(const fs::path& target, const StateDict& tensors, json config
 // or n_embd 2^40 is refused here, not in an allocation).
 void validate(const Contents& c, const std::string& where) {
   const json& j = c.config;
-  ATTN_CHECK(get<int64_t>(j, "step", where) >= 0, "Expected ", where, ".step >= 0, but got ", j["step"].dump(), " instead");
+  ATTN_CHECK(field<int64_t>(j, "step", where) >= 0, "Expected ", where, ".step >= 0, but got ", j["step"].dump(), " instead");
   ATTN_CHECK(j.contains("model") && j.contains("tokenizer"), "Expected 'model' and 'tokenizer' in '", where,
              "', but got none instead");
   const GptConfig m = gpt_config_from(j["model"], where + " model");
@@ -195,16 +174,16 @@ void validate(const Contents& c, const std::string& where) {
   if (j.contains("data")) {
     const json& d = j["data"];
     const std::string dw = where + " data";
-    const std::string kind = get<std::string>(d, "kind", dw);
+    const std::string kind = field<std::string>(d, "kind", dw);
     ATTN_CHECK(kind == "reverse" || kind == "text", "Expected ", dw, ".kind \"reverse\" or \"text\", but got \"", kind,
                "\" instead");
-    get<uint64_t>(d, "bytes", dw);
+    field<uint64_t>(d, "bytes", dw);
     if (kind == "reverse") {
-      ATTN_CHECK(get<int64_t>(d, "task_length", dw) > 0, "Expected ", dw, ".task_length > 0, but got ",
+      ATTN_CHECK(field<int64_t>(d, "task_length", dw) > 0, "Expected ", dw, ".task_length > 0, but got ",
                  d["task_length"].dump(), " instead");
     } else {
-      get<std::string>(d, "path", dw);
-      get<uint64_t>(d, "fnv1a64", dw);
+      field<std::string>(d, "path", dw);
+      field<uint64_t>(d, "fnv1a64", dw);
     }
   }
 }
@@ -280,7 +259,7 @@ Contents read(const std::string& dir) {
     try {
       Contents c;
       const std::string text = named([&] { return read_regular_file(via + kConfigFile, "checkpoint config", kMaxConfigBytes); });
-      c.config = json::parse(text, nullptr, false);
+      c.config = json_io::parse(text, "checkpoint config", shown(kConfigFile));
       ATTN_CHECK(!c.config.is_discarded() && c.config.is_object(), "Expected a JSON object in '", shown(kConfigFile),
                  "', but got malformed or truncated JSON instead");
       const std::string where = shown(kConfigFile);
@@ -288,15 +267,15 @@ Contents read(const std::string& dir) {
       const json& version = c.config.contains("version") ? c.config["version"] : json();
       ATTN_CHECK(format == kFormat && version == kVersion, "Expected '", where, "' of format ", kFormat, " version ",
                  kVersion, ", but got format ", format.dump(), " version ", version.dump(), " instead");
-      const std::string want_config = get<std::string>(c.config, kConfigHash, where);
+      const std::string want_config = field<std::string>(c.config, kConfigHash, where);
       ATTN_CHECK(config_hash(c.config) == want_config, "Expected '", where, "' with the FNV-1a ", want_config,
                  " it records of its content, but got ", config_hash(c.config), " instead: the file was edited or is corrupt");
-      const std::string id = get<std::string>(c.config, "checkpoint_id", where);
+      const std::string id = field<std::string>(c.config, "checkpoint_id", where);
       ATTN_CHECK(c.config.contains("model_file") && c.config["model_file"].is_object(), "Expected 'model_file' in ",
                  where, ", but got none instead");
       const json& mf = c.config["model_file"];
-      const auto want_size = get<uint64_t>(mf, "bytes", where + " model_file");
-      const auto want_hash = get<std::string>(mf, "fnv1a64", where + " model_file");
+      const auto want_size = field<uint64_t>(mf, "bytes", where + " model_file");
+      const auto want_hash = field<std::string>(mf, "fnv1a64", where + " model_file");
       auto [size, hash] = named([&] { return size_and_hash(via + kModelFile, shown(kModelFile)); });
       ATTN_CHECK(size == want_size && hex64(hash) == want_hash, "Expected '", shown(kModelFile), "' of ", want_size,
                  " bytes with FNV-1a ", want_hash, " as config.json records, but got ", size, " bytes with FNV-1a ",
@@ -325,7 +304,7 @@ void set_swap_for_testing(SwapFn swap) { g_swap = swap ? swap : exchange; }
 
 namespace {
 
-// A struct as a JSON object of its fields (fields.h), and back with every field's type checked by get<>.
+// A struct as a JSON object of its fields (fields.h), and back with every field's type checked by field<>.
 template <class S, class Fields>
 json fields_json(const S& s, const Fields& fields) {
   json j = json::object();
@@ -344,7 +323,7 @@ S fields_from(const json& j, const Fields& fields, const std::string& where) {
   S s;
   for_each_field(fields, s, [&](const char* name, auto& v) {
     if (added_later(name) && j.is_object() && !j.contains(name)) return;
-    v = get<std::decay_t<decltype(v)>>(j, name, where);
+    v = field<std::decay_t<decltype(v)>>(j, name, where);
   });
   return s;
 }
@@ -363,9 +342,9 @@ TrainOptions train_options_from(const json& j, const std::string& where) {
 json tokenizer_json(const CharTokenizer& t) { return {{"type", "char"}, {"vocab", utf8_encode(t.vocab())}}; }
 
 CharTokenizer tokenizer_from(const json& j, const std::string& where) {
-  ATTN_CHECK(get<std::string>(j, "type", where) == "char", "Expected a tokenizer of type char in ", where,
+  ATTN_CHECK(field<std::string>(j, "type", where) == "char", "Expected a tokenizer of type char in ", where,
              ", but got '", j.value("type", ""), "' instead");
-  return CharTokenizer(utf8_decode(get<std::string>(j, "vocab", where)));
+  return CharTokenizer(utf8_decode(field<std::string>(j, "vocab", where)));
 }
 
 StateDict take_prefixed(StateDict& all, const std::string& prefix) {

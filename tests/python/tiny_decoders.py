@@ -1,7 +1,8 @@
-"""Tiny random GPT-2 and Llama model directories written by transformers (save_pretrained: config.json,
-model.safetensors) plus a WordPiece tokenizer.json built with `tokenizers` (the kind attn's HfTokenizer
-reads today) over the model's vocabulary size. Shared by tests/python/test_decoders.py and
-bench/generate_vs_torch.py. No eos token unless asked: greedy runs the full length in both libraries."""
+"""Tiny random GPT-2, Llama and BERT model directories written by transformers (save_pretrained:
+config.json, model.safetensors) plus a WordPiece tokenizer.json built with `tokenizers` (the kind attn's
+HfTokenizer reads today) over the model's vocabulary size. Shared by tests/python/test_decoders.py,
+test_hostile_dirs.py and bench/generate_vs_torch.py. No eos token unless asked: greedy runs the full
+length in both libraries."""
 from pathlib import Path
 
 WORDS = ("the of and to a in that is was he for it with as his on be at by i this had not are but from or "
@@ -52,6 +53,17 @@ def llama(directory, hidden_size=64, heads=4, kv_heads=2, head_dim=16, layers=2,
                                  max_position_embeddings=max_positions, bos_token_id=None, eos_token_id=None,
                                  pad_token_id=None, **kw)
     return save(transformers.LlamaForCausalLM(c), directory, vocab_size)
+
+
+def bert(directory, hidden_size=32, heads=4, layers=2, vocab_size=120, intermediate=48, max_positions=64, seed=0,
+         **kw):
+    import torch
+    import transformers
+    torch.manual_seed(seed)
+    c = transformers.BertConfig(hidden_size=hidden_size, num_attention_heads=heads, num_hidden_layers=layers,
+                                vocab_size=vocab_size, intermediate_size=intermediate,
+                                max_position_embeddings=max_positions, **kw)
+    return save(transformers.BertModel(c, add_pooling_layer=False), directory, vocab_size)
 
 
 def save(model, directory, vocab_size):
