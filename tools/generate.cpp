@@ -17,9 +17,11 @@ namespace attn {
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
   auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint of attn train or a Hugging Face decoder");
   // exactly one of --ckpt and --model (checked in run_generate, so that the message says so)
-  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); or --model");
+  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); or --model")
+                   ->check(not_empty("a checkpoint directory"));
   cmd->add_option("--model", cli.model, "Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM): "
-                  "config.json, model.safetensors, tokenizer.json; or --ckpt")->excludes(ckpt);
+                  "config.json, model.safetensors, tokenizer.json; or --ckpt")
+      ->excludes(ckpt)->check(not_empty("a model directory"));
   cmd->add_option("--prompt", cli.prompt, "text to continue (--ckpt default: a newline, or the first character)");
   cmd->add_option("-n,--tokens", cli.n, "tokens (characters for --ckpt) to generate")->check(number_of<int64_t>())->check(non_negative());
   cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")

@@ -66,9 +66,11 @@ std::vector<double> layer_entropies(Gpt& model, const std::vector<int64_t>& x, i
 
 CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
   auto* cmd = app.add_subcommand("viz", "attention views (HTML + one PNG per layer) of a model on a text");
-  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); none: train the built-in model");
+  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); none: train the built-in model")
+                   ->check(not_empty("a checkpoint directory"));
   auto* model = cmd->add_option("--model", cli.model, "a Hugging Face model directory (config.json, model.safetensors, "
-                                "tokenizer.json): its heads on the tokenizer's tokens")->excludes(ckpt);
+                                "tokenizer.json): its heads on the tokenizer's tokens")
+                    ->excludes(ckpt)->check(not_empty("a model directory"));
   cmd->add_flag("--builtin", cli.builtin, "train the built-in reverse-task model for a few seconds and show it")
       ->excludes(ckpt)->excludes(model);
   cmd->add_option("--text", cli.text, std::string("the text to run (--ckpt: characters of the model's vocabulary, at "

@@ -29,6 +29,11 @@ def run(*args):
     (["generate", "--ckpt", "x", "--temperature", "-1"], "--temperature: Expected a number >= 0, but got -1 instead"),
     (["generate", "--prompt", "x"], "Expected exactly one of --ckpt DIR and --model DIR, but got neither instead"),
     (["--versoin"], "attn has no option --versoin (did you mean --version?)"),
+    # an empty path (a failed $(scripts/minilm-dir)) is an error, not the option's absence
+    (["viz", "--model", "", "--text", "x"], "--model: Expected a model directory, but got an empty string instead"),
+    (["viz", "--ckpt", "", "--text", "x"], "--ckpt: Expected a checkpoint directory, but got an empty string instead"),
+    (["generate", "--model", ""], "--model: Expected a model directory, but got an empty string instead"),
+    (["train", "--data", "", "--steps", "1"], "--data: Expected a text file, but got an empty string instead"),
 ])
 def test_errors_say_what_to_do(args, message):
     r = run(*args)
