@@ -68,14 +68,16 @@ int run_bench(const BenchOptions& opt);
 struct TrainCli {
   std::string data, out = "out";
   bool resume = false, untied = false, no_decay_embeddings = false, profile = false, strict = false;
-  int64_t log_every = 10;
+  int64_t log_every = 0;  // the run's: TrainOptions::log_every, given or saved (make_trainer sets it)
   TrainOptions values;
   std::vector<std::function<std::string(TrainOptions&)>> apply;
 };
 CLI::App* add_train_command(CLI::App& app, TrainCli& cli);
 int run_train(TrainCli& cli);
 
-// `attn generate` (tools/generate.cpp).
+// `attn generate` (tools/generate.cpp). Its sampling defaults are nanoGPT's sample.py (200 tokens at
+// temperature 0.8 among the top 200, seed 1337), on purpose unlike the library's greedy SampleOptions:
+// the command samples text to read, a library call reproduces transformers' greedy output. --help shows them.
 struct GenerateCli {
   std::string ckpt, model, prompt;  // exactly one of --ckpt and --model: no hidden default directory
   int64_t n = 200;

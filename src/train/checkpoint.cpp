@@ -334,7 +334,7 @@ json fields_json(const S& s, const Fields& fields) {
 }
 
 // Fields added after checkpoints were first written: absent means the default (what those runs did).
-bool added_later(const char* name) { return std::string_view(name) == "dtype"; }
+bool added_later(const char* name) { return std::string_view(name) == "dtype" || std::string_view(name) == "log_every"; }
 
 template <class S, class Fields>
 S fields_from(const json& j, const Fields& fields, const std::string& where) {

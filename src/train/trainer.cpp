@@ -61,6 +61,7 @@ void check_options(const TrainOptions& o) {
   parse_precision(o.dtype);  // names anything but f32/bf16
   positive(o.batch, "batch");
   positive(o.eval_iters, "eval_iters");
+  positive(o.log_every, "log_every");
   non_negative(o.threads, "threads");
   ATTN_CHECK(o.lr > 0, "Expected lr > 0 (at lr 0 nothing trains), but got ", o.lr, " instead");
   non_negative(o.min_lr, "min_lr");

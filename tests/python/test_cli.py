@@ -79,6 +79,17 @@ def test_resume_with_more_steps_replans_the_decay(tmp_path):
     assert r.returncode == 0 and "cosine decay to step 100)" in r.stdout, r.stdout + r.stderr
 
 
+def test_resume_keeps_the_runs_log_every(tmp_path):
+    # the help says --resume continues with the run's options: its progress lines too (not on a terminal here)
+    out = str(tmp_path / "ck")
+    steps = lambda r: re.findall(r"^step (\d+)/", r.stdout, re.M)
+    r = run("train", "--out", out, "--steps", "4", "--log-every", "2", "--eval-every", "0", "--eval-iters", "1")
+    assert r.returncode == 0 and steps(r) == ["2", "4"], r.stdout + r.stderr
+    r = run("train", "--out", out, "--resume", "--steps", "8")
+    assert r.returncode == 0 and steps(r) == ["6", "8"], r.stdout + r.stderr
+    r = run("train", "--out", out, "--resume", "--steps", "11", "--log-every", "3")  # or as said now
+    assert r.returncode == 0 and steps(r) == ["9", "11"], r.stdout + r.stderr
+
 
 def test_learning_rate_surprises_are_said_or_refused(tmp_path):
     # --lr 0 trains nothing: refused; a warmup longer than the run never reaches --lr: a warning with the
