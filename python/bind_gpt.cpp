@@ -145,8 +145,9 @@ void bind_gpt_model(py::module_& m) {
              uint64_t seed) {
             return locked(&g, [&] { return generate(g, prompt, {max_new_tokens, temperature, top_k, seed, {}}); });
           },
-          py::arg("prompt"), py::arg("max_new_tokens") = 100, py::arg("temperature") = 1.0, py::arg("top_k") = 0,
-          py::arg("seed") = 0, "New token ids after `prompt`, one at a time through the KV cache (eval mode).")
+          py::arg("prompt"), py::arg("max_new_tokens") = SampleOptions{}.max_new_tokens,
+          py::arg("temperature") = SampleOptions{}.temperature, py::arg("top_k") = SampleOptions{}.top_k,
+          py::arg("seed") = SampleOptions{}.seed, "New token ids after `prompt`, one at a time through the KV cache (eval mode).")
       .def(
           "attention_weights",
           [](Gpt& g, const py::object& idx) {

@@ -108,8 +108,9 @@ void bind_models(py::module_& m) {
              o.kv_dtype = parse_kv_dtype(kv_dtype.c_str());
              o.eos_token_ids = eos ? *eos : d->decoder_config().eos_token_ids;
              return py_util::locked(&p, [&] { return generate(*d, prompt, o); });
-           }, py::arg("prompt"), py::arg("max_new_tokens") = 100, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
-           py::arg("seed") = 0, py::arg("kv_dtype") = "f32", py::arg("eos_token_ids") = py::none())
+           }, py::arg("prompt"), py::arg("max_new_tokens") = SampleOptions{}.max_new_tokens,
+           py::arg("temperature") = SampleOptions{}.temperature, py::arg("top_k") = SampleOptions{}.top_k,
+           py::arg("seed") = SampleOptions{}.seed, py::arg("kv_dtype") = "f32", py::arg("eos_token_ids") = py::none())
       .def("embed", [](Pretrained& p, const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {
              return py_util::run(&p, [&] { return p.embed(texts, batch, max_length); });
            }, py::arg("texts"), py::arg("batch_size") = 32, py::arg("max_length") = 0);

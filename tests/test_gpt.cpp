@@ -158,9 +158,10 @@ TEST(Gpt, GreedyGenerationFollowsTheFullForwardPastTheBlock) {
     all.push_back(got[n]);
   }
   // Sampling is a function of the seed.
-  const SampleOptions a{.max_new_tokens = 20, .top_k = 5, .seed = 7};
+  const SampleOptions a{.max_new_tokens = 20, .temperature = 1, .top_k = 5, .seed = 7};
   EXPECT_EQ(generate(m, prompt, a), generate(m, prompt, a));
-  EXPECT_NE(generate(m, prompt, {.max_new_tokens = 20, .seed = 7}), generate(m, prompt, {.max_new_tokens = 20, .seed = 8}));
+  EXPECT_NE(generate(m, prompt, {.max_new_tokens = 20, .temperature = 1, .seed = 7}),
+            generate(m, prompt, {.max_new_tokens = 20, .temperature = 1, .seed = 8}));
 }
 
 TEST(Gpt, AttentionWeightsAreCausalDistributions) {

@@ -146,6 +146,9 @@ def test_training_step_save_load_and_generate(tmp_path):
     prompt = tok.encode("hello")
     a = model.generate(prompt, 20, temperature=0.8, top_k=5, seed=3)
     assert a == model.generate(prompt, 20, temperature=0.8, top_k=5, seed=3) and len(a) == 20
+    # the library's one sampling default (attn/sampling.h): greedy, whatever the seed; the CLI samples on purpose
+    assert model.generate(prompt, 20) == model.generate(prompt, 20, temperature=0) == \
+        model.generate(prompt, 20, seed=5)
     model.save(str(tmp_path / "model"), tok)
     again, _ = attn.GPT.load(str(tmp_path / "model"))
     assert again.generate(prompt, 20, temperature=0.8, top_k=5, seed=3) == a
