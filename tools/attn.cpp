@@ -28,7 +28,6 @@ CLI::App* add_info_command(CLI::App& app, InfoCli& cli) {
   return info;
 }
 int run_info(const InfoCli& cli) {
-  attn::set_num_threads(cli.threads);
   std::fputs(attn::to_string(attn::runtime_info()).c_str(), stdout);
   if (cli.strict) attn::check_no_simd_fallback();
   return 0;
@@ -46,7 +45,6 @@ CLI::App* add_tune_command(CLI::App& app, TuneCli& cli) {
   return tune;
 }
 int run_tune(const TuneCli& cli) {
-  attn::set_num_threads(cli.threads);
   std::fputs(attn::to_string(attn::runtime_info()).c_str(), stdout);
   std::fputs(attn::to_string(attn::tune({cli.seconds})).c_str(), stdout);
   return 0;
@@ -127,6 +125,11 @@ int main(int argc, char** argv) {
     return attn::report_parse_error(app, e, argc, argv);
   }
   return reporting_errors([&] {
+    // The thread count, set here once from the command's --threads (tools/flags.h, add_threads_flag). attn
+    // train's is its run's own (TrainOptions::threads, kept with the checkpoint): the Trainer sets it.
+    const int threads = *info ? info_opt.threads : *tune ? tune_opt.threads : *bench ? bench_opt.threads
+                        : *generate ? generate_opt.threads : *viz ? viz_opt.threads : *embed ? embed_opt.threads : -1;
+    if (threads >= 0) attn::set_num_threads(threads);
     if (*demo) return attn::run_demo();
     if (*info) return run_info(info_opt);
     if (*tune) return run_tune(tune_opt);

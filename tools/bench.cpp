@@ -287,7 +287,6 @@ int run_bench(const BenchOptions& opt) {
     check_fits_in_memory(inputs + scores, cat("--lengths ", L, " (Q, K, V, out of (1, 8, L, 64)",
                                               scores > 0 ? " and the reference's scores" : "", ")"));
   }
-  set_num_threads(opt.threads);
   std::fputs(to_string(runtime_info()).c_str(), stdout);
   const Ceilings peak{sgemm_gflops(opt.repeats), fma_peak_gflops(opt.repeats)};
   std::printf("threads %d; attn gemm 2048^3: %.1f GFLOP/s (%%sgemm below); FMA peak, measured: %.1f GFLOP/s (%%fma)\n",

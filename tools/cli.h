@@ -109,6 +109,7 @@ struct VizCli {
   std::string ckpt, model, text, out = "out/viz";
   bool builtin = false;
   int top_k = -1;          // HTML weights per query row; -1: all up to 64 keys, 16 beyond
+  std::string scale = "row";  // the colour scale: row or absolute (viz_model.h)
   int png_max_px = 1024;
   double seconds = 10;
   int threads = 1;

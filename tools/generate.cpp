@@ -91,7 +91,6 @@ int run_generate_pretrained(const GenerateCli& cli) {
 int run_generate(const GenerateCli& cli) {
   ATTN_CHECK(cli.ckpt.empty() != cli.model.empty(), "Expected exactly one of --ckpt DIR and --model DIR, but got ",
              cli.ckpt.empty() ? "neither" : "both", " instead");
-  set_num_threads(cli.threads);
   if (!cli.model.empty()) return run_generate_pretrained(cli);
   const Autocast autocast(dtype_of(cli.dtype, cli.strict));
   LoadedModel m = load_model(cli.ckpt);

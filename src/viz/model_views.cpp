@@ -21,7 +21,8 @@ std::string vocab_sample(const CharTokenizer& tokenizer, size_t head = 12, size_
       out += " \u2026";  // …
       i = v.size() - tail;
     }
-    out += (out.empty() ? "" : " ") + display_token(utf8_encode(std::u32string(1, v[i])));
+    if (!out.empty()) out += ' ';  // (not "" or " " + the token: GCC 12's -Wrestrict misreads that)
+    out += display_token(utf8_encode(std::u32string(1, v[i])));
   }
   return out;
 }
@@ -65,11 +66,14 @@ ModelViews write_views(const std::string& dir, std::vector<Tensor> weights, std:
     const std::string title = cat("layer ", l, " \u00b7 ", w.size(0), " heads \u00b7 \"", display_token(text, 40), "\"",
                                   options.source.empty() ? "" : " \u00b7 ", options.source);
     out.pngs.push_back((std::filesystem::path(dir) / ("layer" + std::to_string(l) + ".png")).string());
-    write_heads_png(out.pngs.back(), w, out.tokens, {}, {.title = title, .max_px = options.png_max_px});
+    write_heads_png(out.pngs.back(), w, out.tokens, {},
+                    {.title = title, .vmax = options.scale == "absolute" ? 1.f : 0.f, .max_px = options.png_max_px});
   }
   out.html = (std::filesystem::path(dir) / "attention.html").string();
-  write_html(out.html, record, {.title = options.title.empty() ? "attention on \"" + text + "\"" : options.title,
-                                .top_k = options.top_k});
+  // the text cut as the PNG titles cut it: the page lists every token, its title need not repeat them
+  write_html(out.html, record,
+             {.title = options.title.empty() ? "attention on \"" + display_token(text, 40) + "\"" : options.title,
+              .top_k = options.top_k, .scale = options.scale});
   return out;
 }
 
