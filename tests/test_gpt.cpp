@@ -287,8 +287,7 @@ TEST(Gpt, BackwardHandsOverEachGradientGroupOnceFinal) {
     for (size_t g = 0; g < groups.size(); ++g) {
       EXPECT_EQ(order[g], g);
       for (size_t k = 0; k < groups[g].size(); ++k)  // nothing adds to them after their hook
-        EXPECT_EQ(std::memcmp(at_hook[g][k].data(), groups[g][k].grad->data(), 4 * size_t(at_hook[g][k].numel())), 0)
-            << groups[g][k].name << (tied ? " (tied)" : "");
+        EXPECT_TRUE(test::same_bits(at_hook[g][k], *groups[g][k].grad)) << groups[g][k].name << (tied ? " (tied)" : "");
     }
   }
 }

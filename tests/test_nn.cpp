@@ -18,6 +18,7 @@
 #include "attn/param.h"
 #include "attn/rng.h"
 #include "attn/threads.h"
+#include "test_util.h"
 
 using namespace attn;
 
@@ -206,8 +207,7 @@ LnRef layer_norm_ref(const Tensor& x, const Tensor& dy, const float* w, const fl
 }
 
 void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)), 0) << what;
+  EXPECT_TRUE(test::same_bits(a, b)) << what;
 }
 
 TEST(LayerNorm, SimdRowsHaveTheScalarLanesBitsAtOddSizes) {
@@ -900,9 +900,7 @@ TEST(Dropout, ReseedRestartsTheStream) {
 
 namespace {
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)) == 0;
-}
+using test::same_bits;
 
 TEST(NoCopies, DropoutApplyIsTheIdentityWithoutACopy) {
   Rng rng(51);

@@ -71,8 +71,7 @@ void expect_load_error(const std::string& path, std::initializer_list<std::strin
 }
 
 void expect_bits_equal(const Tensor& a, const Tensor& b, const std::string& name) {
-  ASSERT_EQ(a.shape(), b.shape()) << name;
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), size_t(a.numel()) * 4), 0) << name;
+  EXPECT_TRUE(test::same_bits(a, b)) << name;
 }
 
 StateDict sample() {

@@ -230,7 +230,7 @@ TEST(RingAttention, SameBitsForOneAndTwoThreads) {
   set_num_threads(0);
   for (auto [a, b] : {std::pair{&one.local.out, &two.local.out}, {&one.local.lse, &two.local.lse},
                       {&one.local.dq, &two.local.dq}, {&one.local.dk, &two.local.dk}, {&one.local.dv, &two.local.dv}})
-    EXPECT_EQ(std::memcmp(a->data(), b->data(), sizeof(float) * size_t(a->numel())), 0);
+    EXPECT_TRUE(test::same_bits(*a, *b));
 }
 
 // What travels: the forward sends N − 1 K/V blocks (each rank's own first, then what it received); the
@@ -292,7 +292,7 @@ TEST(RingLayout, TakeAndPutRoundTrip) {
       }
       ring_put<float>(local, back, 2, p, n, layout);
     }
-  EXPECT_EQ(std::memcmp(full.data(), back.data(), sizeof(float) * size_t(full.numel())), 0);
+  EXPECT_TRUE(test::same_bits(full, back));
   Tensor wrong({2, 3, 4, 5});
   EXPECT_NE(test::error_of([&] { ring_take<float>(full, wrong, 2, r, n, RingLayout::zigzag); }).find("Expected"),
             std::string::npos);
