@@ -1,6 +1,6 @@
 """Two builds of one benchmark program, A and B, interleaved: A, B, A, B, ... each run once per round,
 then per case the median rate of each and the ratio B / A. For a change to a kernel measured against
-the build before it (DESIGN.md: interleave A/B, medians). Not a benchmark itself: it runs
+the build before it (BENCHMARKS.md's rule: interleave A/B, medians). Not a benchmark itself: it runs
 build/gemm_candidates (--attn-only: attn's GFLOP/s per shape) or build/bench_kernels (GFLOP/s per
 benchmark, or 1/time where a benchmark has no GFLOP/s counter) and reads their output.
 

@@ -35,7 +35,7 @@ Tensor new_buffer(bool seq_first, int64_t B, int64_t T, int64_t C, bool written 
 }
 View<float> btc(Tensor& t, bool seq_first) { return seq_first ? t.view().transpose(0, 1) : t.view(); }
 
-// (B, T, heads·D) -> (B, heads, T, D): the head split of the DESIGN, the same bytes read by strides.
+// (B, T, heads·D) -> (B, heads, T, D): a strided view of the same bytes (no hidden copy).
 template <typename T>
 View<T> split_heads(View<T> x, int64_t heads) {
   const int64_t d = x.size(2) / heads;
