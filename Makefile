@@ -20,7 +20,7 @@ demo: build-demo
 build-demo:
 	@scripts/install-deps.sh demo
 	@[ -f $(BUILD)/CMakeCache.txt ] || $(CONFIGURE) -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCH=OFF \
-	  -DATTN_BUILD_EXAMPLES=OFF
+	  -DATTN_BUILD_EXAMPLES=OFF -DATTN_NATIVE_ONLY=ON
 	cmake --build $(BUILD) -j$(JOBS) --target front_ends
 	@$(PTH)
 
@@ -30,11 +30,13 @@ test: build
 deps:
 	@scripts/install-deps.sh test
 
-# Configure once (again when a demo build left the tests out), build incrementally, put the module on the path.
+# Configure once (again when a demo build left the tests out and compiled the kernels for this CPU only), build
+# incrementally, put the module on the path.
 build: deps
 	@grep -qs '^ATTN_BUILD_TESTS:BOOL=ON' $(BUILD)/CMakeCache.txt && \
-	  grep -qs '^ATTN_BUILD_BENCH:BOOL=ON' $(BUILD)/CMakeCache.txt || \
-	  $(CONFIGURE) -DATTN_BUILD_TESTS=ON -DATTN_BUILD_BENCH=ON -DATTN_BUILD_EXAMPLES=ON
+	  grep -qs '^ATTN_BUILD_BENCH:BOOL=ON' $(BUILD)/CMakeCache.txt && \
+	  ! grep -qs '^ATTN_NATIVE_ONLY:BOOL=ON' $(BUILD)/CMakeCache.txt || \
+	  $(CONFIGURE) -DATTN_BUILD_TESTS=ON -DATTN_BUILD_BENCH=ON -DATTN_BUILD_EXAMPLES=ON -DATTN_NATIVE_ONLY=OFF
 	cmake --build $(BUILD) -j$(JOBS)
 	@$(PTH)
 

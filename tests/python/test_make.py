@@ -51,7 +51,11 @@ def test_demo_installs_and_builds_only_what_the_cli_and_module_need():
     # one build of both (the CLI and the module side by side), not one after the other
     assert re.search(r"add_custom_target\(front_ends\)\n\s*add_dependencies\(front_ends attn _attn\)",
                      (REPO / "CMakeLists.txt").read_text()), "front_ends builds the CLI and the module"
-    assert "-DATTN_BUILD_TESTS=OFF" in r.stdout, r.stdout
+    assert "-DATTN_BUILD_TESTS=OFF" in r.stdout and "-DATTN_NATIVE_ONLY=ON" in r.stdout, r.stdout
+    # make test after make demo configures again: every SIMD target compiled, which the tests run
+    r = make("-n", "build", "BUILD=/nonexistent-build")
+    assert "-DATTN_BUILD_TESTS=ON" in r.stdout and "-DATTN_NATIVE_ONLY=OFF" in r.stdout, r.stdout
+    assert "grep -qs '^ATTN_NATIVE_ONLY:BOOL=ON'" in r.stdout, r.stdout
     assert re.search(r"^demo: build-demo$", (REPO / "Makefile").read_text(), re.M)
 
 
