@@ -1,6 +1,7 @@
 # The two front doors: `make demo` and `make test`. Both install what is missing, then build.
-# demo: the demo set of scripts/install-deps.sh, and the CLI and the Python module only: the first time about
-# 9 CPU-minutes of compiling (4 to 5 minutes on 2 free cores; the README says so), later only what changed;
+# demo: the demo set of scripts/install-deps.sh, and the CLI and the Python module only, the SIMD kernels for this
+# CPU's best target: the first time about 7 CPU-minutes of compiling (4 minutes on 2 free cores, more on a busy
+# machine; the README says so), later only what changed;
 # test (and build): the test set too, and everything (tests, benchmarks, examples).
 SHELL := /bin/bash
 BUILD ?= build
