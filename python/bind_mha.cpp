@@ -7,6 +7,7 @@
 #include "attn/mha.h"
 #include "bind_fields.h"
 #include "bind_layer.h"
+#include "sdpa_args.h"
 
 namespace py = pybind11;
 using namespace attn;
@@ -23,10 +24,11 @@ void bind_mha(py::module_& m) {
           "forward",
           [](MultiheadAttention& self, py::array& query, py::array& key, py::array& value,
              py::object& key_padding_mask, bool need_weights,
-             py::object& attn_mask, bool average_attn_weights, bool is_causal, bool trace) {
+             py::object& attn_mask, bool average_attn_weights, bool is_causal, bool trace, const py::dict& variants) {
             std::ostringstream text;
+            py_util::Variants var{variants};
             MhaArgs args{py_util::nn_mask(key_padding_mask, "key_padding_mask"), need_weights, py_util::nn_mask(attn_mask, "attn_mask"),
-                         average_attn_weights, is_causal, trace ? &text : nullptr};
+                         average_attn_weights, is_causal, trace ? &text : nullptr, py_util::layer_variants(var)};
             View<const float> q = view_of<const float>(query, "query"), k = view_of<const float>(key, "key"),
                               v = view_of<const float>(value, "value");
             MhaOutput r = py_util::locked(&self, [&] { return self.forward(q, k, v, args); });
@@ -35,7 +37,8 @@ void bind_mha(py::module_& m) {
           },
           py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
           py::arg("need_weights") = true, py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
-          py::arg("is_causal") = false, py::arg("trace") = false, "(output, weights or None, trace text or None)")
+          py::arg("is_causal") = false, py::arg("trace") = false, py::arg("variants") = py::dict(),
+          "(output, weights or None, trace text or None); variants: window, alibi_slopes, softcap, document_ids")
       .def(
           "backward",
           [](MultiheadAttention& self, py::array& grad_output) {

@@ -5,6 +5,7 @@
 #include "attn/nn.h"
 #include "bind_fields.h"
 #include "bind_layer.h"
+#include "sdpa_args.h"
 
 namespace py = pybind11;
 
@@ -101,14 +102,15 @@ void bind_nn(py::module_& m) {
   encoder.def(
           "forward",
           [](TransformerEncoderLayer& self, py::array& src, py::object& src_mask,
-             py::object& src_key_padding_mask, bool is_causal) {
+             py::object& src_key_padding_mask, bool is_causal, const py::dict& variants) {
+            py_util::Variants var{variants};
             EncoderArgs a{nn_mask(src_mask, "src_mask"), nn_mask(src_key_padding_mask, "src_key_padding_mask"),
-                          is_causal};
+                          is_causal, py_util::layer_variants(var)};
             View<const float> x = in(src, "src");
             return run(&self, [&] { return self.forward(x, a); });
           },
           py::arg("src"), py::arg("src_mask") = py::none(), py::arg("src_key_padding_mask") = py::none(),
-          py::arg("is_causal") = false)
+          py::arg("is_causal") = false, py::arg("variants") = py::dict())
       .def("backward", [](TransformerEncoderLayer& self, py::array& d) {
         View<const float> v = in(d, "grad_output");
         return run(&self, [&] { return self.backward(v); });

@@ -42,22 +42,24 @@ void bind_sdpa(py::module_& m) {
          const std::string& mask_kind, std::optional<py::array>& key_padding,
          const std::string& padding_kind, const std::string& causal, std::optional<double> scale,
          double dropout_p, uint64_t seed, bool want_weights, bool want_lse, const std::string& backend,
-         bool strict, bool explain_only, const std::string& dtype) {
+         bool strict, bool explain_only, const std::string& dtype, const py::dict& variants) {
         SdpaOptions opt{parse_backend(backend), strict, parse_precision(dtype)};
-        if (q.dtype().is(py::dtype::of<double>()))
-          return run(make_args<double>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale,
-                                       dropout_p, seed),
-                     want_weights, want_lse, opt, explain_only);
-        return run(make_args<float>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale,
-                                    dropout_p, seed),
-                   want_weights, want_lse, opt, explain_only);
+        py_util::Variants var{variants};
+        auto call = [&]<typename T>(T) {
+          SdpaArgs<T> a = make_args<T>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale, dropout_p, seed);
+          var.apply(a);
+          return run(a, want_weights, want_lse, opt, explain_only);
+        };
+        return q.dtype().is(py::dtype::of<double>()) ? call(0.0) : call(0.0f);
       },
       py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask") = py::none(),
       py::arg("mask_kind") = "keep", py::arg("key_padding") = py::none(), py::arg("padding_kind") = "drop",
       py::arg("causal") = "none", py::arg("scale") = py::none(), py::arg("dropout_p") = 0.0,
       py::arg("seed") = 0, py::arg("want_weights") = false, py::arg("want_lse") = false,
       py::arg("backend") = "auto", py::arg("strict") = false, py::arg("explain_only") = false,
-      py::arg("dtype") = "f32",
+      py::arg("dtype") = "f32", py::arg("variants") = py::dict(),
       "Rank-4 SDPA on numpy arrays: returns (out, weights or None, lse or None), or with explain_only the\n"
-      "(backend, reason) it would run. dtype: what the flash forward multiplies in, f32 or bf16.");
+      "(backend, reason) it would run. dtype: what the flash forward multiplies in, f32 or bf16. variants: a dict\n"
+      "of window, alibi_slopes, softcap, relative_bias (+ relative_bidirectional, relative_max_distance),\n"
+      "document_ids, cu_seqlens_q, cu_seqlens_k.");
 }

@@ -20,6 +20,7 @@ template <typename T>
 const char* type_name() {
   if constexpr (std::is_same_v<T, float>) return "float32";
   else if constexpr (std::is_same_v<T, double>) return "float64";
+  else if constexpr (std::is_same_v<T, int64_t>) return "int64";
   else return "bool";
 }
 

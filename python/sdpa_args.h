@@ -5,8 +5,12 @@
 #include <pybind11/stl.h>
 
 #include <optional>
+#include <set>
+#include <utility>
+#include <vector>
 #include <string>
 
+#include "attn/mha.h"
 #include "attn/sdpa.h"
 #include "numpy_view.h"
 
@@ -27,6 +31,57 @@ Mask<T> make_mask(std::optional<py::array>& m, const std::string& kind, const ch
   if (kind == "keep") return Mask<T>::keep(view_of<const uint8_t>(*m, arg));
   if (kind == "drop") return Mask<T>::drop(view_of<const uint8_t>(*m, arg));
   throw Error(cat("Expected a mask kind in {keep, drop, additive} for ", arg, ", but got '", kind, "' instead"));
+}
+
+// The variants as the Python side passes them, a dict of keyword arguments (python/attn/functional.py):
+// window (left, right), alibi_slopes, softcap, relative_bias (num_buckets, H) with relative_bidirectional
+// and relative_max_distance, document_ids (B, L) int64, cu_seqlens_q / cu_seqlens_k int64. Holds the
+// arrays its views read (view_of may replace one by an aligned copy) for as long as it lives.
+struct Variants {
+  py::dict d;
+  std::vector<py::array> arrays;
+
+  template <typename T>
+  void apply(SdpaArgs<T>& a) {
+    static const std::set<std::string> known = {"window", "alibi_slopes", "softcap", "relative_bias",
+                                                "relative_bidirectional", "relative_max_distance",
+                                                "document_ids", "cu_seqlens_q", "cu_seqlens_k"};
+    for (const auto& [k, v] : d)
+      ATTN_CHECK(known.count(py::str(k).cast<std::string>()), "Expected a variant in {window, alibi_slopes, softcap, ",
+                 "relative_bias, relative_bidirectional, relative_max_distance, document_ids, cu_seqlens_q, ",
+                 "cu_seqlens_k}, but got '", py::str(k).cast<std::string>(), "' instead");
+    arrays.reserve(8);  // views point into these: no reallocation
+    const auto array = [&]<typename E>(const char* name, E) -> View<const E> {
+      if (!d.contains(name) || d[name].is_none()) return {};
+      arrays.push_back(py::array::ensure(d[name]));
+      ATTN_CHECK(arrays.back(), "Expected ", name, " to be an array, but got ", py::str(py::type::handle_of(d[name])).cast<std::string>(),
+                 " instead");
+      return view_of<const E>(arrays.back(), name);
+    };
+    if (d.contains("window") && !d["window"].is_none()) {
+      const auto w = d["window"].cast<std::pair<int64_t, int64_t>>();
+      a.window = {w.first, w.second};
+    }
+    a.alibi_slopes = array("alibi_slopes", T());
+    if (d.contains("softcap")) a.softcap = d["softcap"].cast<double>();
+    a.relative_bias.table = array("relative_bias", T());
+    if (d.contains("relative_bidirectional")) a.relative_bias.bidirectional = d["relative_bidirectional"].cast<bool>();
+    if (d.contains("relative_max_distance")) a.relative_bias.max_distance = d["relative_max_distance"].cast<int64_t>();
+    a.documents.ids = array("document_ids", int64_t());
+    a.documents.cu_seqlens_q = array("cu_seqlens_q", int64_t());
+    a.documents.cu_seqlens_k = array("cu_seqlens_k", int64_t());
+  }
+};
+
+// The variants a layer passes on (mha.h AttnVariants), from the same dict; a relative bias or cu_seqlens (which
+// a layer does not take) is refused by name.
+inline AttnVariants layer_variants(Variants& var) {
+  SdpaArgs<float> a;
+  var.apply(a);
+  ATTN_CHECK(!a.relative_bias.given() && a.documents.cu_seqlens_q.empty() && a.documents.cu_seqlens_k.empty(),
+             "Expected window, alibi_slopes, softcap or document_ids for a layer's attention, but got ",
+             a.relative_bias.given() ? "relative_bias" : "cu_seqlens", " instead (scaled_dot_product_attention takes it)");
+  return {a.window, a.alibi_slopes, a.softcap, a.documents.ids};
 }
 
 // SdpaArgs over numpy arrays (read in place) and the Python spelling of the options.

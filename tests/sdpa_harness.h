@@ -57,6 +57,15 @@ struct Case {
   double masked_rows = 0;   // probability that a whole last-dim row of a mask masks
   int in_layout = 0;        // of q, k, v and dout (see Arr)
   int out_layout = 0;       // of out, weights, lse and the gradients
+  // Variants (SdpaArgs): a window; ALiBi slopes (1: (H), 2: (B, H)); softcap; T5's relative bias of
+  // rel_buckets buckets; documents: lengths of each batch's documents, as document ids (L == S), or with
+  // docs_k (B == 1) as cu_seqlens of queries (docs) and keys (docs_k).
+  Window window;
+  int alibi = 0;
+  double softcap = 0;
+  int64_t rel_buckets = 0, rel_max_distance = 20;
+  bool rel_bidirectional = true;
+  std::vector<int64_t> docs, docs_k;
 
   Shape mask_shape() const { return mask.shape.empty() ? Shape{L, S} : mask.shape; }
   Shape padding_shape() const { return padding.shape.empty() ? Shape{B, S} : padding.shape; }
@@ -65,7 +74,21 @@ struct Case {
     return cat("B=", B, " H=", H, " Hkv=", Hkv, " L=", L, " S=", S, " D=", D, " Dv=", Dv, " mask=",
                mask_name(mask.kind), mask.kind == MaskKind::none ? "" : to_string(mask_shape()), " padding=",
                mask_name(padding.kind), " causal=", causals[static_cast<int>(causal)], " p=", dropout_p,
-               " layouts=", in_layout, "/", out_layout);
+               " layouts=", in_layout, "/", out_layout, variants());
+  }
+  std::string variants() const {
+    std::string v;
+    if (window.given()) v += cat(" window=(", window.left, ", ", window.right, ")");
+    if (alibi) v += cat(" alibi=", alibi == 1 ? "(H)" : "(B, H)");
+    if (softcap > 0) v += cat(" softcap=", softcap);
+    if (rel_buckets) v += cat(" t5=", rel_buckets, rel_bidirectional ? " bidirectional" : " causal", " max ", rel_max_distance);
+    if (!docs.empty()) {
+      v += docs_k.empty() ? " doc lengths=" : " varlen q=";
+      for (int64_t d : docs) v += cat(d, ",");
+      if (!docs_k.empty()) v += " k=";
+      for (int64_t d : docs_k) v += cat(d, ",");
+    }
+    return v;
   }
 };
 
@@ -117,8 +140,9 @@ Arr<T> to_arr(const double* x, const Shape& shape, int layout) {
 // A case's inputs, bound as SdpaArgs<T> of its layouts; keeps the storage the views read.
 template <typename T>
 struct Bound {
-  Arr<T> q, k, v, dout, mask_bias, pad_bias;
+  Arr<T> q, k, v, dout, mask_bias, pad_bias, slopes, table;
   Arr<uint8_t> mask_bools, pad_bools;
+  Arr<int64_t> ids, cu_q, cu_k;
   SdpaArgs<T> args;
 };
 
@@ -128,6 +152,7 @@ struct Inputs {
   Case c;
   TensorD q, k, v, dout;  // (B, H, L, D), (B, Hkv, S, D), (B, Hkv, S, Dv), (B, H, L, Dv)
   std::vector<double> mask, padding;
+  std::vector<double> slopes, table;  // ALiBi (H) or (B, H); T5 (rel_buckets, H)
 
   Inputs() = default;
   explicit Inputs(const Case& cs)
@@ -138,10 +163,15 @@ struct Inputs {
     mask = random_mask(c.mask.kind, c.mask_shape(), rng);
     padding = random_mask(c.padding.kind, c.padding_shape(), rng);
     randn(dout, rng);
+    // ALiBi's geometric slopes 2^(-8(h+1)/H), times a batch factor for (B, H); the table: normal values
+    if (c.alibi)
+      for (int64_t b = 0; b < (c.alibi == 2 ? c.B : 1); ++b)
+        for (int64_t h = 0; h < c.H; ++h) slopes.push_back(float(std::exp2(-8.0 * double(h + 1) / double(c.H)) * (1 + 0.5 * double(b))));
+    for (int64_t i = 0; i < c.rel_buckets * c.H; ++i) table.push_back(static_cast<float>(rng.normal()));
   }
   Inputs clone() const {
     Inputs in;
-    in.c = c, in.mask = mask, in.padding = padding;
+    in.c = c, in.mask = mask, in.padding = padding, in.slopes = slopes, in.table = table;
     in.q = TensorD::copy_of(q), in.k = TensorD::copy_of(k), in.v = TensorD::copy_of(v), in.dout = TensorD::copy_of(dout);
     return in;
   }
@@ -160,6 +190,26 @@ struct Inputs {
     b.args.scale = c.scale;
     b.args.dropout_p = c.dropout_p;
     b.args.seed = c.dropout_seed;
+    b.args.window = c.window;
+    b.args.softcap = c.softcap;
+    if (c.alibi) b.args.alibi_slopes = (b.slopes = to_arr<T>(slopes.data(), c.alibi == 1 ? Shape{c.H} : Shape{c.B, c.H}, 0)).view;
+    if (c.rel_buckets) {
+      b.args.relative_bias.table = (b.table = to_arr<T>(table.data(), {c.rel_buckets, c.H}, 0)).view;
+      b.args.relative_bias.bidirectional = c.rel_bidirectional;
+      b.args.relative_bias.max_distance = c.rel_max_distance;
+    }
+    if (!c.docs.empty() && c.docs_k.empty()) {  // ids 0, 1, 2, ... by the lengths, the same for every batch
+      std::vector<double> ids;
+      for (int64_t bb = 0; bb < c.B; ++bb)
+        for (size_t i = 0; i < c.docs.size(); ++i) ids.insert(ids.end(), size_t(c.docs[i]), double(i));
+      b.args.documents.ids = (b.ids = to_arr<int64_t>(ids.data(), {c.B, c.L}, 0)).view;
+    } else if (!c.docs.empty()) {
+      std::vector<double> cq{0}, ck{0};
+      for (int64_t x : c.docs) cq.push_back(cq.back() + double(x));
+      for (int64_t x : c.docs_k) ck.push_back(ck.back() + double(x));
+      b.args.documents.cu_seqlens_q = (b.cu_q = to_arr<int64_t>(cq.data(), {int64_t(cq.size())}, 0)).view;
+      b.args.documents.cu_seqlens_k = (b.cu_k = to_arr<int64_t>(ck.data(), {int64_t(ck.size())}, 0)).view;
+    }
     return b;
   }
 
@@ -215,9 +265,10 @@ Forward forward(ForwardKernel<T> kernel, const Inputs& in, bool weights = false)
   return {out.values(), weights ? w.values() : std::vector<double>{}, lse.values()};
 }
 
-// dq (B, H, L, D), dk (B, Hkv, S, D), dv (B, Hkv, S, Dv) in index order, as double.
+// dq (B, H, L, D), dk (B, Hkv, S, D), dv (B, Hkv, S, Dv) in index order, as double; drel (rel_buckets, H)
+// when the case has a relative bias.
 struct Grads {
-  std::vector<double> dq, dk, dv;
+  std::vector<double> dq, dk, dv, drel;
 };
 
 // The gradients of sum(dout ∘ sdpa(q, k, v)) by kernel, after the forward sdpa() would run (flash for
@@ -230,9 +281,11 @@ Grads backward(BackwardKernel<T> kernel, const Inputs& in) {
   TensorT<T> out({c.B, c.H, c.L, c.Dv}), lse({c.B, c.H, c.L});
   sdpa(b.args, SdpaOut<T>{out.view(), {}, lse.view()});
   Arr<T> dq({c.B, c.H, c.L, c.D}, c.out_layout, T(NAN)), dk({c.B, c.Hkv, c.S, c.D}, c.out_layout, T(NAN)),
-      dv({c.B, c.Hkv, c.S, c.Dv}, c.out_layout, T(NAN));
-  kernel(make_problem(b.args, SdpaOut<T>{out.view(), {}, lse.view()}), b.dout.view, {dq.view, dk.view, dv.view});
-  return {dq.values(), dk.values(), dv.values()};
+      dv({c.B, c.Hkv, c.S, c.Dv}, c.out_layout, T(NAN)), drel;
+  if (c.rel_buckets) drel = Arr<T>({c.rel_buckets, c.H}, c.out_layout, T(NAN));
+  kernel(make_problem(b.args, SdpaOut<T>{out.view(), {}, lse.view()}), b.dout.view,
+         {dq.view, dk.view, dv.view, {}, drel.view});
+  return {dq.values(), dk.values(), dv.values(), c.rel_buckets ? drel.values() : std::vector<double>{}};
 }
 
 // ---- The tolerance rule ----
@@ -285,6 +338,11 @@ inline void expect_backward_close(BackwardKernel<float> kernel, const Inputs& in
   expect_close("dq", got.dq, ref32.dq, truth.dq, atol);
   expect_close("dk", got.dk, ref32.dk, truth.dk, atol);
   expect_close("dv", got.dv, ref32.dv, truth.dv, atol);
+  if (!truth.drel.empty()) {  // sums of dS: the gradients' atol (dS's exact cancellations), plus their own scale
+    double largest = 0;
+    for (double x : truth.drel) largest = std::max(largest, std::abs(x));
+    expect_close("drelative_bias", got.drel, ref32.drel, truth.drel, atol + 1e-6 * largest);
+  }
 }
 inline void expect_backward_close(BackwardKernel<float> kernel, const Case& c) { expect_backward_close(kernel, Inputs(c)); }
 

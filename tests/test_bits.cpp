@@ -155,13 +155,25 @@ struct AttnCase {
   Causal causal = Causal::none;
   bool additive_mask = false, key_padding = false;
   double dropout = 0;
+  // variants: a window, ALiBi slopes (H), softcap, a relative bias of rel_buckets, documents of these lengths
+  Window window;
+  bool alibi = false;
+  double softcap = 0;
+  int64_t rel_buckets = 0;
+  std::vector<int64_t> docs;
+  Precision precision = Precision::f32;
 };
 
 struct Inputs {
   AttnCase c;
-  std::vector<float> q, k, v, mask, dout;
+  std::vector<float> q, k, v, mask, dout, slopes, table;
   std::vector<uint8_t> pad;
+  std::vector<int64_t> ids;
   explicit Inputs(const AttnCase& c_) : c(c_) {
+    slopes = uniform(size_t(c.H), 16, 0.01f, 0.5f);
+    table = uniform(size_t(std::max<int64_t>(c.rel_buckets, 1) * c.H), 17, -2, 2);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (size_t i = 0; i < c.docs.size(); ++i) ids.insert(ids.end(), size_t(c.docs[i]), int64_t(i));
     q = uniform(size_t(c.B * c.H * c.L * c.D), 11, -2, 2);
     k = uniform(size_t(c.B * c.Hkv * c.S * c.D), 12, -2, 2);
     v = uniform(size_t(c.B * c.Hkv * c.S * c.Dv), 13);
@@ -178,6 +190,10 @@ struct Inputs {
     a.causal = c.causal;
     a.dropout_p = c.dropout;
     a.seed = 7;
+    a.window = c.window, a.softcap = c.softcap;
+    if (c.alibi) a.alibi_slopes = {slopes.data(), {c.H}};
+    if (c.rel_buckets) a.relative_bias.table = {table.data(), {c.rel_buckets, c.H}}, a.relative_bias.max_distance = 300;
+    if (!c.docs.empty()) a.documents.ids = {ids.data(), {c.B, c.L}};
     return a;
   }
 };
@@ -188,7 +204,7 @@ std::vector<float> run_attention(const Inputs& in, bool backward, KvDtype kv = K
   std::vector<float> out(size_t(c.B * c.H * c.L * c.Dv)), lse(size_t(c.B * c.H * c.L));
   const SdpaArgs<float> a = in.args();
   const SdpaOut<float> o{{out.data(), {c.B, c.H, c.L, c.Dv}}, {}, {lse.data(), {c.B, c.H, c.L}}};
-  const SdpaOptions flash{Backend::flash};
+  const SdpaOptions flash{Backend::flash, false, c.precision};
   if (kv != KvDtype::f32) {
     std::vector<uint16_t> kh(in.k.size()), vh(in.v.size());
     to_half(kv, in.k.data(), int64_t(in.k.size()), kh.data());
@@ -202,13 +218,13 @@ std::vector<float> run_attention(const Inputs& in, bool backward, KvDtype kv = K
   std::vector<float> all = out;
   all.insert(all.end(), lse.begin(), lse.end());
   if (!backward) return all;
-  std::vector<float> dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
+  std::vector<float> dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), drel(size_t(c.rel_buckets * c.H));
+  SdpaGrads<float> g{{dq.data(), {c.B, c.H, c.L, c.D}}, {dk.data(), {c.B, c.Hkv, c.S, c.D}},
+                     {dv.data(), {c.B, c.Hkv, c.S, c.Dv}}};
+  if (c.rel_buckets) g.drelative_bias = {drel.data(), {c.rel_buckets, c.H}};
   sdpa_backward<float>(a, {out.data(), {c.B, c.H, c.L, c.Dv}}, {lse.data(), {c.B, c.H, c.L}},
-                       {in.dout.data(), {c.B, c.H, c.L, c.Dv}},
-                       {{dq.data(), {c.B, c.H, c.L, c.D}}, {dk.data(), {c.B, c.Hkv, c.S, c.D}},
-                        {dv.data(), {c.B, c.Hkv, c.S, c.Dv}}},
-                       flash);
-  for (auto* g : {&dq, &dk, &dv}) all.insert(all.end(), g->begin(), g->end());
+                       {in.dout.data(), {c.B, c.H, c.L, c.Dv}}, g, flash);
+  for (auto* x : {&dq, &dk, &dv, &drel}) all.insert(all.end(), x->begin(), x->end());
   return all;
 }
 
@@ -232,6 +248,22 @@ TEST(Bits, FlashForwardAndBackwardOnEveryConfiguration) {
   c = {1, 3, 1, 5, 100, 48, 40};  // few rows: K read as rows, Sᵀ = K·Qᵀ
   c.key_padding = true;
   expect_attention_same_everywhere(c, true);
+}
+
+TEST(Bits, VariantsOnEveryConfiguration) {
+  // windows (tiles skipped, bands trimmed), ALiBi, softcap, a relative bias (its gradient summed by distance
+  // and bucket), documents; fp32 and bf16 products; decoding with a window and biases
+  for (Precision prec : {Precision::f32, Precision::bf16}) {
+    AttnCase c{2, 4, 2, 300, 600, 63, 80, Causal::bottom_right, true, true};
+    c.window = {200, 0}, c.alibi = true, c.softcap = 2, c.precision = prec;
+    expect_attention_same_everywhere(c, true);
+    c = {2, 4, 4, 400, 400, 64, 64, Causal::top_left};
+    c.docs = {150, 1, 249}, c.rel_buckets = 32, c.dropout = 0.1, c.precision = prec;
+    expect_attention_same_everywhere(c, true);
+  }
+  AttnCase d{1, 8, 2, 1, 2100, 64, 64, Causal::bottom_right};
+  d.window = {700, 0}, d.alibi = true, d.rel_buckets = 16, d.softcap = 3;
+  expect_attention_same_everywhere(d, false);
 }
 
 TEST(Bits, DecodeOnEveryConfiguration) {

@@ -56,7 +56,7 @@ struct Oracle {
   }
   Row row(int64_t bb, int64_t h, int64_t l) const {
     Row r;
-    r.kvh = p.kv_head(h), r.end = p.key_end(l);
+    r.kvh = p.kv_head(h), r.end = p.keys(bb, l).end;  // these cases: causal at most (keys from 0)
     r.s.assign(size_t(r.end), 0), r.mag = r.s;
     for (int64_t j = 0; j < r.end; ++j) {
       double dot = 0, abs_dot = 0;

@@ -73,6 +73,10 @@ CLI::App* add_bench_command(CLI::App& app, attn::BenchOptions& opt) {
   bench->add_option("--backward", opt.backward, "time the backward too (without --ring: flash backward rows "
                     "with their scratch beyond inputs and outputs)")->expected(0, 1)
       ->option_text("BOOLEAN=off; on with --ring");  // not default_str: CLI11 takes it as the value of a bare --backward
+  bench->add_flag("--variants", opt.variants, "rows of the attention variants beside full causal (sliding window, "
+                  "ALiBi, softcap, 8 packed documents), with the (query, key) tiles the kernel never computes");
+  bench->add_option("--window", opt.window, "--variants: the sliding window's W (keys l - W .. l)")
+      ->check(attn::number_of<int64_t>())->check(attn::positive());
   return bench;
 }
 

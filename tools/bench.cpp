@@ -5,6 +5,7 @@
 // BENCHMARKS.md.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -54,35 +55,77 @@ struct Case {
   const char* name;
   int64_t B, H, Hkv, L, S, D;
   Causal causal;
+  // --variants: a window, ALiBi, softcap, documents of equal length
+  Window window = {};
+  bool alibi = false;
+  double softcap = 0;
+  int64_t docs = 0;
 };
 
-double forward_flops(const Case& c) { return sdpa_forward_flops(c.B, c.H, c.L, c.S, c.D, c.causal); }
+// The case's variants on its arguments; slopes and ids are kept by the caller.
+void set_variants(const Case& c, SdpaArgs<float>& a, Tensor& slopes, std::vector<int64_t>& ids) {
+  a.causal = c.causal, a.window = c.window, a.softcap = c.softcap;
+  if (c.alibi) {
+    slopes = Tensor({c.H});
+    for (int64_t h = 0; h < c.H; ++h) slopes.data()[h] = std::exp2(-8.0f * float(h + 1) / float(c.H));
+    a.alibi_slopes = slopes.view();
+  }
+  if (c.docs) {
+    ids.resize(size_t(c.B * c.L));
+    for (int64_t i = 0; i < c.B * c.L; ++i) ids[size_t(i)] = (i % c.L) * c.docs / c.L;
+    a.documents.ids = View<const int64_t>(ids.data(), {c.B, c.L});
+  }
+}
+
+// FLOPs of the forward: 4·D per (query, key) pair a query sees, summed over the rows (sdpa_forward_flops'
+// count, exact for windows and documents: the pairs outside them are not work).
+double forward_flops(const Case& c) {
+  if (!c.window.given() && !c.docs) return sdpa_forward_flops(c.B, c.H, c.L, c.S, c.D, c.causal);
+  Tensor q({1, 1, c.L, 1}), k({1, 1, c.S, 1}), o({1, 1, c.L, 1}), slopes;
+  std::vector<int64_t> ids;
+  SdpaArgs<float> a{q, k, k};
+  Case one = c;
+  one.B = 1, one.H = 1, one.alibi = false;
+  set_variants(one, a, slopes, ids);
+  const SdpaProblem<float> p = make_problem(a, SdpaOut<float>{o});
+  double pairs = 0;
+  for (int64_t l = 0; l < c.L; ++l) pairs += double(p.keys(0, l).end - p.keys(0, l).begin);
+  return 4.0 * double(c.B) * double(c.H) * pairs * double(c.D);
+}
+
+// "97%": the share of (query, key) tiles the flash forward never computes (causal, windows, documents).
+std::string skipped(const SdpaArgs<float>& a, const SdpaOut<float>& o) {
+  return cat(flash_tile_count(make_problem(a, o)).skipped_percent(), "%");
+}
 
 // The two ceilings a kernel's rate is stated against: this run's sgemm and the FMA peak.
 struct Ceilings {
   double sgemm, fma;  // GFLOP/s
 };
 
-// One row of the table: seconds, GFLOP/s against both ceilings, MB beyond inputs and outputs.
-void print_row(const Case& c, const char* backend, double s, double gf, const Ceilings& peak, double extra_mb) {
-  std::printf("%-10s %6lld %6lld %3lld/%-3lld %4lld  %-9s %10.2f %8.1f %6.0f%% %5.0f%% %9.1f\n", c.name,
+// One row of the table: seconds, GFLOP/s against both ceilings, MB beyond inputs and outputs, and the share
+// of tiles never computed (variants).
+void print_row(const Case& c, const char* backend, double s, double gf, const Ceilings& peak, double extra_mb,
+               const std::string& skip = "-") {
+  std::printf("%-10s %6lld %6lld %3lld/%-3lld %4lld  %-9s %10.2f %8.1f %6.0f%% %5.0f%% %9.1f %8s\n", c.name,
               (long long)c.L, (long long)c.S, (long long)c.H, (long long)c.Hkv, (long long)c.D, backend, s * 1e3,
-              gf, 100 * gf / peak.sgemm, 100 * gf / peak.fma, extra_mb);
+              gf, 100 * gf / peak.sgemm, 100 * gf / peak.fma, extra_mb, skip.c_str());
   std::fflush(stdout);
 }
 
 void run_case(const Case& c, Backend backend, const Ceilings& peak, int reps) {
   Tensor q = init::randn({c.B, c.H, c.L, c.D}, 3), k = init::randn({c.B, c.Hkv, c.S, c.D}, 4),
-         v = init::randn({c.B, c.Hkv, c.S, c.D}, 5), out({c.B, c.H, c.L, c.D});
+         v = init::randn({c.B, c.Hkv, c.S, c.D}, 5), out({c.B, c.H, c.L, c.D}), slopes;
+  std::vector<int64_t> ids;
   SdpaArgs<float> args{q, k, v};
-  args.causal = c.causal;
+  set_variants(c, args, slopes, ids);
   SdpaOut<float> o{out};
   const int64_t base = rss_bytes();
   reset_peak_rss();
   double s = median_seconds(reps, [&] { sdpa(args, o, {backend, false}); });
   double extra_mb = double(std::max<int64_t>(0, peak_rss_bytes() - base)) / 1e6;
   double gf = forward_flops(c) / s * 1e-9;
-  print_row(c, to_string(backend), s, gf, peak, extra_mb);
+  print_row(c, to_string(backend), s, gf, peak, extra_mb, backend == Backend::flash ? skipped(args, o) : "-");
 }
 
 // The flash backward of case c: time, GFLOP/s (2.5x the forward's FLOPs: five products instead of two)
@@ -92,9 +135,10 @@ void run_backward_case(const Case& c, const Ceilings& peak, int reps) {
   Tensor q = init::randn({c.B, c.H, c.L, c.D}, 3), k = init::randn({c.B, c.Hkv, c.S, c.D}, 4),
          v = init::randn({c.B, c.Hkv, c.S, c.D}, 5), dout = init::randn({c.B, c.H, c.L, c.D}, 6);
   Tensor out({c.B, c.H, c.L, c.D}), lse({c.B, c.H, c.L}), dq({c.B, c.H, c.L, c.D}), dk({c.B, c.Hkv, c.S, c.D}),
-         dv({c.B, c.Hkv, c.S, c.D});
+         dv({c.B, c.Hkv, c.S, c.D}), slopes;
+  std::vector<int64_t> ids;
   SdpaArgs<float> args{q, k, v};
-  args.causal = c.causal;
+  set_variants(c, args, slopes, ids);
   sdpa(args, SdpaOut<float>{out, {}, lse}, {Backend::flash, false});
 #ifdef __GLIBC__
   malloc_trim(0);  // the forward's freed scratch back to the OS, else the backward reuses it unseen
@@ -103,8 +147,8 @@ void run_backward_case(const Case& c, const Ceilings& peak, int reps) {
   reset_peak_rss();
   double s = median_seconds(reps, [&] { sdpa_backward<float>(args, out, lse, dout, {dq, dk, dv}, {Backend::flash, false}); });
   double extra_mb = double(std::max<int64_t>(0, peak_rss_bytes() - base)) / 1e6;
-  double gf = sdpa_backward_flops(c.B, c.H, c.L, c.S, c.D, c.causal) / s * 1e-9;
-  print_row(c, "flash-bwd", s, gf, peak, extra_mb);
+  double gf = 2.5 * forward_flops(c) / s * 1e-9;  // five products instead of two
+  print_row(c, "flash-bwd", s, gf, peak, extra_mb, skipped(args, SdpaOut<float>{out, {}, lse}));
 }
 
 // Time to read K and V once (the floor for a decode step): a sum over the same bytes on every thread,
@@ -291,8 +335,23 @@ int run_bench(const BenchOptions& opt) {
   const Ceilings peak{sgemm_gflops(opt.repeats), fma_peak_gflops(opt.repeats)};
   std::printf("threads %d; attn gemm 2048^3: %.1f GFLOP/s (%%sgemm below); FMA peak, measured: %.1f GFLOP/s (%%fma)\n",
               num_threads(), peak.sgemm, peak.fma);
-  std::printf("%-10s %6s %6s %7s %4s  %-9s %10s %8s %7s %6s %9s\n", "case", "L", "S", "H/Hkv", "D", "backend",
-              "time ms", "GFLOP/s", "%sgemm", "%fma", "extra MB");
+  std::printf("%-10s %6s %6s %7s %4s  %-9s %10s %8s %7s %6s %9s %8s\n", "case", "L", "S", "H/Hkv", "D", "backend",
+              "time ms", "GFLOP/s", "%sgemm", "%fma", "extra MB", "skipped");
+  if (opt.variants) {  // GFLOP/s of the variants count the (query, key) pairs each query sees
+    for (int64_t L : opt.lengths) {
+      const Case base{"causal", 1, 8, 8, L, L, 64, Causal::top_left};
+      Case window = base, alibi = base, softcap = base, docs = base;
+      window.name = "window", window.window = {opt.window, 0};
+      alibi.name = "alibi", alibi.alibi = true;
+      softcap.name = "softcap", softcap.softcap = 50;
+      docs.name = "docs x8", docs.docs = 8;
+      for (const Case& c : {base, window, alibi, softcap, docs}) {
+        run_case(c, Backend::flash, peak, opt.repeats);
+        if (opt.backward_rows) run_backward_case(c, peak, opt.repeats);
+      }
+    }
+    return 0;
+  }
   for (int64_t L : opt.lengths) {
     for (Causal causal : {Causal::none, Causal::top_left}) {
       Case c{causal == Causal::none ? "mha" : "causal", 1, 8, 8, L, L, 64, causal};

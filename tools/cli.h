@@ -60,6 +60,8 @@ struct BenchOptions {
   int64_t heads = 2, kv_heads = 0, dim = 64;  // kv_heads 0: = heads
   bool causal = true, backward = true;
   bool backward_rows = false;  // without --ring: --backward given, flash backward rows after the forward ones
+  bool variants = false;       // --variants: window, ALiBi, softcap and packed-document rows beside full causal
+  int64_t window = 512;        // --window: the window rows' left size W (causal: W + 1 keys)
 };
 int run_bench(const BenchOptions& opt);
 

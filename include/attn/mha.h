@@ -53,6 +53,17 @@ inline constexpr auto kMhaOptionsFields = std::tuple{
     ATTN_FIELD(MhaOptions, kdim),        ATTN_FIELD(MhaOptions, vdim),          ATTN_FIELD(MhaOptions, batch_first),
     ATTN_FIELD(MhaOptions, num_kv_heads), ATTN_FIELD(MhaOptions, seed)};
 
+// The attention variants a layer passes on to sdpa as they are (SdpaArgs' fields, attn/kernels/problem.h):
+// a sliding window, ALiBi slopes (H) or (N, H), softcap, documents of self-attention (N, L). Not T5's
+// relative bias: a learned table belongs to the model that owns it.
+struct AttnVariants {
+  Window window = {};
+  View<const float> alibi_slopes = {};
+  double softcap = 0;
+  View<const int64_t> document_ids = {};
+  bool given() const { return window.given() || !alibi_slopes.empty() || softcap != 0 || !document_ids.empty(); }
+};
+
 // forward()'s optional arguments, named and defaulted as in PyTorch. Masks are views (no copy is made
 // unless add_bias_kv / add_zero_attn need a padded column). PyTorch's bool masks are Mask::drop
 // (True = ignore / not allowed); float masks are Mask::additive; Mask::keep works too.
@@ -63,6 +74,9 @@ struct MhaArgs {
   bool average_attn_weights = true;   // weights averaged over heads, else per head
   bool is_causal = false;             // top-left causal; combines with both masks
   std::ostream* trace = nullptr;      // if set, prints the shape at every stage
+  // Variants in the kernel; not with add_bias_kv / add_zero_attn (their extra key has no position). Copied
+  // for backward.
+  AttnVariants variants = {};
 };
 
 // S' = S + add_bias_kv + add_zero_attn: the keys actually attended to.
@@ -134,6 +148,8 @@ class MultiheadAttention : public Layer {
     Precision precision = Precision::f32;    // the forward's sdpa precision, the backward's too
     Tensor mask_bias, padding_bias;          // additive (or padded) mask copies
     TensorT<uint8_t> mask_bools, padding_bools;
+    Tensor alibi_slopes;                     // copies of the variants' arrays, which args views
+    std::vector<int64_t> document_ids;
   };
 
   MhaOptions o_;

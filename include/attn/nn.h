@@ -256,6 +256,7 @@ struct EncoderArgs {
   Mask<float> src_mask;              // (L, L) or (N·nhead, L, L)
   Mask<float> src_key_padding_mask;  // (N, L)
   bool is_causal = false;            // top-left causal, on its own or with src_mask
+  AttnVariants variants = {};        // window, ALiBi, softcap, documents (mha.h), for the self-attention
 };
 
 struct DecoderArgs {

@@ -32,7 +32,17 @@ struct BackendChoice {
   std::string reason;  // why this backend, in a sentence
 };
 
-// Which backend sdpa() would run for these arguments, and why. Throws in strict mode where sdpa would.
+// The flash forward's (query tile, key tile) pairs over all batches and KV heads' groups: how many it
+// computes (causal, windows and documents leave the others out) and how many there are.
+struct TileCount {
+  int64_t computed = 0, total = 0;
+  int skipped_percent() const { return total ? int(100.0 * double(total - computed) / double(total) + 0.5) : 0; }
+};
+template <typename T>
+TileCount flash_tile_count(const SdpaProblem<T>& p);
+
+// Which backend sdpa() would run for these arguments, and why (with the variants, what they are and the
+// tiles never computed). Throws in strict mode where sdpa would.
 template <typename T>
 BackendChoice explain(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& options = {});
 

@@ -6,7 +6,8 @@
 from _attn import __version__, AttnError, gemm, gemm_bf16, gemm_kernel, get_num_threads, info, set_num_threads  # noqa: F401
 from _attn import GPT, AdamW, CharTokenizer, Trainer, TrainOptions, gpt_config  # noqa: F401
 
-from .functional import scaled_dot_product_attention, scaled_dot_product_attention_backward  # noqa: F401
+from .functional import (  # noqa: F401
+    scaled_dot_product_attention, scaled_dot_product_attention_backward, varlen_attention, varlen_attention_backward)
 from .io import load_safetensors, save_safetensors  # noqa: F401
 from . import models, viz  # noqa: F401
 from .layers import (  # noqa: F401

@@ -35,6 +35,12 @@ def _array(x, name="input"):
     return np.asarray(a, dtype=np.float32)  # no copy for float32 input; strides are kept
 
 
+def _layer_variants(window, alibi_slopes, softcap, document_ids):
+    """The variants a layer passes to its attention, as _attn's `variants` dict (functional's one spelling)."""
+    from .functional import _variants
+    return _variants(np.float32, window, alibi_slopes, softcap, None, True, 128, document_ids)
+
+
 def _mask(m, name):
     """torch.nn's masks: bool True = masked out, float = added to the scores."""
     if m is None:
@@ -126,16 +132,18 @@ class MultiheadAttention(_Layer):
 
     @torch_io
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True, is_causal=False, trace=False):
+                average_attn_weights=True, is_causal=False, trace=False, *, window=None, alibi_slopes=None,
+                softcap=0.0, document_ids=None):
         """Returns (output, weights or None) in PyTorch's shapes; trace=True prints each stage's shape.
 
         key_padding_mask (N, S) / attn_mask (L, S) or (N*num_heads, L, S): bool True = masked out,
-        float = added to the scores.
+        float = added to the scores. The variants (window, alibi_slopes, softcap, document_ids) as
+        attn.scaled_dot_product_attention's, computed in the kernel.
         """
         out, weights, text = self._native.forward(
             _array(query), _array(key), _array(value), _mask(key_padding_mask, "key_padding_mask"),
             bool(need_weights), _mask(attn_mask, "attn_mask"), bool(average_attn_weights), bool(is_causal),
-            bool(trace))
+            bool(trace), _layer_variants(window, alibi_slopes, softcap, document_ids))
         if trace:
             print(text, end="")
         if weights is not None and average_attn_weights:
@@ -244,15 +252,18 @@ class TransformerEncoderLayer(_TransformerLayer):
 
     src (L, N, E), (N, L, E) with batch_first, or unbatched (L, E); src_mask (L, L) or (N*nhead, L, L),
     src_key_padding_mask (N, L): bool True = masked out, float = added. is_causal works with or without
-    src_mask. backward(grad_output) -> grad src.
+    src_mask; the variants (window, alibi_slopes, softcap, document_ids) go to its self-attention.
+    backward(grad_output) -> grad src.
     """
 
     _NATIVE = _attn.TransformerEncoderLayer
 
     @torch_io
-    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False, *, window=None,
+                alibi_slopes=None, softcap=0.0, document_ids=None):
         return self._native.forward(_array(src), _mask(src_mask, "src_mask"),
-                                    _mask(src_key_padding_mask, "src_key_padding_mask"), bool(is_causal))
+                                    _mask(src_key_padding_mask, "src_key_padding_mask"), bool(is_causal),
+                                    _layer_variants(window, alibi_slopes, softcap, document_ids))
 
 
 class TransformerDecoderLayer(_TransformerLayer):

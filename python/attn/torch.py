@@ -26,7 +26,7 @@ from . import functional as _F
 from ._interop import DTYPE_RULE, as_array
 from .layers import _mask
 
-__all__ = ["scaled_dot_product_attention", "MultiheadAttention"]
+__all__ = ["scaled_dot_product_attention", "varlen_attention", "MultiheadAttention"]
 
 
 def _bf16(*tensors):
@@ -60,54 +60,106 @@ def _first_derivatives_only():
 
 # SDPA as two torch.library custom ops with fake (meta) implementations: Dynamo and AOTAutograd trace
 # them as single nodes (torch.compile(fullgraph=True) works, no graph break per call), and eager autograd
-# runs the same ops. The forward returns the LSE as a second output, for the backward.
+# runs the same ops. The forward returns the LSE as a second output, for the backward. The variants travel as
+# the ops' last arguments (`_Variants` below spells them once).
 @torch.library.custom_op("attn::sdpa", mutates_args=())
 def _sdpa_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor],
-             dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool,
-             seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
+             dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool, seed: int,
+             causal_alignment: str = "top_left", window_left: int = -1, window_right: int = -1,
+             alibi_slopes: Optional[torch.Tensor] = None, softcap: float = 0.0,
+             relative_bias: Optional[torch.Tensor] = None, relative_bidirectional: bool = True,
+             relative_max_distance: int = 128, document_ids: Optional[torch.Tensor] = None,
+             cu_seqlens_q: Optional[torch.Tensor] = None,
+             cu_seqlens_k: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     half = _bf16(query, key, value)
     q, k, v = (as_array(_widened(t, half), n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
+    var = _Variants(window_left, window_right, alibi_slopes, softcap, relative_bias, relative_bidirectional,
+                    relative_max_distance, document_ids, cu_seqlens_q, cu_seqlens_k)
     out, lse = _F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
-                                               return_lse=True, seed=seed, dtype="bfloat16" if half else "float32")
+                                               causal_alignment=causal_alignment, return_lse=True, seed=seed,
+                                               dtype="bfloat16" if half else "float32", **var.kwargs())
     return _narrowed(torch.from_numpy(out), half), torch.from_numpy(lse)
 
 
 @_sdpa_op.register_fake
-def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed):
+def _(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, *variants, **kw_variants):
     return query.new_empty(query.shape[:-1] + value.shape[-1:]), query.new_empty(query.shape[:-1])
 
 
 @torch.library.custom_op("attn::sdpa_backward", mutates_args=())
 def _sdpa_backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       out: torch.Tensor, lse: torch.Tensor, attn_mask: Optional[torch.Tensor], dropout_p: float,
-                      is_causal: bool, scale: Optional[float], enable_gqa: bool, seed: int,
-                      mask_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dmask): dmask is the float mask's gradient when mask_grad, else an empty tensor."""
+                      is_causal: bool, scale: Optional[float], enable_gqa: bool, seed: int, mask_grad: bool,
+                      causal_alignment: str = "top_left", window_left: int = -1, window_right: int = -1,
+                      alibi_slopes: Optional[torch.Tensor] = None, softcap: float = 0.0,
+                      relative_bias: Optional[torch.Tensor] = None, relative_bidirectional: bool = True,
+                      relative_max_distance: int = 128, document_ids: Optional[torch.Tensor] = None,
+                      cu_seqlens_q: Optional[torch.Tensor] = None, cu_seqlens_k: Optional[torch.Tensor] = None
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dmask, drelative_bias): dmask is the float mask's gradient when mask_grad, drelative_bias the
+    table's with a relative_bias, else empty tensors."""
     mask = None if attn_mask is None else as_array(attn_mask, "attn_mask")
     half = _bf16(query, key, value)
     w = lambda t: _widened(t, half)  # noqa: E731
+    var = _Variants(window_left, window_right, alibi_slopes, softcap, relative_bias, relative_bidirectional,
+                    relative_max_distance, document_ids, cu_seqlens_q, cu_seqlens_k)
     grads = _F.scaled_dot_product_attention_backward(
         as_array(w(grad_out).contiguous(), "grad_out"), as_array(w(query), "query"), as_array(w(key), "key"),
         as_array(w(value), "value"), as_array(w(out), "out"), as_array(lse, "lse"), mask, dropout_p, is_causal,
-        scale, enable_gqa, seed=seed, return_mask_grad=mask_grad, dtype="bfloat16" if half else "float32")
+        scale, enable_gqa, causal_alignment=causal_alignment, seed=seed, return_mask_grad=mask_grad,
+        dtype="bfloat16" if half else "float32", **var.kwargs())
     dmask = torch.from_numpy(grads[3]).to(attn_mask.dtype) if mask_grad else query.new_empty(0)
-    return (*(_narrowed(torch.from_numpy(g), half) for g in grads[:3]), dmask)
+    drel = torch.from_numpy(grads[-1]).to(relative_bias.dtype) if relative_bias is not None else query.new_empty(0)
+    return (*(_narrowed(torch.from_numpy(g), half) for g in grads[:3]), dmask, drel)
 
 
 @_sdpa_backward_op.register_fake
-def _(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad):
+def _(grad_out, query, key, value, out, lse, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, mask_grad,
+      causal_alignment="top_left", window_left=-1, window_right=-1, alibi_slopes=None, softcap=0.0, relative_bias=None,
+      *rest, **kw_rest):
     # contiguous, as the real op returns them (empty_like would copy a strided query's layout)
     dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask
+    drel = relative_bias.new_empty(relative_bias.shape) if relative_bias is not None else query.new_empty(0)
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask, drel
+
+
+class _Variants:
+    """The variants as the ops take them (plain values and optional tensors), and as functional's kwargs."""
+
+    def __init__(self, window_left=-1, window_right=-1, alibi_slopes=None, softcap=0.0, relative_bias=None,
+                 relative_bidirectional=True, relative_max_distance=128, document_ids=None, cu_seqlens_q=None,
+                 cu_seqlens_k=None):
+        self.args = (int(window_left), int(window_right), alibi_slopes, float(softcap), relative_bias,
+                     bool(relative_bidirectional), int(relative_max_distance), document_ids, cu_seqlens_q, cu_seqlens_k)
+
+    @classmethod
+    def of(cls, window, alibi_slopes, softcap, relative_bias, relative_bias_bidirectional, relative_bias_max_distance,
+           document_ids, cu_seqlens_q=None, cu_seqlens_k=None):
+        left, right = (-1, -1) if window is None else window
+        detach = lambda t: None if t is None else t.detach()  # noqa: E731 (slopes and ids carry no gradient)
+        return cls(left, right, detach(alibi_slopes), softcap, relative_bias, relative_bias_bidirectional,
+                   relative_bias_max_distance, detach(document_ids), detach(cu_seqlens_q), detach(cu_seqlens_k))
+
+    def kwargs(self):
+        left, right, slopes, softcap, rel, bi, dist, ids, cu_q, cu_k = self.args
+        arr = lambda t, n: None if t is None else as_array(t.detach(), n)  # noqa: E731
+        kw = dict(window=(left, right), alibi_slopes=arr(slopes, "alibi_slopes"), softcap=softcap,
+                  relative_bias=arr(rel, "relative_bias"), relative_bias_bidirectional=bi,
+                  relative_bias_max_distance=dist, document_ids=None if ids is None else ids.numpy())
+        if cu_q is not None:
+            kw["cu_seqlens"] = (cu_q.numpy(), cu_k.numpy())  # int64 tensors
+        return kw
 
 
 def _sdpa_setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed = inputs
+    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, seed, *variants = inputs
+    causal_alignment, variants = (variants[0], variants[1:]) if variants else ("top_left", _Variants().args)
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse, attn_mask)
     ctx.args = (dropout_p, is_causal, scale, enable_gqa, seed)
-    # a float mask that requires grad (a learned bias) gets its dS
+    ctx.causal_alignment, ctx.variants = causal_alignment, variants
+    # a float mask that requires grad (a learned bias) gets its dS; a relative bias table its gradient
     ctx.mask_grad = attn_mask is not None and attn_mask.is_floating_point() and attn_mask.requires_grad
     ctx.mark_non_differentiable(lse)
 
@@ -115,16 +167,20 @@ def _sdpa_setup_context(ctx, inputs, output):
 def _sdpa_backward(ctx, grad_out, _grad_lse):
     _first_derivatives_only()
     query, key, value, out, lse, attn_mask = ctx.saved_tensors
-    dq, dk, dv, dmask = _sdpa_backward_op(grad_out, query, key, value, out, lse, attn_mask, *ctx.args,
-                                          ctx.mask_grad)
-    return dq, dk, dv, (dmask if ctx.mask_grad else None), None, None, None, None, None
+    dq, dk, dv, dmask, drel = _sdpa_backward_op(grad_out, query, key, value, out, lse, attn_mask, *ctx.args,
+                                                ctx.mask_grad, ctx.causal_alignment, *ctx.variants)
+    relative_bias = ctx.variants[4]
+    return (dq, dk, dv, (dmask if ctx.mask_grad else None), None, None, None, None, None, None, None, None, None,
+            None, (drel if relative_bias is not None else None), None, None, None, None, None)
 
 
 _sdpa_op.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+                                 enable_gqa=False, *, causal_alignment="top_left", window=None, alibi_slopes=None,
+                                 softcap=0.0, relative_bias=None, relative_bias_bidirectional=True,
+                                 relative_bias_max_distance=128, document_ids=None):
     """torch.nn.functional.scaled_dot_product_attention on attn's kernels, differentiable in query, key, value.
 
     float32 or float64 CPU tensors, or bfloat16 (bf16 products forward and backward, fp32 sums and softmax,
@@ -133,10 +189,30 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     derivatives only: double backward (create_graph=True, then backward again) is not supported. One
     difference on purpose: a fully masked row gives zeros (torch gives NaN). Dropout is attn's own, seeded
     from torch's generator. Traceable by torch.compile (custom ops attn::sdpa and attn::sdpa_backward).
+    The variants (window, alibi_slopes, softcap, relative_bias with its two settings, document_ids) are
+    attn.scaled_dot_product_attention's; a relative_bias that requires grad gets its gradient (T5 training).
     """
     seed = _draw_seed() if dropout_p > 0 else 0
+    var = _Variants.of(window, alibi_slopes, softcap, relative_bias, relative_bias_bidirectional,
+                       relative_bias_max_distance, document_ids)
     return _sdpa_op(query, key, value, attn_mask, float(dropout_p), bool(is_causal),
-                    None if scale is None else float(scale), bool(enable_gqa), seed)[0]
+                    None if scale is None else float(scale), bool(enable_gqa), seed, causal_alignment, *var.args)[0]
+
+
+def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p=0.0, softmax_scale=None, causal=False,
+                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """FlashAttention 2's flash_attn_varlen_func on attn's kernels, differentiable in query, key and value:
+    query (total_q, H, D), key (total_k, Hkv, D), value (total_k, Hkv, Dv), sequences packed without padding
+    by cu_seqlens_q / cu_seqlens_k (int); causal bottom-right aligned within each, as FlashAttention's.
+    Returns (total_q, H, Dv). (attn.varlen_attention is the numpy form.)"""
+    seed = _draw_seed() if dropout_p > 0 else 0
+    var = _Variants.of(window_size, alibi_slopes, softcap, None, True, 128, None, cu_seqlens_q.to(torch.int64),
+                       cu_seqlens_k.to(torch.int64))
+    t = lambda x: x.transpose(0, 1).unsqueeze(0)  # noqa: E731 (total, H, D) -> (1, H, total, D), a view
+    out = _sdpa_op(t(query), t(key), t(value), None, float(dropout_p), bool(causal),
+                   None if softmax_scale is None else float(softmax_scale), query.shape[1] != key.shape[1], seed,
+                   "bottom_right", *var.args)[0]
+    return out[0].transpose(0, 1)
 
 
 class _Mha(torch.autograd.Function):

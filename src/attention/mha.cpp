@@ -375,6 +375,11 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   args.attn_mask = masks.mask.mask;
   args.key_padding = masks.padding.mask;
   args.causal = masks.causal;
+  const AttnVariants& var = a.variants;
+  ATTN_CHECK(!extra || !var.given(), "Expected no window, alibi_slopes, softcap or document_ids with add_bias_kv or ",
+             "add_zero_attn (the key they append has no position), but got them together instead");
+  args.window = var.window, args.alibi_slopes = var.alibi_slopes, args.softcap = var.softcap;
+  args.documents.ids = var.document_ids;
   if (training_ && o_.dropout > 0) {
     args.dropout_p = o_.dropout;
     args.seed = dropout_seed_++;
@@ -446,6 +451,12 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     s.args = args;
     s.args.attn_mask = keep_mask(std::move(masks.mask), s.mask_bias, s.mask_bools);
     s.args.key_padding = keep_mask(std::move(masks.padding), s.padding_bias, s.padding_bools);
+    if (!var.alibi_slopes.empty()) s.args.alibi_slopes = (s.alibi_slopes = Tensor::copy_of(var.alibi_slopes)).view();
+    if (const View<const int64_t>& ids = var.document_ids; !ids.empty()) {
+      for (int64_t b = 0; b < ids.size(0); ++b)
+        for (int64_t l = 0; l < ids.size(1); ++l) s.document_ids.push_back(ids.data[b * ids.strides[0] + l * ids.strides[1]]);
+      s.args.documents.ids = View<const int64_t>(s.document_ids.data(), ids.shape);
+    }
     s.valid = true;
   }
   return {std::move(output), std::move(weights)};

@@ -1,6 +1,8 @@
 // sdpa(): the entry points' argument checks (beyond make_problem's), backend choice, dispatch. No math here.
 #include "attn/sdpa.h"
 
+#include <algorithm>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -81,8 +83,48 @@ BackendChoice choose(const SdpaProblem<T>& p, const SdpaOptions& options) {
 }
 
 template <typename T>
+TileCount flash_tile_count(const SdpaProblem<T>& p) {
+  // the forward's tiles: about flash_tiles().rows query rows (whole GQA groups) by the keys of a key tile
+  const FlashTiles t = flash_tiles();
+  const int64_t lq = std::max<int64_t>(1, t.rows / p.G), kt = t.keys, per_b = (p.S + kt - 1) / kt;
+  TileCount n;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t l0 = 0; l0 < p.L; l0 += lq) {
+      const Range first = p.keys(b, l0), last = p.keys(b, std::min(p.L, l0 + lq) - 1);
+      n.total += per_b;
+      if (last.end > first.begin) n.computed += (last.end + kt - 1) / kt - first.begin / kt;
+    }
+  return n;
+}
+
+// "; variants: window (512, 0), ALiBi, ..., in the kernel; the flash forward computes 96 of 4096 (query, key)
+// tiles (98% never computed)", or "" without variants.
+template <typename T>
+std::string variants_of(const SdpaProblem<T>& p, Backend backend) {
+  const SdpaArgs<T>& a = p.args;
+  std::string v;
+  const auto add = [&](const std::string& x) { v += (v.empty() ? "" : ", ") + x; };
+  if (a.window.given()) add(cat("window (", a.window.left, ", ", a.window.right, ")"));
+  if (p.alibi) add("ALiBi");
+  if (p.has_softcap()) add(cat("softcap ", a.softcap));
+  if (a.relative_bias.given())
+    add(cat("relative bias (", a.relative_bias.table.size(0), " buckets, ",
+            a.relative_bias.bidirectional ? "bidirectional" : "causal", ")"));
+  if (!p.segments.empty()) add(cat(p.segments.size(), " documents"));
+  if (v.empty()) return v;
+  std::string out = "; variants: " + v + ", in the kernel";
+  if (backend != Backend::flash || p.L == 0 || p.S == 0) return out;
+  const TileCount n = flash_tile_count(p);
+  return cat(out, "; the flash forward computes ", n.computed, " of ", n.total, " (query, key) tiles (",
+             n.skipped_percent(), "% never computed)");
+}
+
+template <typename T>
 BackendChoice explain(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& options) {
-  return choose(make_problem(args, out), options);
+  const SdpaProblem<T> p = make_problem(args, out);
+  BackendChoice c = choose(p, options);
+  c.reason += variants_of(p, c.backend);
+  return c;
 }
 
 template <typename T>
@@ -105,6 +147,8 @@ void sdpa(const SdpaArgs<T>& args, const SdpaOut<T>& out, const SdpaOptions& opt
   reference_forward(p);
 }
 
+template TileCount flash_tile_count(const SdpaProblem<float>&);
+template TileCount flash_tile_count(const SdpaProblem<double>&);
 template BackendChoice explain(const SdpaArgs<float>&, const SdpaOut<float>&, const SdpaOptions&);
 template BackendChoice explain(const SdpaArgs<double>&, const SdpaOut<double>&, const SdpaOptions&);
 template void sdpa(const SdpaArgs<float>&, const SdpaOut<float>&, const SdpaOptions&);
@@ -158,6 +202,13 @@ void sdpa_backward(const SdpaArgs<T>& args, View<const T> out, View<const T> lse
     check_shape("dmask", "(B, H, L, S)", grads.dmask, {p.B, p.H, p.L, p.S});
     ATTN_CHECK(options.backend != Backend::flash, "Expected backend automatic or reference for the attn_mask's ",
                "gradient (the reference is the kernel that writes dS), but got flash instead");
+  }
+  if (!grads.drelative_bias.empty()) {
+    const Shape want = {args.relative_bias.given() ? args.relative_bias.table.size(0) : 0, p.H};
+    ATTN_CHECK(args.relative_bias.given(), "Expected a relative_bias for its gradient drelative_bias, but got none ",
+               "instead");
+    ATTN_CHECK(grads.drelative_bias.shape == want, "Expected drelative_bias of shape ",
+               dims_str("(num_buckets, H)", want), ", but got ", to_string(grads.drelative_bias.shape), " instead");
   }
   // The forward's choice (no weights here): flash for float32, the reference for fp64 or on request.
   const Backend backend = dmask ? Backend::reference : choose(p, options).backend;  // choose throws where explicit

@@ -204,6 +204,8 @@ template struct View<uint8_t>;
 template struct View<const uint8_t>;
 template struct View<uint16_t>;
 template struct View<const uint16_t>;
+template struct View<int64_t>;
+template struct View<const int64_t>;
 template class TensorT<float>;
 template class TensorT<double>;
 template class TensorT<uint8_t>;

@@ -62,6 +62,13 @@ void check_local(const SdpaArgs<float>& a, const SdpaOut<float>& o) {
   ATTN_CHECK(!a.attn_mask.given(), "Expected no attn_mask in ring attention (a key padding mask travels with its ",
              "K/V; a (L, S) mask would not), but got attn_mask of shape ", to_string(a.attn_mask.shape()), " instead");
   ATTN_CHECK(a.dropout_p == 0, "Expected dropout_p = 0 in ring attention, but got ", a.dropout_p, " instead");
+  // Variants that depend on where a query and a key are in the whole sequence: a block sees local
+  // positions only. (softcap, a function of each score alone, is taken.)
+  ATTN_CHECK(!a.window.given() && a.alibi_slopes.empty() && !a.relative_bias.given() && !a.documents.given(),
+             "Expected no window, alibi_slopes, relative_bias or documents in ring attention (its blocks see ",
+             "positions within a block, not the sequence's), but got ",
+             a.window.given() ? "a window" : !a.alibi_slopes.empty() ? "alibi_slopes" :
+             a.relative_bias.given() ? "a relative_bias" : "documents", " instead (softcap is supported)");
   ATTN_CHECK(o.weights.empty(), "Expected no weights output from ring attention (flash never materializes them), ",
              "but got weights of shape ", to_string(o.weights.shape), " instead");
   make_problem(a, o);
@@ -258,6 +265,7 @@ SdpaArgs<float> pair_args(const SdpaArgs<float>& local, const Plan& p, const Blo
   a.key_padding = blk.padding(p, pr.k);
   a.causal = pr.causal;
   a.scale = local.scale;
+  a.softcap = local.softcap;  // a function of each score alone: the same in every block
   return a;
 }
 

@@ -62,6 +62,7 @@
 #include "flash_common.h"
 #include "../core/aligned.h"  // Scratch: every buffer checked, kept between calls where small
 #include "mask.h"
+#include "score_mod.h"
 #include "transpose16.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -246,7 +247,9 @@ struct Block {
   float* st;    // (Bc, Br) Sᵀ, then P(_dropped)ᵀ
   float* dpt;   // (Bc, Br) dPᵀ, then dSᵀ
   float* keep;  // (Bc, Br) 1 where kept, 0 where dropped (dropout only)
-  int64_t* hid; // (Bc) queries of the tile hidden from each key by the causal edge (the first ones)
+  float* dcap;  // (Bc, Br) softcap only: 1 − tanh² of each score, the softcap's derivative
+  int64_t* hid; // (Bc) queries of the tile before the first that sees each key (causal edge, window)
+  int64_t* vend; // (Bc) queries of the tile before the last that sees each key, plus one (window, documents)
   int64_t b, kvh, s0, bc;  // keys [s0, s0 + bc) of KV head (b, kvh)
   // bf16 only, from kr and vr:
   E* kr16 = nullptr;  // (Bc, Dw) K_j pairs along D
@@ -256,17 +259,19 @@ struct Block {
   E* dst16 = nullptr; // (Bc, Bw) dSᵀ pairs along queries
   E* ds2 = nullptr;   // (GroupPairs(Bc), Br) dSᵀ pair rows: dS pairs along keys
   E* dsa = nullptr;   // AMX only: (Br, GroupPairs(Bc)) dS pairs along keys, ds2 transposed (dQ's A tiles)
-  static int64_t size(const Plan& pl) { return round_up(pl.Bcp * (2 * pl.Dp + 2 * pl.Dvp + 3 * pl.Br), 16); }
+  static int64_t size(const Plan& pl) {
+    return round_up(pl.Bcp * (2 * pl.Dp + 2 * pl.Dvp + (pl.p.has_softcap() ? 4 : 3) * pl.Br), 16);
+  }
   // 32-bit elements (a pair word or a float)
   static int64_t size16(const Plan& pl) {
     const int64_t half = GroupPairs(pl.Bc);
     const int64_t dsa = pl.amx ? pl.Br * half : 0;
     return pl.bf16 ? pl.pw * round_up(pl.Bcp * (pl.Dw + pl.Dvw + 2 * pl.Bw) + half * (pl.Dp + pl.Br) + dsa, 16) : 0;
   }
-  Block(const Plan& pl, float* x, E* w, int64_t* hid_) : hid(hid_) {
+  Block(const Plan& pl, float* x, E* w, int64_t* hid_) : hid(hid_), vend(hid_ + pl.Bc) {
     const int64_t n = pl.Bcp;
     kr = x, vr = kr + n * pl.Dp, dk = vr + n * pl.Dvp, dv = dk + n * pl.Dp;
-    st = dv + n * pl.Dvp, dpt = st + n * pl.Br, keep = dpt + n * pl.Br;
+    st = dv + n * pl.Dvp, dpt = st + n * pl.Br, keep = dpt + n * pl.Br, dcap = keep + n * pl.Br;
     if (!pl.bf16) return;
     const int64_t pw = pl.pw;
     kr16 = w, vr16 = kr16 + pw * n * pl.Dw, pt16 = vr16 + pw * n * pl.Dvw, dst16 = pt16 + pw * n * pl.Bw;
@@ -374,28 +379,42 @@ void QKFrom(const Plan& pl, const Blk& k, const E* a, int64_t lda, int64_t depth
 }
 
 // Pᵀ (bc, w) of query head r.h, queries [l0, l0 + w) (l0 from the unit's first row): Sᵀ = K_j·Q_iᵀ (log2
-// units) + log2e·bias; keys past a query's causal edge -inf; Pᵀ = exp2(Sᵀ − LSE·log2e), written 0 where
-// not computed. Returns false when Pᵀ is all 0 (a fully masked tile: no gradient).
+// units), softcapped (its derivative kept in dcap), plus log2e·(position biases + masks) (score_mod.h's
+// order and arithmetic); -inf where a query does not see the key; Pᵀ = exp2(Sᵀ − LSE·log2e), written 0
+// where not computed. Returns false when Pᵀ is all 0 (a fully masked tile: no gradient).
 template <typename E>
 bool ScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t br, int64_t w) {
   const auto& p = pl.p;
   const DF df;
   const int64_t N = pl.N, lg = r.l_begin + l0;  // lg: the tile's first query in the head
-  for (int64_t s = 0; s < k.bc; ++s) k.hid[s] = HiddenQueries(p, k.s0 + s, lg, w);
+  for (int64_t s = 0; s < k.bc; ++s) {
+    const Range q = SeeingQueries(p, k.b, k.s0 + s, lg, w);  // [br, w) pads the tile: never seeing
+    k.hid[s] = q.begin, k.vend[s] = std::min(q.end, br);
+  }
   const int64_t pw = pl.pw;
   if (pl.bf16)
     QKFrom(pl, k, k.kr16, pw * pl.Dw, pw * pl.D2, r.qt16 + pw * l0 * pl.D2, w / N, float(p.scale) * kLog2e, k.st);
   else
     QKFrom(pl, k, k.kr, pl.Dp, p.D, r.qt + l0 * p.D, w / N, 1.f, k.st);
-  if (p.has_bias())
-    for (int64_t l = 0; l < br; ++l)
-      AddMaskRow(p, k.b, r.h, lg + l, k.s0, VisibleKeys(p, lg + l, k.s0, k.bc), k.st + l, pl.Br);
+  if (p.has_softcap())
+    for (int64_t s = 0; s < k.bc; ++s) {
+      const int64_t ha = k.hid[s] / N * N;
+      SoftcapRowGrad(k.st + s * pl.Br + ha, k.dcap + s * pl.Br + ha, w - ha, float(p.args.softcap) * kLog2e);
+    }
+  if (p.has_position_bias() || p.has_bias())
+    for (int64_t l = 0; l < br; ++l) {
+      const Range kr = VisibleKeys(p, k.b, lg + l, k.s0, k.bc);
+      if (p.has_position_bias())
+        for (int64_t s = kr.begin; s < kr.end; ++s) AddPositionBias(p, k.b, r.h, lg + l, k.s0 + s, k.st[s * pl.Br + l]);
+      AddMaskRow(p, k.b, r.h, lg + l, k.s0 + kr.begin, kr.end - kr.begin, k.st + kr.begin * pl.Br + l, pl.Br);
+    }
   VF any = hn::Zero(df);
   for (int64_t s = 0; s < k.bc; ++s) {
     float* x = k.st + s * pl.Br;
     const int64_t h = k.hid[s], ha = h / N * N;
     ZeroRow(x, ha);
     std::fill(x + ha, x + h, -kInf);
+    std::fill(x + std::max(k.vend[s], ha), x + w, -kInf);  // queries past the last that sees it (window, documents)
     for (int64_t l = ha; l < w; l += N) {
       const VF pv = Exp2(df, hn::Sub(hn::LoadU(df, x + l), hn::LoadU(df, r.lse2 + l0 + l)));
       hn::StoreU(pv, df, x + l);
@@ -405,11 +424,24 @@ bool ScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t
   return hn::GetLane(hn::MaxOfLanes(df, any)) != 0.f;
 }
 
+// dLoss/d(relative bias) of this tile's pairs, by distance: acc[d + S − 1] += dSᵀ (the scores' gradient, before
+// the softcap's derivative) over each key's seeing queries, keys then queries in order, so the sum's order
+// is the tile's and never the SIMD width's.
+template <typename E>
+void RelativeGrad(const Plan& pl, const Block<E>& k, const QHead<E>& r, int64_t l0, const float* ds, double* acc) {
+  const auto& p = pl.p;
+  const int64_t lg = r.l_begin + l0;
+  for (int64_t s = 0; s < k.bc; ++s)
+    for (int64_t l = k.hid[s]; l < k.vend[s]; ++l) acc[p.distance(k.b, lg + l, k.s0 + s) + p.S - 1] += ds[s * pl.Br + l];
+}
+
 // dPᵀ = V_j·dO_iᵀ; dSᵀ = Pᵀ ∘ (dPᵀ∘keep/(1-p) − D), and Pᵀ ← Pᵀ∘keep/(1-p) for dV. The keep tile is
 // 1 with the dropped elements zeroed by DropRow, the forward's function, one query column at a time.
 // bf16: Pᵀ and dSᵀ rounded straight to their pair words along queries, and dSᵀ to its pair rows along keys.
+// With a relative bias, acc (by distance, this head's) gets dLoss/d(bias) (RelativeGrad); with a softcap,
+// dSᵀ is then multiplied by its derivative (dcap).
 template <typename E>
-void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t br, int64_t w) {
+void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t br, int64_t w, double* acc) {
   const auto& p = pl.p;
   const DF df;
   const int64_t N = pl.N, lg = r.l_begin + l0, ld = pl.Br, pw = pl.pw;
@@ -420,9 +452,12 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
   const bool drop = p.dropout();
   if (drop) {
     for (int64_t s = 0; s < k.bc; ++s) std::fill(k.keep + s * ld, k.keep + s * ld + w, 1.f);
-    for (int64_t l = 0; l < br; ++l)
-      DropRow(p, k.b, r.h, lg + l, k.s0, VisibleKeys(p, lg + l, k.s0, k.bc), ld, k.keep + l);
+    for (int64_t l = 0; l < br; ++l) {
+      const Range kr = VisibleKeys(p, k.b, lg + l, k.s0, k.bc);
+      DropRow(p, k.b, r.h, lg + l, k.s0 + kr.begin, kr.end - kr.begin, ld, k.keep + kr.begin * ld + l);
+    }
   }
+  const bool cap = p.has_softcap();
   const VF ks = hn::Set(df, p.keep_scale);
   // dSᵀ and P(_dropped)ᵀ of key row s, queries [q, q + N)
   const auto grad = [&](int64_t s, int64_t q, VF& ds, VF& pd) {
@@ -443,6 +478,11 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
         if (drop) hn::StoreU(pd, df, k.st + s * ld + q);
       }
     }
+    if (acc) RelativeGrad(pl, k, r, l0, k.dpt, acc);
+    if (cap)  // through x' = c·tanh(x/c): dx = dS·(1 − tanh²)
+      for (int64_t s = 0; s < k.bc; ++s)
+        for (int64_t q = k.hid[s] / N * N; q < w; q += N)
+          hn::StoreU(hn::Mul(hn::LoadU(df, k.dpt + s * ld + q), hn::LoadU(df, k.dcap + s * ld + q)), df, k.dpt + s * ld + q);
     return;
   }
   // bf16: two key rows by 2N queries at a time, straight to the pairs (no fp32 tile written): rows s and
@@ -458,7 +498,11 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
         for (int c = 0; c < 2; ++c) {
           const int64_t q = l + c * N;
           ds[i][c] = pd[i][c] = hn::Zero(df);
-          if (i < rows && q < w && q >= ha[i]) grad(s + i, q, ds[i][c], pd[i][c]);
+          if (i < rows && q < w && q >= ha[i]) {
+            grad(s + i, q, ds[i][c], pd[i][c]);
+            if (acc) hn::StoreU(ds[i][c], df, k.dpt + (s + i) * ld + q);  // for RelativeGrad, read above
+            if (cap) ds[i][c] = hn::Mul(ds[i][c], hn::LoadU(df, k.dcap + (s + i) * ld + q));
+          }
         }
       for (int i = 0; i < rows; ++i) {
         StorePairs(pd[i][0], pd[i][1], k.pt16 + pw * ((s + i) * pl.Bw + l / 2), ne);
@@ -473,6 +517,7 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
   // dSᵀ's pair rows past the keys, up to whole groups: zero (a chained pair of rows is rewritten whole)
   for (int64_t i = (k.bc + 1) / 2; i < kg; ++i) std::fill(k.ds2 + pw * i * pl.Br, k.ds2 + pw * (i + 1) * pl.Br, E(0));
   ChainRowsIf(pl.dp, k.ds2, kg, pl.Br, wg);
+  if (acc) RelativeGrad(pl, k, r, l0, k.dpt, acc);
 #if ATTN_AVX512_TARGET(HWY_TARGET)
   if constexpr (std::is_same_v<E, uint32_t>)
     if (pl.amx)  // dS along keys for dQ's A tiles: the words of ds2 transposed, 16 x 16 at a time
@@ -506,7 +551,7 @@ void Products(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_
   const auto query_blocks = [&](auto&& f) {
     for (int64_t c = 0; c < pl.Dp / N; c += NV)
       for (int64_t l = 0; l < br; l += kMR) {
-        const int64_t mr = std::min<int64_t>(kMR, br - l), n = VisibleKeys(p, lg + l + mr - 1, k.s0, k.bc);
+        const int64_t mr = std::min<int64_t>(kMR, br - l), n = VisibleKeys(p, k.b, lg + l + mr - 1, k.s0, k.bc).end;
         if (n > 0) f(l, c, mr, std::min<int64_t>(NV, pl.Dp / N - c), n);
       }
   };
@@ -523,7 +568,7 @@ void Products(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_
         PVAmx(k.dst16 + s * pl.Bw + q0 / 2, rows, pl.Bw, r.q2 + (l0 + q0) / 2 * pl.Dp, n, k.dk + s * pl.Dp, pl.Dp, nullptr);
       }
       for (int64_t l = 0; l < br; l += 32) {
-        const int64_t mr = std::min<int64_t>(32, br - l), n = VisibleKeys(p, lg + l + mr - 1, k.s0, k.bc);
+        const int64_t mr = std::min<int64_t>(32, br - l), n = VisibleKeys(p, k.b, lg + l + mr - 1, k.s0, k.bc).end;
         if (n > 0) PVAmx(k.dsa + l * kg, mr, kg, k.k2, GroupPairs(n), dq + l * pl.Dp, pl.Dp, nullptr);
       }
       return;
@@ -561,23 +606,29 @@ void Products(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_
 
 // One KV block against every query tile of the phase's units [u0, u1) (in order: head within the group,
 // then segment): dK_j, dV_j accumulated, dQ partials of chunk c accumulated.
+// acc: with a relative bias, this task's dLoss/d(bias) by distance, (G, L + S − 1), else nullptr.
 template <typename E>
-void BlockTask(const Plan& pl, Block<E>& k, int64_t c, int64_t u0, int64_t u1, bool first, bool last) {
+void BlockTask(const Plan& pl, Block<E>& k, int64_t c, int64_t u0, int64_t u1, bool first, bool last, double* acc) {
   const auto& p = pl.p;
-  bool seen = false;  // does any query of the phase see a key of the block? (causal: later blocks may not)
+  // Do queries [lb, le) see a key of the block? (causal, windows, documents: many may not)
+  const auto sees = [&](int64_t lb, int64_t le) {
+    return le > lb && p.keys(k.b, le - 1).end > k.s0 && p.keys(k.b, lb).begin < k.s0 + k.bc;
+  };
+  bool seen = false;
   for (int64_t u = u0; u < u1 && !seen; ++u) {
-    const int64_t le = std::min(p.L, u % pl.nseg * pl.Ls + pl.Ls);
-    seen = le > 0 && p.key_end(le - 1) > k.s0;
+    const int64_t lb = u % pl.nseg * pl.Ls;
+    seen = sees(lb, std::min(p.L, lb + pl.Ls));
   }
   if (!seen && !first && !last) return;  // dK_j, dV_j wait in g unchanged
   LoadKV(pl, k, first);
   for (int64_t u = u0; u < u1; ++u) {
     const QHead<E> r = pl.head<E>(k.b, k.kvh, u, u - u0, c);
+    double* hacc = acc ? acc + (r.h - p.first_head(k.kvh)) * (p.L + p.S - 1) : nullptr;
     for (int64_t l0 = 0; l0 < r.l_end - r.l_begin; l0 += pl.Br) {
       const int64_t br = std::min(pl.Br, r.l_end - r.l_begin - l0), w = round_up(br, pl.N);
-      if (p.key_end(r.l_begin + l0 + br - 1) <= k.s0) continue;  // causal: the tile's last query sees no key of it
+      if (!sees(r.l_begin + l0, r.l_begin + l0 + br)) continue;  // no query of the tile sees a key of the block
       if (!ScoresT(pl, k, r, l0, br, w)) continue;
-      GradScoresT(pl, k, r, l0, br, w);
+      GradScoresT(pl, k, r, l0, br, w, hacc);
       Products(pl, k, r, l0, br);
     }
   }
@@ -631,8 +682,12 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
   pl.dq = scratch.take<float>(pl.n_dq);
   float* bufs = scratch.take<float>(T * size);  // one Block per worker
   uint32_t* bufs16 = scratch.take<uint32_t>(T * size16);  // pair words or floats
-  std::vector<int64_t> hids(static_cast<size_t>(num_threads() * pl.Bc));                  // Block::hid
+  std::vector<int64_t> hids(static_cast<size_t>(num_threads() * 2 * pl.Bc));              // Block::hid, vend
   std::vector<float> ots(static_cast<size_t>(num_threads() * p.Dv * pl.N));               // PackUnit's O panel
+  // The relative bias's gradient by distance: each task's (G, L + S − 1), summed into buckets at the end.
+  const bool drel = !g.drelative_bias.empty();
+  const int64_t nd = p.L + p.S - 1, per_task = p.G * nd;
+  std::vector<double> rel_acc(drel ? size_t(groups * pl.C * per_task) : 0, 0.0);
   const int64_t nphase = (pl.units + pl.per_phase - 1) / pl.per_phase;
   for (int64_t ph = 0; ph < nphase; ++ph) {
     const int64_t u0 = ph * pl.per_phase, u1 = std::min(pl.units, u0 + pl.per_phase), nu = u1 - u0;
@@ -652,7 +707,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
       WithPairs(pl, [&](auto* e) {
         using E = std::remove_pointer_t<decltype(e)>;
         Block<E> k(pl, bufs + worker * size, pl.bf16 ? reinterpret_cast<E*>(bufs16 + worker * size16) : nullptr,
-                   hids.data() + worker * pl.Bc);
+                   hids.data() + worker * 2 * pl.Bc);
         k.b = item / (p.Hkv * pl.C), k.kvh = item / pl.C % p.Hkv;
         const int64_t c = item % pl.C;
         for (int64_t ju = 0; ju < nu; ++ju) {
@@ -661,7 +716,7 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
         }
         for (int64_t j = c; j < pl.nkv; j += pl.C) {
           k.s0 = j * pl.Bc, k.bc = std::min(pl.Bc, p.S - k.s0);
-          BlockTask(pl, k, c, u0, u1, ph == 0, ph == nphase - 1);
+          BlockTask(pl, k, c, u0, u1, ph == 0, ph == nphase - 1, drel ? rel_acc.data() + item * per_task : nullptr);
         }
         if (pl.C == 1)  // the task owns its heads' dQ rows
           for (int64_t ju = 0; ju < nu; ++ju) StoreDq(pl, k.b, k.kvh, u0 + ju, ju);
@@ -672,6 +727,21 @@ void Backward(const SdpaProblem<float>& p, View<const float> dout, const SdpaGra
         const pairs::FlushSubnormals flush(pl.bf16);
         StoreDq(pl, item / nu / p.Hkv, item / nu % p.Hkv, u0 + item % nu, item % nu);
       });
+  }
+  if (drel) {  // per head: the tasks (b, chunk) in order, each by distance in order, into the buckets
+    const View<float>& dt = g.drelative_bias;
+    const int64_t nb = dt.shape[0];
+    std::vector<double> sum(static_cast<size_t>(nb));
+    for (int64_t h = 0; h < p.H; ++h) {
+      std::fill(sum.begin(), sum.end(), 0.0);
+      const int64_t kvh = p.kv_head(h);
+      for (int64_t b = 0; b < p.B; ++b)
+        for (int64_t c = 0; c < pl.C; ++c) {
+          const double* a = rel_acc.data() + ((b * p.Hkv + kvh) * pl.C + c) * per_task + (h - p.first_head(kvh)) * nd;
+          for (int64_t i = 0; i < nd; ++i) sum[size_t(p.relative_bucket[size_t(i)])] += a[i];
+        }
+      for (int64_t i = 0; i < nb; ++i) dt.data[i * dt.strides[0] + h * dt.strides[1]] = float(sum[size_t(i)]);
+    }
   }
 }
 

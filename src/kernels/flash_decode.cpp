@@ -34,6 +34,7 @@
 #include "flash_common.h"
 #include "../core/aligned.h"  // allocate_aligned: every buffer checked
 #include "mask.h"
+#include "score_mod.h"
 #include "softmax.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -297,23 +298,25 @@ struct Stored {
 // Rows read in place need unit column stride and a width that is whole vectors; others are packed.
 inline bool Direct(const int64_t* strides, int64_t cols, int64_t N) { return strides[3] == 1 && cols % N == 0; }
 
-// S (rows, kChunk) = Q·Kᵀ over keys [0, n) of k (rows ldk apart, D elements, D a multiple of N).
-// prefetch: the K rows kAhead keys on, on the first pass (k is the data as stored).
+// S (rows, kChunk) from column c0 = Q·Kᵀ over keys [0, n) of k (rows ldk apart, D elements, D a multiple
+// of N). prefetch: the K rows kAhead keys on, on the first pass (k is the data as stored).
 template <KvDtype T, typename E>
-void Scores(const Scratch& sc, int64_t rows, int64_t Dp, const E* k, int64_t ldk, int64_t n, int64_t D, bool prefetch) {
+void Scores(const Scratch& sc, int64_t c0, int64_t rows, int64_t Dp, const E* k, int64_t ldk, int64_t n, int64_t D,
+            bool prefetch) {
   for (int64_t r = 0; r < rows; r += kQR)
     WithRows<kQR>(rows - r, [&](auto R) {
-      ScoreRows<T, R.value>(sc.q + r * Dp, Dp, k, ldk, n, D, reinterpret_cast<const E*>(sc.zero), sc.s + r * kChunk,
-                            prefetch && r == 0);
+      ScoreRows<T, R.value>(sc.q + r * Dp, Dp, k, ldk, n, D, reinterpret_cast<const E*>(sc.zero),
+                            sc.s + r * kChunk + c0, prefetch && r == 0);
     });
 }
 
-// O (rows, Dvp) += P·V over keys [0, n) of v (rows ldv apart, Dvp elements), kVB keys at a time.
-// prefetch: the V rows kAhead keys on (v as stored).
+// O (rows, Dvp) += P·V over keys [0, n) of v (rows ldv apart, Dvp elements) and P from column c0, kVB keys
+// at a time. prefetch: the V rows kAhead keys on (v as stored).
 template <KvDtype T, typename E>
-void Values(const Scratch& sc, int64_t rows, const E* v, int64_t ldv, int64_t n, int64_t Dvp, float* o, bool prefetch) {
+void Values(const Scratch& sc, int64_t c0, int64_t rows, const E* v, int64_t ldv, int64_t n, int64_t Dvp, float* o,
+            bool prefetch) {
   for (int64_t s = 0; s < n; s += kVB)
-    PVTile(sc.s + s, rows, kChunk, v + s * ldv, ldv, std::min(kVB, n - s), o, Dvp, nullptr, LoadKV<T>(),
+    PVTile(sc.s + c0 + s, rows, kChunk, v + s * ldv, ldv, std::min(kVB, n - s), o, Dvp, nullptr, LoadKV<T>(),
            prefetch ? kAhead : 0);
 }
 
@@ -337,18 +340,18 @@ void LoadGroupQ(const SdpaProblem<float>& p, const DecodeShape& z, int64_t b, in
   }
 }
 
-// The scores of keys [s0, s0 + nv) to P, row by row: + masks, -inf past each row's causal edge (and on the
-// padding to npad); m = rowmax(S); P = 2^(S − m); l = rowsum(P); dropout after l (the sum stays pre-dropout).
-void SoftmaxRows(const SdpaProblem<float>& p, int64_t rows, int64_t b, int64_t kvh, int64_t s0, int64_t nv,
+// The scores of keys [s0, s0 + nv) (row columns from c0) to P, row by row: the score modifications and
+// masks, -inf outside each row's keys (and on the padding to npad) (score_mod.h); m = rowmax(S);
+// P = 2^(S − m); l = rowsum(P); dropout after l (the sum stays pre-dropout).
+void SoftmaxRows(const SdpaProblem<float>& p, int64_t rows, int64_t b, int64_t kvh, int64_t s0, int64_t c0, int64_t nv,
                  int64_t npad, float* s, float* m, float* l) {
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * kChunk;
-    const int64_t pos = p.row_position(r), h = p.row_head(kvh, r), end = VisibleKeys(p, pos, s0, nv);
-    std::fill(row + end, row + npad, -kInfF);
-    if (p.has_bias()) AddMaskRow(p, b, h, pos, s0, end, row, 1);
+    float* row = s + r * kChunk + c0;
+    const int64_t pos = p.row_position(r), h = p.row_head(kvh, r);
+    ModScoreRow(p, b, h, pos, s0, nv, npad, row);
     m[r] = RowMax(row, npad);
     l[r] = Exp2Row(row, npad, ExpBase(m[r]));
-    if (p.dropout()) DropRow(p, b, h, pos, s0, end, 1, row);
+    if (p.dropout()) DropRow(p, b, h, pos, s0, nv, 1, row);
   }
 }
 
@@ -357,29 +360,37 @@ template <KvDtype T, typename E>
 void DecodeChunk(const SdpaProblem<float>& p, const Stored<E>& kv, const DecodeShape& z, int64_t pair, int64_t c,
                  Scratch& sc, float* m, float* l, float* o) {
   const int64_t b = pair / p.Hkv, kvh = pair % p.Hkv;
-  const int64_t s0 = c * kChunk, n = std::min(kChunk, p.S - s0), npad = round_up(n, z.N);
-  LoadGroupQ(p, z, b, kvh, float(p.scale) * kLog2e, sc.q);
+  const int64_t s0 = c * kChunk, n = std::min(kChunk, p.S - s0);
   std::fill(o, o + z.rows * z.Dvp, 0.f);
-  // keys visible to some row: [s0, s_end); the last row (last query) sees the most
-  const int64_t s_end = std::min(s0 + n, std::max(s0, p.key_end(p.L - 1))), nv = s_end - s0;
-  const E* kb = kv.k + b * kv.ks[0] + kvh * kv.ks[1] + s0 * kv.ks[2];
-  const E* vb = kv.v + b * kv.vs[0] + kvh * kv.vs[1] + s0 * kv.vs[2];
+  // keys visible to some row: [s0 + c0, s0 + c1), from the first query's first key (down to whole sets of
+  // the 16 virtual lanes of the row sums, so they keep their terms) to the last query's last
+  const int64_t c0 = std::clamp<int64_t>((p.keys(b, 0).begin - s0) / kSumLanes * kSumLanes, 0, n);
+  const int64_t c1 = std::clamp<int64_t>(p.keys(b, p.L - 1).end - s0, 0, n), nv = c1 - c0;
+  if (nv <= 0) {  // a chunk no row sees: never read
+    std::fill(m, m + z.rows, -kInfF);
+    std::fill(l, l + z.rows, 0.f);
+    return;
+  }
+  const int64_t npad = round_up(nv, z.N);
+  LoadGroupQ(p, z, b, kvh, float(p.scale) * kLog2e, sc.q);
+  const E* kb = kv.k + b * kv.ks[0] + kvh * kv.ks[1] + (s0 + c0) * kv.ks[2];
+  const E* vb = kv.v + b * kv.vs[0] + kvh * kv.vs[1] + (s0 + c0) * kv.vs[2];
   // S = Q·Kᵀ: each K vector read and converted once per kQR rows, in registers
   if (Direct(kv.ks, p.D, z.N)) {
-    Scores<T>(sc, z.rows, z.Dp, kb, kv.ks[2], nv, p.D, true);
+    Scores<T>(sc, c0, z.rows, z.Dp, kb, kv.ks[2], nv, p.D, true);
   } else {
     float* kp = Scratch::Packed(sc.kp, z.Dp);
     for (int64_t s = 0; s < nv; ++s) PromoteRow<T>(kb + s * kv.ks[2], kv.ks[3], p.D, kp + s * z.Dp);
-    Scores<KvDtype::f32>(sc, z.rows, z.Dp, static_cast<const float*>(kp), z.Dp, nv, z.Dp, false);
+    Scores<KvDtype::f32>(sc, c0, z.rows, z.Dp, static_cast<const float*>(kp), z.Dp, nv, z.Dp, false);
   }
-  SoftmaxRows(p, z.rows, b, kvh, s0, nv, npad, sc.s, m, l);
+  SoftmaxRows(p, z.rows, b, kvh, s0 + c0, c0, nv, npad, sc.s, m, l);
   // O = P·V: each V vector read and converted once per kMR rows, in registers
   if (Direct(kv.vs, p.Dv, z.N)) {
-    Values<T>(sc, z.rows, vb, kv.vs[2], nv, z.Dvp, o, true);
+    Values<T>(sc, c0, z.rows, vb, kv.vs[2], nv, z.Dvp, o, true);
   } else {
     float* vp = Scratch::Packed(sc.vp, z.Dvp);
     for (int64_t s = 0; s < nv; ++s) PromoteRow<T>(vb + s * kv.vs[2], kv.vs[3], p.Dv, vp + s * z.Dvp);
-    Values<KvDtype::f32>(sc, z.rows, static_cast<const float*>(vp), z.Dvp, nv, z.Dvp, o, false);
+    Values<KvDtype::f32>(sc, c0, z.rows, static_cast<const float*>(vp), z.Dvp, nv, z.Dvp, o, false);
   }
 }
 

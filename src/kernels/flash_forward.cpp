@@ -45,6 +45,7 @@
 #include "../core/aligned.h"  // allocate_aligned: every buffer checked
 #include "mask.h"
 #include "pairs.h"
+#include "score_mod.h"
 #include "softmax.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -189,39 +190,48 @@ void LoadQ(const Plan& pl, Tile& t, int64_t b, int64_t kvh, int64_t l0, int64_t 
   std::fill(t.o, t.o + t.rows * pl.Dvp, 0.f);
 }
 
-// The mask part of the score tile, rows [r0, r0 + nr), keys [s0, s0 + n): log2(e)·(attn_mask +
-// key_padding), -inf past each row's causal edge and on the columns [n, npad) that only pad the last
-// panel. Returns false when every entry is -inf: the GEMMs are skipped.
-bool FillMask(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n, int64_t npad) {
+// The mask part of the score tile, rows [r0, r0 + nr), keys [s0, s0 + n) at column c0: log2(e)·(attn_mask
+// + key_padding), -inf outside each row's keys and on the columns [n, npad) that only pad the last panel.
+// Returns false when every entry is -inf: the GEMMs are skipped.
+bool FillMask(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t c0, int64_t n, int64_t npad) {
   bool live = false;
   for (int64_t r = r0; r < r0 + nr; ++r)
-    live |= FillMaskRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc);
+    live |= FillMaskRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc + c0);
   return live;
 }
 
-// Without masks, only the causal edge: S = -inf from each row's edge (and from n, where the last panel
-// pads) to npad. Rows [r0, r0 + nr), keys [s0, s0 + n); costs the triangle, not the tile.
-void MaskEdge(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n, int64_t npad) {
-  for (int64_t r = r0; r < r0 + nr; ++r) MaskEdgeRow(pl.p, t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc);
+// Without masks, only the edges: S = -inf outside each row's keys and from n (panel padding) to npad. Rows
+// [r0, r0 + nr), keys [s0, s0 + n) at column c0; costs the edges, not the tile.
+void MaskEdge(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t c0, int64_t n, int64_t npad) {
+  for (int64_t r = r0; r < r0 + nr; ++r)
+    MaskEdgeRow(pl.p, t.b, t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc + c0);
 }
 
-// Dropout on P of rows [r0, r0 + nr), keys [s0, s0 + n), after the row statistics (l and LSE stay
-// pre-dropout): DropRow, the function the backward drops with too.
-void Dropout(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t n) {
-  for (int64_t r = r0; r < r0 + nr; ++r) DropRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, 1, t.s + r * pl.bc);
+// The score modifications (score_mod.h) of rows [r0, r0 + nr), keys [s0, s0 + n) at column c0: softcap,
+// position biases, masks, -inf outside each row's keys and on [n, npad).
+void ModScores(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t c0, int64_t n, int64_t npad) {
+  for (int64_t r = r0; r < r0 + nr; ++r)
+    ModScoreRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, npad, t.s + r * pl.bc + c0);
 }
 
-// S (rows, n) = Q·Kᵀ (+ S if add) for the few-rows tile, from K rows (ldk apart): Sᵀ = K·Qᵀ with the
-// same microkernel (keys as its rows, Qᵀ as its panels), then transposed into S. Each score is the
+// Dropout on P of rows [r0, r0 + nr), keys [s0, s0 + n) at column c0, after the row statistics (l and LSE
+// stay pre-dropout): DropRow, the function the backward drops with too.
+void Dropout(const Plan& pl, Tile& t, int64_t r0, int64_t nr, int64_t s0, int64_t c0, int64_t n) {
+  for (int64_t r = r0; r < r0 + nr; ++r)
+    DropRow(pl.p, t.b, t.row_h(pl.p, r), t.row_l(pl.p, r), s0, n, 1, t.s + r * pl.bc + c0);
+}
+
+// S (rows, n) at column c0 = Q·Kᵀ (+ S if add) for the few-rows tile, from K rows (ldk apart): Sᵀ = K·Qᵀ
+// with the same microkernel (keys as its rows, Qᵀ as its panels), then transposed into S. Each score is the
 // same FMA chain as with packed Kᵀ panels, so both give the same bits.
-void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t n, bool add) {
+void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t c0, int64_t n, bool add) {
   const int64_t D = pl.p.D, np = (t.rows + pl.N - 1) / pl.N, ldst = np * pl.N;
   for (int64_t j = 0; j < np; j += kNV)
     for (int64_t s = 0; s < n; s += kMR)
       QK(std::min<int64_t>(kMR, n - s), std::min<int64_t>(kNV, np - j), k + s * ldk, ldk, t.qt + j * D * pl.N,
          D * pl.N, D, 1.f, t.st + s * ldst + j * pl.N, ldst, false);
   for (int64_t r = 0; r < t.rows; ++r) {
-    float* row = t.s + r * pl.bc;
+    float* row = t.s + r * pl.bc + c0;
     if (add)
       for (int64_t s = 0; s < n; ++s) row[s] += t.st[s * ldst + r];
     else
@@ -229,49 +239,65 @@ void QKFromRows(const Plan& pl, Tile& t, const float* k, int64_t ldk, int64_t n,
   }
 }
 
-// The online softmax of the tile's rows over keys [s_begin, s_end), s_begin a multiple of N.
-// fp32 (E = float): k from key s_begin on, Kᵀ panels, or K rows ldk apart for a few-rows tile; v: V rows
-// from key s_begin on, ldv apart. bf16 (pl.bf16, E its pairs): Kᵀ pair panels (ldk = Dq) and V pair rows
-// (ldv = Dvp) from key s_begin (even) on; P is rounded to pairs before P·V.
+// Keys of a band start at a multiple of this from the key tile's start: whole groups of bf16 pairs (32 keys)
+// and whole sets of the 16 virtual lanes of the row sums, so a band that starts later than the tile keeps
+// every sum's terms where they were (the ones it skips are zeros at the start).
+constexpr int64_t kBandAlign = 2 * kGroupPairs;
+static_assert(kBandAlign % kSumLanes == 0);
+
+// The online softmax of the tile's rows over keys [s_lo, s_hi) (every key some row sees), in key tiles of bc
+// from key 0 (where the softmax rescales: a tile no row sees is never computed, one some row sees is
+// computed as it would be in a dense problem, so the bits do not depend on which tiles are skipped).
+// fp32 (E = float): k: Kᵀ panels from key 0, or K rows ldk apart for a few-rows tile; v: V rows from key 0,
+// ldv apart. bf16 (pl.bf16, E its pairs): Kᵀ pair panels (ldk = Dq) and V pair rows (ldv = Dvp) from key 0;
+// P is rounded to pairs before P·V.
 template <typename E>
-void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const E* k, int64_t ldk, const E* v,
+void ProcessKeys(const Plan& pl, Tile& t, int64_t s_lo, int64_t s_hi, const E* k, int64_t ldk, const E* v,
                  int64_t ldv) {
   const auto& p = pl.p;
-  const bool causal = p.args.causal != Causal::none;
-  const int64_t first_end = p.key_end(t.l0);  // the causal edge of the tile's first, most limited row
   const int64_t pw = kPairWidth<E>;
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += pl.bc) {
-    const int64_t n = std::min(pl.bc, s_end - s0);
-    // Across the causal diagonal, bands of pl.band rows stop at their last row's causal edge, so the
-    // triangle above it costs next to nothing; elsewhere the tile is one band. Keys a band skips
-    // would be -inf, so each row's result is the same bits either way.
-    const bool cut = causal && first_end < s0 + n;
-    const int64_t band = cut ? pl.band : t.rows;
+  // the keys of the tile's first and last rows: every row's keys lie between (keys() never decrease)
+  const Range first = p.keys(t.b, t.row_l(p, 0)), last = p.keys(t.b, t.row_l(p, t.rows - 1));
+  const bool mods = p.has_score_mod(), bias = p.has_bias();
+  for (int64_t s0 = s_lo / pl.bc * pl.bc; s0 < s_hi; s0 += pl.bc) {
+    const int64_t n = std::min(pl.bc, s_hi - s0);
+    // Where some row sees only part of the tile (the causal diagonal, a window's edges, a document's end),
+    // bands of pl.band rows run only over the columns [c0, c1) their rows see, so what lies outside costs
+    // next to nothing; elsewhere the tile is one band. Keys a band skips would be -inf, so each row's
+    // result is the same bits either way.
+    const bool whole = last.begin <= s0 && first.end >= s0 + n;
+    const int64_t band = whole ? t.rows : pl.band;
     for (int64_t r0 = 0; r0 < t.rows; r0 += band) {
       const int64_t nr = std::min(band, t.rows - r0);
-      const int64_t nb = cut ? std::clamp<int64_t>(p.key_end(t.row_l(pl.p, r0 + nr - 1)) - s0, 0, n) : n;
-      if (nb == 0) continue;  // every key of this tile is above these rows' diagonal
-      const int64_t nbp = round_up(nb, pl.N);
-      // S = (Q·scale·log2 e)·Kᵀ + log2(e)·masks. With masks, the mask part goes first, so a fully
-      // masked band costs no GEMM; without, only the causal edge and the panel padding get -inf, and
-      // bands below the diagonal need no per-element work at all.
-      const bool bias = p.has_bias();
-      if (bias && !FillMask(pl, t, r0, nr, s0, nb, nbp)) continue;
+      const Range lo = p.keys(t.b, t.row_l(p, r0)), hi = p.keys(t.b, t.row_l(p, r0 + nr - 1));
+      const int64_t c0 = whole ? 0 : std::clamp<int64_t>((lo.begin - s0) / kBandAlign * kBandAlign, 0, n);
+      const int64_t c1 = whole ? n : std::clamp<int64_t>(hi.end - s0, 0, n);
+      if (c1 <= c0) continue;  // no key of this tile for these rows
+      const int64_t nb = c1 - c0, nbp = round_up(nb, pl.N), sb = s0 + c0;  // the band's keys [sb, sb + nb)
+      float* s_band = t.s + r0 * pl.bc + c0;
+      // S = (Q·scale·log2 e)·Kᵀ + log2(e)·masks. With masks (and no score modification), the mask part goes
+      // first, so a fully masked band costs no GEMM; with score modifications they follow the product in
+      // their order; without either, only the edges and the panel padding get -inf, and bands inside every
+      // row's keys need no per-element work at all.
+      const bool pre = bias && !mods;
+      if (pre && !FillMask(pl, t, r0, nr, sb, c0, nb, nbp)) continue;
       if (pl.bf16) {
-        QK16Tile(pl.kernel, t.q_pairs<E>() + r0 * pl.Dq, nr, pl.Dq, k + (s0 - s_begin) * ldk, nbp / pl.N, pl.qscale,
-                 t.s + r0 * pl.bc, pl.bc, bias);
+        QK16Tile(pl.kernel, t.q_pairs<E>() + r0 * pl.Dq, nr, pl.Dq, k + sb * ldk, nbp / pl.N, pl.qscale, s_band,
+                 pl.bc, pre);
       } else if constexpr (std::is_same_v<E, float>) {
         if (pl.few)  // one band: rows <= kFewRows < kCutBand
-          QKFromRows(pl, t, k + (s0 - s_begin) * ldk, ldk, nb, bias);
+          QKFromRows(pl, t, k + sb * ldk, ldk, c0, nb, pre);
         else
-          QKTile(t.q + r0 * pl.Dq, nr, pl.Dq, k + (s0 - s_begin) * pl.Dq, nbp / pl.N, 1.f, t.s + r0 * pl.bc, pl.bc, bias);
+          QKTile(t.q + r0 * pl.Dq, nr, pl.Dq, k + sb * pl.Dq, nbp / pl.N, 1.f, s_band, pl.bc, pre);
       }
-      if (!bias && (nbp != nb || (cut && p.key_end(t.row_l(pl.p, r0)) < s0 + nb))) MaskEdge(pl, t, r0, nr, s0, nb, nbp);
+      if (mods) ModScores(pl, t, r0, nr, sb, c0, nb, nbp);
+      else if (!bias && (nbp != nb || (!whole && (lo.end < sb + nb || hi.begin > sb))))
+        MaskEdge(pl, t, r0, nr, sb, c0, nb, nbp);
       // m_new = max(m, rowmax(S)); P = 2^(S - m_new); l = 2^(m - m_new)·l + rowsum(P)
       const int64_t padded = GroupPairs(nbp);  // bf16: P's pairs, whole groups (0 past nbp)
       bool rescale = false;
       for (int64_t r = r0; r < r0 + nr; ++r) {
-        float* row = t.s + r * pl.bc;
+        float* row = t.s + r * pl.bc + c0;
         const float m_new = std::max(t.m[r], RowMax(row, nbp));
         const float m_use = ExpBase(m_new);
         // while m = -inf, O and l are still 0: nothing to rescale; nor when the max did not change
@@ -279,23 +305,24 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_begin, int64_t s_end, const 
         t.alpha[r] = a;
         rescale |= a != 1.f;
         // bf16 without dropout: P straight to its pairs
-        E* pairs = pl.bf16 && !p.dropout() ? t.p_pairs<E>(pl, r) : nullptr;
+        E* pairs = pl.bf16 && !p.dropout() ? t.p_pairs<E>(pl, r) + pw * c0 / 2 : nullptr;
         t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use, pairs, padded);
         t.m[r] = m_new;
       }
-      if (p.dropout()) Dropout(pl, t, r0, nr, s0, nb);
+      if (p.dropout()) Dropout(pl, t, r0, nr, sb, c0, nb);
       if (pl.bf16)
         for (int64_t r = r0; r < r0 + nr; ++r) {
-          if (p.dropout()) PairRow(t.s + r * pl.bc, nbp, t.p_pairs<E>(pl, r), padded);
-          ChainRowsIf(pl.kernel == Bf16Kernel::dp, t.p_pairs<E>(pl, r), padded, 1, 1);
+          E* pairs = t.p_pairs<E>(pl, r) + pw * c0 / 2;
+          if (p.dropout()) PairRow(t.s + r * pl.bc + c0, nbp, pairs, padded);
+          ChainRowsIf(pl.kernel == Bf16Kernel::dp, pairs, padded, 1, 1);
         }
       // O = α ⊙ O + P·V; the rescale only when some row's max changed
       const float* alpha = rescale ? t.alpha + r0 : nullptr;
       if (pl.bf16) {  // P's pairs (keys past nb: 0, as -inf scores give) times V's pair rows
-        PV16Tile(pl.kernel, t.p_pairs<E>(pl, r0), nr, pw * pl.bc / 2, v + pw * (s0 - s_begin) / 2 * ldv,
+        PV16Tile(pl.kernel, t.p_pairs<E>(pl, r0) + pw * c0 / 2, nr, pw * pl.bc / 2, v + pw * sb / 2 * ldv,
                  pw * GroupPairs(nb), t.o + r0 * pl.Dvp, pl.Dvp, alpha);
       } else if constexpr (std::is_same_v<E, float>) {
-        PVTile(t.s + r0 * pl.bc, nr, pl.bc, v + (s0 - s_begin) * ldv, ldv, nb, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
+        PVTile(s_band, nr, pl.bc, v + sb * ldv, ldv, nb, t.o + r0 * pl.Dvp, pl.Dvp, alpha);
       }
     }
   }
@@ -398,7 +425,7 @@ void ForwardTiles(const Plan& pl) {
       if constexpr (!k16)
         if (!pl.bf16) k = KRows(pl, b, kvh, packed, &ldk), v = VRows(pl, b, kvh, v, &ldv);
       LoadQ(pl, t, b, kvh, l0, nl);
-      ProcessKeys(pl, t, 0, p.key_end(l0 + nl - 1), k, ldk, v, ldv);
+      ProcessKeys(pl, t, p.keys(b, l0).begin, p.keys(b, l0 + nl - 1).end, k, ldk, v, ldv);
       for (int64_t r = 0; r < t.rows; ++r)
         WriteRow(p, b, t.row_h(pl.p, r), t.row_l(pl.p, r), t.o + r * pl.Dvp, t.m[r], t.l[r]);
     });

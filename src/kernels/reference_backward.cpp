@@ -19,6 +19,11 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
   constexpr T kInf = std::numeric_limits<T>::infinity();
   const T scale = T(p.scale);
 
+  // The relative bias table's gradient: each task's share (num_buckets, G) of its heads, summed in task order.
+  const bool drel = !g.drelative_bias.empty();
+  const int64_t nb = drel ? g.drelative_bias.shape[0] : 0;
+  std::vector<T> rel_part(size_t(p.B * p.Hkv * nb * p.G), T(0));
+
   // One task per (b, KV head): it owns dK and dV of that head and dQ of the query heads of its group,
   // so the sums below have one order whatever the thread count.
   parallel_items(p.B * p.Hkv, p.G * p.L * p.S * (p.D + p.Dv) * 2, [&](int64_t bkv, int) {
@@ -60,11 +65,24 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
           T* dv = dvb + s * g.dv.strides[2];
           for (int64_t e = 0; e < p.Dv; ++e) dv[e * g.dv.strides[3]] += pd * dO[e * dout.strides[3]];
         }
-        // dS = P ∘ (dP − D) (the additive mask's gradient); dQ = scale·dS·K; dK += scale·dSᵀ·Q
+        // dS = P ∘ (dP − D), the gradient of the scores (the additive mask's and the relative bias's);
+        // through the softcap x' = c·tanh(x/c): dx = dS·(1 − tanh²(x/c)); dQ = scale·dx·K; dK += scale·dxᵀ·Q
+        const Range keys = p.keys(b, l);
         for (int64_t s = 0; s < p.S; ++s) {
-          if (dmask) dmask[s * g.dmask.strides[3]] = w[s] * (dw[s] - D);
-          T ds = w[s] * (dw[s] - D) * scale;
+          const T dscore = w[s] * (dw[s] - D);
+          if (dmask) dmask[s * g.dmask.strides[3]] = dscore;
+          const bool seen = s >= keys.begin && s < keys.end;
+          if (drel && seen)
+            rel_part[size_t((bkv * nb + p.relative_bucket[size_t(p.distance(b, l, s) + p.S - 1)]) * p.G +
+                            h - p.first_head(kvh))] += dscore;
+          T ds = dscore * scale;
           const T* k = kb + s * a.k.strides[2];
+          if (p.has_softcap() && seen) {
+            T dot = 0;
+            for (int64_t d = 0; d < p.D; ++d) dot += q[d * a.q.strides[3]] * k[d * a.k.strides[3]];
+            const T t = std::tanh(dot * scale / T(p.args.softcap));
+            ds *= T(1) - t * t;
+          }
           T* dk = dkb + s * g.dk.strides[2];
           for (int64_t d = 0; d < p.D; ++d) {
             dq[d * g.dq.strides[3]] += ds * k[d * a.k.strides[3]];
@@ -74,6 +92,14 @@ void reference_backward(const SdpaProblem<T>& p, View<const T> dout, const SdpaG
       }
     }
   });
+  if (drel)
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t i = 0; i < nb; ++i) {
+        T sum = 0;
+        for (int64_t b = 0; b < p.B; ++b)
+          sum += rel_part[size_t(((b * p.Hkv + p.kv_head(h)) * nb + i) * p.G + h - p.first_head(p.kv_head(h)))];
+        g.drelative_bias.data[i * g.drelative_bias.strides[0] + h * g.drelative_bias.strides[1]] = sum;
+      }
 }
 
 template void reference_backward(const SdpaProblem<float>&, View<const float>, const SdpaGrads<float>&);

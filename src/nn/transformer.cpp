@@ -32,24 +32,25 @@ MhaOptions attention_options(const TransformerOptions& o, uint64_t seed) {
   return m;
 }
 
-MhaArgs attend_args(const Mask<float>& mask, const Mask<float>& padding, bool causal) {
+MhaArgs attend_args(const Mask<float>& mask, const Mask<float>& padding, bool causal, const AttnVariants& v = {}) {
   MhaArgs a;
   a.key_padding_mask = padding;
   a.need_weights = false;
   a.attn_mask = mask;
   a.is_causal = causal;
+  a.variants = v;
   return a;
 }
 
 Tensor attend(MultiheadAttention& mha, View<const float> q, View<const float> kv, const Mask<float>& mask,
-              const Mask<float>& padding, bool causal) {
-  return std::move(mha.forward(q, kv, kv, attend_args(mask, padding, causal)).output);
+              const Mask<float>& padding, bool causal, const AttnVariants& v = {}) {
+  return std::move(mha.forward(q, kv, kv, attend_args(mask, padding, causal, v)).output);
 }
 
 // Self-attention on a temporary x (a norm's output), which the attention keeps instead of a copy.
 Tensor attend_self(MultiheadAttention& mha, Tensor&& x, const Mask<float>& mask, const Mask<float>& padding,
-                   bool causal) {
-  return std::move(mha.forward_self(std::move(x), attend_args(mask, padding, causal)).output);
+                   bool causal, const AttnVariants& v) {
+  return std::move(mha.forward_self(std::move(x), attend_args(mask, padding, causal, v)).output);
 }
 
 // x + y, the residual connection, written over the branch's output y (no copy of x). Float addition
@@ -98,7 +99,7 @@ std::vector<Child> TransformerEncoderLayer::children() {
 
 Tensor TransformerEncoderLayer::forward(View<const float> src, const EncoderArgs& a) {
   auto sa = [&](View<const float> x) {  // dropout1(self_attn(x, x, x))
-    return dropout1.apply(attend(self_attn, x, x, a.src_mask, a.src_key_padding_mask, a.is_causal));
+    return dropout1.apply(attend(self_attn, x, x, a.src_mask, a.src_key_padding_mask, a.is_causal, a.variants));
   };
   auto ffb = [&](View<const float> x) { return dropout2.apply(ff.forward(x)); };
   if (options.norm_first) {  // x = x + sa(norm1(x)); x = x + ff(norm2(x))
@@ -106,7 +107,8 @@ Tensor TransformerEncoderLayer::forward(View<const float> src, const EncoderArgs
     {
       profile::Scope p("attention");
       // dropout1(self_attn(norm1(src))), the norm's output handed to the attention to keep
-      x1 = dropout1.apply(attend_self(self_attn, norm1.forward(src), a.src_mask, a.src_key_padding_mask, a.is_causal));
+      x1 = dropout1.apply(
+          attend_self(self_attn, norm1.forward(src), a.src_mask, a.src_key_padding_mask, a.is_causal, a.variants));
     }
     profile::Scope p("mlp");
     Tensor h = norm2.forward_add(x1, src);  // x1 += src (the residual), then norm2(x1), in one pass
@@ -160,7 +162,7 @@ Tensor TransformerEncoderLayer::forward_cached(View<const float> x, KVCache& cac
 
 Tensor TransformerEncoderLayer::attention_weights(View<const float> src, const EncoderArgs& a) {
   ATTN_CHECK(!training_, "Expected eval mode for attention_weights, but got training mode instead");
-  MhaArgs m = attend_args(a.src_mask, a.src_key_padding_mask, a.is_causal);
+  MhaArgs m = attend_args(a.src_mask, a.src_key_padding_mask, a.is_causal, a.variants);
   m.need_weights = true;
   m.average_attn_weights = false;
   if (!options.norm_first) return std::move(self_attn.forward(src, src, src, m).weights);

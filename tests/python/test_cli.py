@@ -126,8 +126,8 @@ def test_bench_states_both_ceilings_and_backward_rows():
     assert r.returncode == 0, r.stderr
     ceilings = re.search(r"attn gemm 2048\^3: ([\d.]+) GFLOP/s .*FMA peak, measured: ([\d.]+) GFLOP/s", r.stdout)
     assert ceilings and float(ceilings[1]) > 0 and float(ceilings[2]) > 0, r.stdout
-    assert re.search(r"%sgemm\s+%fma\s+extra MB", r.stdout), r.stdout
-    rows = re.findall(r"^(mha|causal)\s+128\s+128\s+8/8\s+64\s+(flash|flash-bwd)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)%\s+([\d.]+)$",
+    assert re.search(r"%sgemm\s+%fma\s+extra MB\s+skipped", r.stdout), r.stdout
+    rows = re.findall(r"^(mha|causal)\s+128\s+128\s+8/8\s+64\s+(flash|flash-bwd)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)%\s+([\d.]+)\s+\d+%$",
                       r.stdout, re.M)
     assert [(c, b) for c, b, *_ in rows] == [("mha", "flash"), ("mha", "flash-bwd"), ("causal", "flash"),
                                              ("causal", "flash-bwd")], r.stdout
@@ -138,6 +138,21 @@ def test_bench_states_both_ceilings_and_backward_rows():
     assert not re.search(r"\b(4096|16384)\b", r.stdout.split("%sgemm")[-1]), r.stdout
     assert re.search(r"^decode floor: reading K and V once \(\d+ MB\) takes [\d.]+ ms \([\d.]+ GB/s on 1 threads\)$",
                      r.stdout, re.M), r.stdout
+
+
+def test_bench_variants_rows_say_what_was_never_computed():
+    # Issue 37: window, ALiBi, softcap and packed-document rows beside full causal, forward and backward, each
+    # with the share of (query, key) tiles the kernel skips: a window of 64 in 2048 keys skips most of them.
+    r = run("bench", "--variants", "--window", "64", "--lengths", "2048", "--repeats", "1", "--threads", "1",
+            "--backward")
+    assert r.returncode == 0, r.stderr
+    rows = re.findall(r"^(causal|window|alibi|softcap|docs x8)\s+2048\s+2048\s+8/8\s+64\s+(flash|flash-bwd)\s+"
+                      r"([\d.]+)\s+([\d.]+)\s+\d+%\s+\d+%\s+[\d.]+\s+(\S+)$", r.stdout, re.M)
+    assert [(c, b) for c, b, *_ in rows] == [(c, b) for c in ("causal", "window", "alibi", "softcap", "docs x8")
+                                             for b in ("flash", "flash-bwd")], r.stdout
+    skipped = {c: int(s.rstrip("%")) for c, b, _, _, s in rows if b == "flash"}
+    assert skipped["alibi"] == skipped["softcap"] == skipped["causal"] < 60, r.stdout  # the causal triangle's
+    assert skipped["window"] >= 70 and skipped["docs x8"] >= 80, r.stdout  # ~256-row tiles x 256 keys: 2 of 8 per row tile
 
 
 def test_bench_backward_default_is_said_as_it_is():

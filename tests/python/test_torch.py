@@ -344,3 +344,7 @@ def test_custom_ops_pass_torch_opcheck():
     args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), mask.requires_grad_(), 0.0, True, None,
             True, 0)
     torch.library.opcheck(torch.ops.attn.sdpa.default, args)
+    # with the variants (issue 37): a window, ALiBi, softcap and a relative bias table that learns
+    variants = ("top_left", 3, 0, torch.full((q.shape[-3],), 0.25), 2.0, torch.randn(8, q.shape[-3], requires_grad=True),
+                False, 16, None, None, None)
+    torch.library.opcheck(torch.ops.attn.sdpa.default, args + variants)

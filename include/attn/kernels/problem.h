@@ -1,25 +1,30 @@
 // The kernel interface: what an attention kernel is given (SdpaProblem, checked by make_problem) and the
 // kernel entry points. The one home of attention semantics every kernel shares: the GQA head mapping,
-// the causal key range of a query (and query range of a key), the per-element mask value, and the
-// dropout element index, threshold and keep scale. Kernels include this header and nothing of the
-// attention layer; attn/sdpa.h (the entry point sdpa(), backend choice) includes it, not the other way.
+// the key range of a query (causal, sliding window, packed documents) and query range of a key, the score
+// modifications (softcap, ALiBi, T5's relative bias), the per-element mask value, and the dropout element
+// index, threshold and keep scale. Kernels include this header and nothing of the attention layer;
+// attn/sdpa.h (the entry point sdpa(), backend choice) includes it, not the other way.
 // Also the argument checks every kernel relies on (make_problem, src/kernels/problem.cpp); not any math.
 //
 // Layout: Q (B, H, L, D), K (B, Hkv, S, D), V (B, Hkv, S, Dv), out (B, H, L, Dv), all strided views:
 // MultiheadAttention's (B, L, E) projections are passed as (B, H, L, D) views without a copy.
 // GQA/MQA: query head h reads KV head kv_head(h); K and V are never repeated.
 //
-// How a kernel uses it (see docs/kernels.md):
-//   scores(b, h, l, s) = q·k·scale + bias(b, h, l, s)   for s < key_end(l), -inf beyond (causal)
+// How a kernel uses it (see docs/kernels.md), in one order everywhere (FlashAttention 2's):
+//   x = q·k·scale;  x = softcap·tanh(x/softcap);  x += position_bias(b, h, l, s) + bias(b, h, l, s)
+//   scores(b, h, l, s) = x for s in keys(b, l) = [begin, end), -inf outside (causal, window, documents)
 //   P = softmax(scores); P_dropped = P · keep_weight(b, h, l, s)  (keep_scale or 0 per element)
 //   out = P_dropped · V;  lse = log Σ exp(scores), -inf on a fully masked row (output and gradient 0)
-// Flash kernels apply these per row through src/kernels/mask.h and dropout.h, which call only this.
+// Flash kernels apply these per row through src/kernels/mask.h, score_mod.h and dropout.h, which call only
+// this; a key tile outside every row's range is never computed.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attn/check.h"
 #include "attn/mask.h"
@@ -37,6 +42,37 @@ inline int64_t causal_key_end(Causal causal, int64_t l, int64_t L, int64_t S) {
   return end < 0 ? 0 : (end > S ? S : end);
 }
 
+// A sliding window, FlashAttention 2's window_size: query l sees keys s with
+// l + S - L - left <= s <= l + S - L + right (bottom-right aligned, as its causal); -1: unbounded on that
+// side. (left, 0) is a causal sliding window of left + 1 keys (Mistral's sliding_window = left + 1).
+struct Window {
+  int64_t left = -1, right = -1;
+  bool given() const { return left >= 0 || right >= 0; }
+};
+
+// T5's learned relative position bias: score (l, s) gets table[bucket(s - l), h], the bucket of the
+// distance as transformers' T5Attention._relative_position_bucket computes it (exact below
+// num_buckets/2, or /4 when bidirectional, logarithmic up to max_distance, one bucket beyond). The
+// distance is bottom-right aligned as ALiBi's (a KV cache's queries are its last positions).
+template <typename T>
+struct RelativeBias {
+  View<const T> table;       // (num_buckets, H)
+  bool bidirectional = true;  // encoders; false for a decoder's self-attention (only s <= l has buckets)
+  int64_t max_distance = 128;
+  bool given() const { return !table.empty(); }
+};
+
+// Packed documents: a query sees only keys of its own document, and causal, windows and positions count
+// within it (causal within each document). Either document ids of self-attention (L == S), each document
+// one run of positions, or FlashAttention's varlen cumulative lengths (B == 1): document i holds queries
+// [cu_seqlens_q[i], cu_seqlens_q[i + 1]) and keys [cu_seqlens_k[i], cu_seqlens_k[i + 1]).
+struct Documents {
+  View<const int64_t> ids;           // (B, L)
+  View<const int64_t> cu_seqlens_q;  // (n + 1,): 0, ..., L
+  View<const int64_t> cu_seqlens_k;  // (n + 1,): 0, ..., S
+  bool given() const { return !ids.empty() || !cu_seqlens_q.empty() || !cu_seqlens_k.empty(); }
+};
+
 template <typename T>
 struct SdpaArgs {
   View<const T> q;  // (B, H, L, D)
@@ -49,6 +85,12 @@ struct SdpaArgs {
   double dropout_p = 0;           // dropout on the weights; the caller passes 0 in eval mode
   uint64_t seed = 0;              // dropout keep bit of weight (b, h, l, s) = f(seed, index)
   int64_t dropout_batch_offset = 0;  // Q's rows are batches b0... of a larger batch: b hashes as b0 + b
+  // Variants (FlashAttention 2's names), combinable with each other and with everything above:
+  Window window;                  // sliding window, with causal or alone
+  View<const T> alibi_slopes;     // (H) or (B, H): score (l, s) gets -slope·|l + S - L - s|
+  double softcap = 0;             // > 0: x = softcap·tanh(x/softcap) before biases and masks (Gemma 2)
+  RelativeBias<T> relative_bias;  // T5
+  Documents documents;            // packed documents / varlen
 };
 
 template <typename T>
@@ -67,6 +109,8 @@ struct SdpaGrads {
   // Optional: dLoss/d(attn_mask) of an additive attn_mask, which is dS = dLoss/dscores, per element of
   // (B, H, L, S) (the caller sums it over the dims its mask broadcasts). The reference writes it.
   View<T> dmask;  // (B, H, L, S)
+  // Optional: dLoss/d(relative_bias.table) (num_buckets, H), when the problem has a relative bias.
+  View<T> drelative_bias;
 };
 
 // A mask resolved against (B, H, L, S): element strides, 0 on broadcast dims.
@@ -104,6 +148,19 @@ struct MaskRef {
   }
 };
 
+// A run of positions of one document: queries [q0, q1), keys [k0, k1).
+struct Segment {
+  int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;
+};
+
+// Positions [begin, end) (keys of a query, or queries of a key); empty when begin == end.
+struct Range {
+  int64_t begin = 0, end = 0;
+};
+
+// T5's bucket of distance d = s - l (transformers' _relative_position_bucket, its float32 logarithm).
+int64_t relative_position_bucket(int64_t d, bool bidirectional, int64_t num_buckets, int64_t max_distance);
+
 // A checked attention problem: the arguments, where the results go, the sizes, resolved masks and the
 // semantics derived from them once. Every kernel (reference, flash; forward, backward) takes one, so
 // tests and benchmarks loop over backends.
@@ -118,6 +175,18 @@ struct SdpaProblem {
   MaskRef<T> padding;           // args.key_padding, as a (B, 1, 1, S) mask
   uint32_t drop_threshold = 0;  // element kept iff its 32 random bits >= drop_threshold
   T keep_scale = T(1);          // 1/(1 - dropout_p): what a kept weight is multiplied by; 0 when p = 1
+  // Documents, resolved: segments of every batch, and each query's and key's segment (empty: one segment
+  // {0, L, 0, S} per batch).
+  std::vector<Segment> segments;
+  std::vector<int32_t> q_segment;  // (B, L) index into segments
+  std::vector<int32_t> k_segment;  // (B, S)
+  // ALiBi's slope of (b, h) at alibi[b·alibi_sb + h·alibi_sh]; relative bias by distance, (H, L + S - 1):
+  // the table's value for d = s' - l' - (S' - L') at [h·(L + S - 1) + d + S - 1] (d in [1 - S, L - 1]),
+  // and the bucket of each distance (L + S - 1).
+  const T* alibi = nullptr;
+  int64_t alibi_sb = 0, alibi_sh = 0;
+  std::vector<T> relative;
+  std::vector<int32_t> relative_bucket;
 
   // ---- GQA: query head h reads KV head kv_head(h); KV head kvh serves heads [first_head(kvh), + G). ----
   int64_t kv_head(int64_t h) const { return h / G; }
@@ -127,16 +196,82 @@ struct SdpaProblem {
   int64_t row_position(int64_t r) const { return r / G; }
   int64_t row_head(int64_t kvh, int64_t r) const { return first_head(kvh) + r % G; }
 
-  // ---- Causal ----
-  // Query l sees keys [0, key_end(l)); S when not causal. Top-left: s <= l. Bottom-right: s <= l + S - L.
-  int64_t key_end(int64_t l) const { return causal_key_end(args.causal, l, L, S); }
-  // Key s is seen by queries [query_begin(s), L): the inverse of key_end (s < key_end(l) iff l >= query_begin(s)).
-  int64_t query_begin(int64_t s) const {
-    if (args.causal == Causal::none) return 0;
-    return clamp(s - causal_offset(), 0, L);
+  // ---- Which keys a query sees: causal, window and documents ----
+  // The document (segment) of query (b, l) and of key (b, s).
+  Segment segment_of_query(int64_t b, int64_t l) const {
+    return q_segment.empty() ? Segment{0, L, 0, S} : segments[size_t(q_segment[size_t(b * L + l)])];
+  }
+  Segment segment_of_key(int64_t b, int64_t s) const {
+    return k_segment.empty() ? Segment{0, L, 0, S} : segments[size_t(k_segment[size_t(b * S + s)])];
+  }
+  // Query (b, l) sees keys [begin, end): within its document, before its causal edge, inside the window.
+  // begin and end never decrease as l grows (within a batch): kernels bound a tile of queries by the
+  // ranges of its first and last query.
+  Range keys(int64_t b, int64_t l) const {
+    const Segment g = segment_of_query(b, l);
+    const int64_t lq = l - g.q0, Lg = g.q1 - g.q0, Sg = g.k1 - g.k0, off = Sg - Lg;
+    int64_t lo = 0, hi = causal_key_end(args.causal, lq, Lg, Sg);
+    if (args.window.left >= 0) lo = std::max(lo, lq + off - args.window.left);
+    if (args.window.right >= 0) hi = std::min(hi, lq + off + args.window.right + 1);
+    hi = clamp(hi, 0, Sg), lo = clamp(lo, 0, hi);
+    return {g.k0 + lo, g.k0 + hi};
+  }
+  // Key (b, s) is seen by queries [begin, end): the inverse of keys() (s in keys(b, l) iff l in queries(b, s)).
+  Range queries(int64_t b, int64_t s) const {
+    const Segment g = segment_of_key(b, s);
+    const int64_t sk = s - g.k0, Lg = g.q1 - g.q0, Sg = g.k1 - g.k0, off = Sg - Lg;
+    int64_t lo = 0, hi = Lg;  // hi(l) > sk from lo on (causal, right), lo(l) <= sk before hi (left)
+    if (args.causal == Causal::top_left) lo = std::max(lo, sk);
+    if (args.causal == Causal::bottom_right) lo = std::max(lo, sk - off);
+    if (args.window.right >= 0) lo = std::max(lo, sk - off - args.window.right);
+    if (args.window.left >= 0) hi = std::min(hi, sk - off + args.window.left + 1);
+    lo = clamp(lo, 0, Lg), hi = clamp(hi, lo, Lg);
+    return {g.q0 + lo, g.q0 + hi};
+  }
+  // Does some query see fewer than all keys beyond what causal says? (window or documents)
+  bool ranged() const { return args.window.given() || !segments.empty(); }
+
+  // ---- Score modifications: softcap, then the position biases (ALiBi, T5), in natural units ----
+  bool has_softcap() const { return args.softcap > 0; }
+  bool has_position_bias() const { return alibi != nullptr || !relative.empty(); }
+  bool has_score_mod() const { return has_softcap() || has_position_bias(); }
+  T softcapped(T x) const { return has_softcap() ? T(args.softcap) * std::tanh(x / T(args.softcap)) : x; }
+  // The distance of key s from query l of one document, bottom-right aligned: s' - l' - (S' - L').
+  int64_t distance(int64_t b, int64_t l, int64_t s) const {
+    const Segment g = segment_of_query(b, l);
+    return (s - l) - ((g.k1 - g.q1));
+  }
+  T alibi_slope(int64_t b, int64_t h) const { return alibi ? alibi[b * alibi_sb + h * alibi_sh] : T(0); }
+  // The relative bias of head h by distance, from d = 1 - S on ((L + S - 1) values), or nullptr.
+  const T* relative_row(int64_t h) const { return relative.empty() ? nullptr : relative.data() + h * (L + S - 1); }
+  // What ALiBi and the relative bias add to score (b, h, l, s), s a key of l's document.
+  T position_bias(int64_t b, int64_t h, int64_t l, int64_t s) const {
+    const int64_t d = distance(b, l, s);
+    T x = T(0);
+    if (alibi) x += -alibi_slope(b, h) * T(d < 0 ? -d : d);
+    if (!relative.empty()) x += relative_row(h)[d + S - 1];
+    return x;
   }
 
-  // ---- Masks (causal is not included: see key_end) ----
+  // ---- One row of scores, the plain form (the reference, weights_from_lse, the backward's columns) ----
+  // x[j·ds] for keys [s0, s0 + n) of row (b, h, l): in, raw scores scale·q·k times `unit` (1, or log2(e) for
+  // the log2 domain); out, the scores: softcapped, position bias and masks added (times unit), -inf outside
+  // the row's keys. A NaN score stays NaN.
+  void score_row(int64_t b, int64_t h, int64_t l, int64_t s0, int64_t n, T unit, T* x, int64_t ds) const {
+    const Range r = keys(b, l);
+    const int64_t a = clamp(r.begin - s0, 0, n), e = clamp(r.end - s0, a, n);
+    for (int64_t j = 0; j < a; ++j) x[j * ds] = -std::numeric_limits<T>::infinity();
+    for (int64_t j = e; j < n; ++j) x[j * ds] = -std::numeric_limits<T>::infinity();
+    if (has_softcap()) {
+      const T c = T(args.softcap) * unit;
+      for (int64_t j = a; j < e; ++j) x[j * ds] = c * std::tanh(x[j * ds] / c);
+    }
+    if (has_position_bias())
+      for (int64_t j = a; j < e; ++j) x[j * ds] += unit * position_bias(b, h, l, s0 + j);
+    add_bias_row(b, h, l, s0 + a, e - a, unit, x + a * ds, ds);
+  }
+
+  // ---- Masks (the key ranges are not included: see keys) ----
   bool has_bias() const { return mask.given() || padding.given(); }
   // Sum of what both masks add to score (b, h, l, s).
   T bias(int64_t b, int64_t h, int64_t l, int64_t s) const { return mask.at(b, h, l, s) + padding.at(b, h, l, s); }
@@ -163,7 +298,6 @@ struct SdpaProblem {
   }
 
  private:
-  int64_t causal_offset() const { return args.causal == Causal::bottom_right ? S - L : 0; }
   static int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 };
 
