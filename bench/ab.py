@@ -45,7 +45,8 @@ def benchmark_rates(out, cpu):
 
 def run(binary, args, cpu):
     google = "bench_kernels" in binary
-    cmd = [binary] + args + (["--benchmark_format=json"] if google else ["--attn-only"] + (["--cpu-time"] if cpu else []))
+    cmd = [binary] + args + (["--benchmark_format=json"] if google
+                             else ["--attn-only"] + (["--cpu-time"] if cpu else []))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return benchmark_rates(out, cpu) if google else gemm_rates(out)
 

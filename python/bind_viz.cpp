@@ -45,5 +45,6 @@ void bind_viz(py::module_& m) {
         viz::write_html(path, rec, {title, top_k, scale});
       },
       py::arg("path"), py::arg("layers"), py::arg("query_tokens"), py::arg("key_tokens"), py::arg("layer_names"),
-      py::arg("title"), py::arg("top_k"), py::arg("scale"), "Self-contained interactive HTML page of layers, each (H, L, S).");
+      py::arg("title"), py::arg("top_k"), py::arg("scale"),
+      "Self-contained interactive HTML page of layers, each (H, L, S).");
 }

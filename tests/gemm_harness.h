@@ -90,9 +90,9 @@ inline std::string describe(const GemmCase& s) {
          " alpha=" + std::to_string(s.alpha) + " beta=" + std::to_string(s.beta);
 }
 
-// docs/ARCHITECTURE.md's tolerance rule: the error of attn's fp32 gemm against fp64 at most 2x that of the plain fp32 triple loop,
-// plus atol = 4 fp32 ulps of the magnitude: the few roundings of the epilogue (alpha·Σ, beta·C) that a
-// short sum (K of 1 or 7) can make the whole error of either side, where 2x of a tiny loop error is 0.
+// docs/ARCHITECTURE.md's tolerance rule: the error of attn's fp32 gemm against fp64 at most 2x that of the plain
+// fp32 triple loop, plus atol = 4 fp32 ulps of the magnitude: the few roundings of the epilogue (alpha·Σ, beta·C)
+// that a short sum (K of 1 or 7) can make the whole error of either side, where 2x of a tiny loop error is 0.
 inline void expect_close_to_fp64(const GemmCase& s) {
   const GemmOperands<float> p(s);
   const std::vector<float> got = p.run();

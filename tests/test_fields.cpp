@@ -65,7 +65,8 @@ TEST(Fields, EveryTrainOptionsFieldRoundTripsThroughACheckpoint) {
   Trainer t(o, Dataset::text(text));
   const std::string dir = temp_dir("train");
   t.save(dir);
-  expect_round_trip(kTrainOptionsFields, o, Trainer::resume(dir, std::make_unique<Dataset>(Dataset::text(text)))->options());
+  expect_round_trip(kTrainOptionsFields, o,
+                    Trainer::resume(dir, std::make_unique<Dataset>(Dataset::text(text)))->options());
   std::filesystem::remove_all(dir);
 }
 

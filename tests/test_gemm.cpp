@@ -105,7 +105,8 @@ void expect_same_bits_for_1_2_3_threads(const GemmCase& s) {
     runs.push_back(p.run());
   }
   set_num_threads(1);
-  for (int t = 1; t < 3; ++t) ASSERT_TRUE(test::same_bits(runs[0], runs[t])) << t + 1 << " threads, " << test::describe(s);
+  for (int t = 1; t < 3; ++t)
+    ASSERT_TRUE(test::same_bits(runs[0], runs[t])) << t + 1 << " threads, " << test::describe(s);
 }
 
 TEST(Gemm, SameBitsFor1And2And3Threads) {

@@ -1,8 +1,9 @@
 // gemm_bf16 (attn/gemm.h): the bits of AMX's TDPBF16PS arithmetic, written plainly here (per group of 32 k,
 // an fp32 chain over the even k and one over the odd k from 0, then C + (E + O), each sum rounded once,
 // subnormals flushed), on every SIMD target this CPU runs, with AMX, with VDPBF16PS and with the FMA
-// emulation, any cache size and thread count; the instructions against the plain definition on edge cases; and the accuracy bound against an fp64
-// oracle derived from bf16's 8-bit significand. Not speed (bench/gemm_bf16_vs_torch.py).
+// emulation, any cache size and thread count; the instructions against the plain definition on edge cases; and
+// the accuracy bound against an fp64 oracle derived from bf16's 8-bit significand. Not speed
+// (bench/gemm_bf16_vs_torch.py).
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -107,7 +108,8 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
   for (const test::GemmCase& s : shapes) {
     const float beta = float(s.beta);
     // odd strides, but an even one where AMX can read A's rows in place (whole groups of k in each: K % 32 == 0)
-    const int64_t lda = (s.ta ? s.M : s.K) + (!s.ta && s.K % 32 == 0 ? 4 : 3), ldb = (s.tb ? s.K : s.N) + 1, ldc = s.N + 2;
+    const int64_t lda = (s.ta ? s.M : s.K) + (!s.ta && s.K % 32 == 0 ? 4 : 3), ldb = (s.tb ? s.K : s.N) + 1,
+                  ldc = s.N + 2;
     std::vector<float> a32((s.ta ? s.K : s.M) * lda), b32((s.tb ? s.N : s.K) * ldb), c0(s.M * ldc);
     for (float& x : a32) x = nd(rng);
     for (float& x : b32) x = nd(rng) * 4.f;
@@ -254,7 +256,8 @@ TEST(GemmBf16, AutocastSendsLinearAndItsBackwardThroughGemmBf16) {
     return v;
   };
   const std::vector<float> x = fill(N * in), w = fill(out * in), bias = fill(out), dy = fill(N * out);
-  const View<const float> X(x.data(), {N, in}), W(w.data(), {out, in}), Bias(bias.data(), {out}), DY(dy.data(), {N, out});
+  const View<const float> X(x.data(), {N, in}), W(w.data(), {out, in}), Bias(bias.data(), {out}),
+      DY(dy.data(), {N, out});
   auto run = [&](std::vector<float>& y, std::vector<float>& dx, std::vector<float>& dw) {
     y.assign(N * out, 0.f), dx.assign(N * in, 0.f), dw.assign(out * in, 1.f);
     linear<float>(X, W, Bias, View<float>(y.data(), {N, out}));

@@ -92,7 +92,8 @@ TEST(LinearRows, Bf16WeightsReadAsTheirWidenedFp32) {
         }
   const int64_t in = 40, out = 24;
   Tensor w = random({out, in}, rng), b = random({out}, rng);
-  Linear plain(Tensor::copy_of(w.view()), Tensor::copy_of(b.view())), bf16(Tensor::copy_of(w.view()), Tensor::copy_of(b.view()));
+  Linear plain(Tensor::copy_of(w.view()), Tensor::copy_of(b.view())),
+      bf16(Tensor::copy_of(w.view()), Tensor::copy_of(b.view()));
   bf16.use_bf16_weights();
   std::vector<uint16_t> w16(size_t(w.numel()));
   to_half(KvDtype::bf16, w.data(), w.numel(), w16.data());
@@ -100,7 +101,8 @@ TEST(LinearRows, Bf16WeightsReadAsTheirWidenedFp32) {
   from_half(KvDtype::bf16, w16.data(), w.numel(), wide.data());
   for (const int64_t n : {kGemvRows, kGemvRows + 5}) {
     Tensor x = random({n, in}, rng);
-    EXPECT_TRUE(test::same_bits(bf16.forward(x.view()), plain.forward(x.view()))) << n << " rows: fp32 outside an Autocast";
+    EXPECT_TRUE(test::same_bits(bf16.forward(x.view()), plain.forward(x.view())))
+        << n << " rows: fp32 outside an Autocast";
     const Autocast scope(Precision::bf16);
     Tensor want({n, out});
     if (n <= kGemvRows) linear_rows(x.view(), wide.view(), WeightLayout::out_in, b.view(), want.view());

@@ -132,7 +132,8 @@ TEST(Gpt, KvCacheDecodingMatchesTheFullForward) {
     ASSERT_EQ(int64_t(got.size()), full.numel());
     // Same math in another order (flash decode split vs full causal tiles): float rounding only. Logits
     // are O(1); 1e-4 is ~100 ulps of headroom over the accumulated fp32 error of two layers.
-    for (int64_t i = 0; i < full.numel(); ++i) EXPECT_NEAR(got[size_t(i)], full.data()[i], 1e-4) << "kv " << kv << " i " << i;
+    for (int64_t i = 0; i < full.numel(); ++i)
+      EXPECT_NEAR(got[size_t(i)], full.data()[i], 1e-4) << "kv " << kv << " i " << i;
     EXPECT_EQ(cache.length(0), T);
   }
 }

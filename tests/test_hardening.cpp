@@ -211,11 +211,16 @@ TEST(Checkpoint, ConfigSchemaIsCheckedBeforeAnythingIsBuilt) {
       {"n_layer float", [](json& j) { j["model"]["n_layer"] = 1e8; }, "n_layer to be an integer", false},
       {"n_embd 2^40", [](json& j) { j["model"]["n_embd"] = int64_t(1) << 40; }, "transformer.wte.weight", false},
       {"vocab mismatch", [](json& j) { j["model"]["vocab_size"] = 5; }, "transformer.wte.weight", false},
-      {"batch 2^60", [](json& j) { j["training"]["batch"] = int64_t(1) << 60; }, "training batch 1152921504606846976", true},
-      {"threads 2^40", [](json& j) { j["training"]["threads"] = int64_t(1) << 40; }, "threads to be an integer that fits", true},
+      {"batch 2^60", [](json& j) { j["training"]["batch"] = int64_t(1) << 60; }, "training batch 1152921504606846976",
+       true},
+      {"threads 2^40", [](json& j) { j["training"]["threads"] = int64_t(1) << 40; },
+       "threads to be an integer that fits", true},
       {"seed -1", [](json& j) { j["training"]["seed"] = -1; }, "seed to be a non-negative integer", true},
       {"lr string", [](json& j) { j["training"]["lr"] = "fast"; }, "lr to be a finite number", true},
-      {"/dev/zero data", [](json& j) { j["data"] = {{"kind", "text"}, {"bytes", 1}, {"path", "/dev/zero"}, {"fnv1a64", 1}}; },
+      {"/dev/zero data",
+       [](json& j) {
+         j["data"] = {{"kind", "text"}, {"bytes", 1}, {"path", "/dev/zero"}, {"fnv1a64", 1}};
+       },
        "a character device", true},
       {"tokenizer type", [](json& j) { j["tokenizer"]["type"] = 1; }, "type to be a string", false},
   };
@@ -224,7 +229,8 @@ TEST(Checkpoint, ConfigSchemaIsCheckedBeforeAnythingIsBuilt) {
     fs::remove_all(tmp / "ck");
     t.save(tmp / "ck");
     edit_config(tmp / "ck", c.edit);
-    const std::string msg = c.resume ? error_of([&] { Trainer::resume(tmp / "ck"); }) : error_of([&] { load_model(tmp / "ck"); });
+    const std::string msg =
+        c.resume ? error_of([&] { Trainer::resume(tmp / "ck"); }) : error_of([&] { load_model(tmp / "ck"); });
     EXPECT_TRUE(has(msg, c.want)) << msg;
   }
 }

@@ -335,7 +335,8 @@ TEST(Checkpoint, ReplacesTheDirectoryAsAWholeAndLeavesNoTemporaries) {
     t.save(tmp / "ck");
   }
   EXPECT_EQ(load_model(tmp / "ck").step, 3);
-  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator()), 1);  // only ck: no temporary or old directory left behind
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator()),
+            1);  // only ck: no temporary or old directory left behind
   std::ofstream(tmp / "ck/notes.txt") << "mine";
   std::string msg = error_of([&] { t.save(tmp / "ck"); });
   EXPECT_NE(msg.find("notes.txt"), std::string::npos) << msg;

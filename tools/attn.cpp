@@ -70,9 +70,13 @@ CLI::App* add_bench_command(CLI::App& app, attn::BenchOptions& opt) {
   bench->add_option("--dim", opt.dim, "--ring: head dim D = Dv")->check(attn::number_of<int64_t>())
       ->check(attn::positive());
   bench->add_option("--causal", opt.causal, "--ring: causal (top-left) or not");
-  bench->add_option("--backward", opt.backward, "time the backward too (without --ring: flash backward rows "
-                    "with their scratch beyond inputs and outputs)")->expected(0, 1)
-      ->option_text("BOOLEAN=off; on with --ring");  // not default_str: CLI11 takes it as the value of a bare --backward
+  bench
+      ->add_option("--backward", opt.backward,
+                   "time the backward too (without --ring: flash backward rows "
+                   "with their scratch beyond inputs and outputs)")
+      ->expected(0, 1)
+      ->option_text(
+          "BOOLEAN=off; on with --ring");  // not default_str: CLI11 takes it as the value of a bare --backward
   bench->add_flag("--variants", opt.variants, "rows of the attention variants beside full causal (sliding window, "
                   "ALiBi, softcap, 8 packed documents), with the (query, key) tiles the kernel never computes");
   bench->add_option("--window", opt.window, "--variants: the sliding window's W (keys l - W .. l)")
@@ -107,7 +111,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "attn " ATTN_VERSION);
   app.option_defaults()->always_capture_default();  // every --help shows each option's default
-  auto* demo = app.add_subcommand("demo", "walk through attention step by step, then train a tiny GPT (seconds, no data)");
+  auto* demo =
+      app.add_subcommand("demo", "walk through attention step by step, then train a tiny GPT (seconds, no data)");
   InfoCli info_opt;
   auto* info = add_info_command(app, info_opt);
   TuneCli tune_opt;

@@ -48,8 +48,9 @@ CLI::Validator number_of() {
 inline CLI::Validator not_empty(const std::string& what) {
   return CLI::Validator(
       [what](std::string& s) -> std::string {
-        return s.empty() ? cat("Expected ", what, ", but got an empty string instead (did a $(...) that names it fail?)")
-                         : "";
+        return s.empty()
+                   ? cat("Expected ", what, ", but got an empty string instead (did a $(...) that names it fail?)")
+                   : "";
       },
       "");
 }

@@ -23,10 +23,14 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
                   "config.json, model.safetensors, tokenizer.json; or --ckpt")
       ->excludes(ckpt)->check(not_empty("a model directory"));
   cmd->add_option("--prompt", cli.prompt, "text to continue (--ckpt default: a newline, or the first character)");
-  cmd->add_option("-n,--tokens", cli.n, "tokens (characters for --ckpt) to generate")->check(number_of<int64_t>())->check(non_negative());
+  cmd->add_option("-n,--tokens", cli.n, "tokens (characters for --ckpt) to generate")
+      ->check(number_of<int64_t>())
+      ->check(non_negative());
   cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")
       ->check(number_of<double>())->check(non_negative());
-  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(number_of<int64_t>())->check(non_negative());
+  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")
+      ->check(number_of<int64_t>())
+      ->check(non_negative());
   cmd->add_option("--seed", cli.seed, "sampling seed")->check(number_of<uint64_t>());
   add_threads_flag(cmd, cli.threads);
   cmd->add_option("--kv-dtype", cli.kv_dtype, "KV cache storage: f32, or f16/bf16 (half the bytes per decode step)")

@@ -72,7 +72,8 @@ constexpr TrainFlag kTrainFlags[] = {
 // Adds --flag bound to field `f` of cli.values; after parsing, cli.apply copies it into a TrainOptions
 // if it was given.
 template <typename T>
-CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, T TrainOptions::*f, const std::string& help) {
+CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, T TrainOptions::*f,
+                         const std::string& help) {
   CLI::Option* opt = cmd->add_option(flag, cli.values.*f, help)->check(number_of<T>());
   const T with_data = TrainOptions{}.*f, builtin = synthetic_defaults().*f;
   if (!(with_data == builtin)) {  // --help shows both defaults: nanoGPT-like with --data, the task's without
@@ -275,12 +276,13 @@ void print_plan(Trainer& t) {
   else
     std::printf("data: %s, %llu bytes, %lld train / %lld val tokens\n", d.name().c_str(),
                 (unsigned long long)d.bytes(), (long long)d.split_tokens(0), (long long)d.split_tokens(1));
-  std::printf("training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld, cosine decay "
-              "to step %lld), "
-              "weight decay %g, grad clip %g, dropout %g, seed %llu, threads %d\n",
-              (long long)opt.steps, (long long)t.step_count(), (long long)opt.batch, (long long)t.seq_len(), opt.lr,
-              opt.min_lr, (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
-              (unsigned long long)opt.seed, num_threads());
+  std::printf(
+      "training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld, cosine decay "
+      "to step %lld), "
+      "weight decay %g, grad clip %g, dropout %g, seed %llu, threads %d\n",
+      (long long)opt.steps, (long long)t.step_count(), (long long)opt.batch, (long long)t.seq_len(), opt.lr, opt.min_lr,
+      (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
+      (unsigned long long)opt.seed, num_threads());
   // A warmup that outlasts the run, and a resume whose longer --steps re-planned the decay (the learning
   // rate rises again).
   const LrSchedule sched = t.schedule();

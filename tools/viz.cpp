@@ -71,8 +71,9 @@ std::vector<double> layer_entropies(Gpt& model, const std::vector<int64_t>& x, i
 
 CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
   auto* cmd = app.add_subcommand("viz", "attention views (HTML + one PNG per layer) of a model on a text");
-  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); none: train the built-in model")
-                   ->check(not_empty("a checkpoint directory"));
+  auto* ckpt =
+      cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); none: train the built-in model")
+          ->check(not_empty("a checkpoint directory"));
   auto* model = cmd->add_option("--model", cli.model, "a Hugging Face model directory (config.json, model.safetensors, "
                                 "tokenizer.json): its heads on the tokenizer's tokens")
                     ->excludes(ckpt)->check(not_empty("a model directory"));
@@ -89,7 +90,9 @@ CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
       ->check(CLI::IsMember({"row", "absolute"}));
   cmd->add_option("--png-max-px", cli.png_max_px, "longest side of one head's matrix in the PNGs, pixels")
       ->check(number_of<int>())->check(at_least(16, false));  // write_heatmap_png's smallest
-  cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")->check(number_of<double>())->check(positive());
+  cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")
+      ->check(number_of<double>())
+      ->check(positive());
   add_threads_flag(cmd, cli.threads, "threads for the forward pass (one sequence: 1 is enough; 0: all CPUs)");
   return cmd;
 }
@@ -114,7 +117,8 @@ int run_viz(const VizCli& cli) {
                                        cli.text.empty() ? kExampleText : cli.text, vo));
     return 0;
   }
-  ATTN_CHECK(!cli.text.empty(), "Expected --text with --ckpt (the characters to run through the model), but got none instead");
+  ATTN_CHECK(!cli.text.empty(),
+             "Expected --text with --ckpt (the characters to run through the model), but got none instead");
   LoadedModel m = load_model(cli.ckpt);
   vo.source = cli.ckpt;
   print_views(viz::write_model_views(cli.out, *m.model, m.tokenizer, cli.text, vo));

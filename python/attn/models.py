@@ -39,7 +39,8 @@ class PretrainedModel:
         tokenized as tokenizer.encode does (special tokens included), one row (B = 1)."""
         if isinstance(ids, (str, bytes)):
             ids = [self.tokenizer.encode(ids)]
-        return self._p.attention_weights(np.asarray(ids), None if attention_mask is None else np.asarray(attention_mask))
+        return self._p.attention_weights(np.asarray(ids),
+                                         None if attention_mask is None else np.asarray(attention_mask))
 
     def embed(self, texts, batch_size=32, max_length=None):
         """Sentence embeddings (N, E) of a list of texts, pooled as the directory's sentence-transformers files

@@ -7,7 +7,8 @@
     attn.viz.html("attention.html", [w[0]], tokens)                  # a list of layers, each (H, L, S)
     attn.viz.gpt("gpt.html", "out", "abcd|dcb")                      # a GPT checkpoint on a text
 
-heatmap and html are not model runners: give them weights you already have; gpt runs the model. Tokens are strings (a str is split into
+heatmap and html are not model runners: give them weights you already have; gpt runs the model. Tokens are
+strings (a str is split into
 characters); key_tokens=None means self-attention (the query tokens label the keys).
 """
 import os

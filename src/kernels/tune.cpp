@@ -69,7 +69,8 @@ Tuning from_json(const json& e) {
   Tuning t;
   auto count = [&](const char* name, int64_t lo, int64_t hi) {
     const int64_t v = e.value(name, int64_t(0));
-    ATTN_CHECK(v == 0 || (v >= lo && v <= hi), "Expected ", name, " 0 or in [", lo, ", ", hi, "], but got ", v, " instead");
+    ATTN_CHECK(v == 0 || (v >= lo && v <= hi), "Expected ", name, " 0 or in [", lo, ", ", hi, "], but got ", v,
+               " instead");
     return v;
   };
   t.gemm_kc = count("gemm_kc", 16, 8192);
@@ -428,8 +429,10 @@ std::string to_string(const TuneReport& r) {
     }
   }
   char took[160];
-  std::snprintf(took, sizeof took, "\nmeasured in %.1f s (budget %g s); a candidate replaced the one kept before it only "
-                "where its slowest round beat that one's fastest\n", r.seconds, r.budget);
+  std::snprintf(took, sizeof took,
+                "\nmeasured in %.1f s (budget %g s); a candidate replaced the one kept before it only "
+                "where its slowest round beat that one's fastest\n",
+                r.seconds, r.budget);
   s += took;
   s += cat("saved in ", r.path, "\n");
   return s;
@@ -444,8 +447,8 @@ std::string tuning_summary() {
   }
   const auto& v = value;
   return cat("gemm kc ", v(t->gemm_kc), ", mc ", v(t->gemm_mc), ", nt ", v(t->gemm_nt), ", pack A past ",
-             v(t->gemm_pack_a), " B panels (transposed A past ", v(t->gemm_pack_at), "); flash rows ",
-             v(t->flash_rows), t->measured.empty() ? " (forced)" : cat(" (measured ", t->measured, ", ", tuning_path(), ")"));
+             v(t->gemm_pack_a), " B panels (transposed A past ", v(t->gemm_pack_at), "); flash rows ", v(t->flash_rows),
+             t->measured.empty() ? " (forced)" : cat(" (measured ", t->measured, ", ", tuning_path(), ")"));
 }
 
 }  // namespace attn

@@ -113,15 +113,17 @@ T get(const json& j, const char* key, const std::string& where) {
   } else if constexpr (std::is_integral_v<T>) {
     want = std::is_signed_v<T> ? "an integer" : "a non-negative integer";
     if (v.is_number_unsigned()) ok = v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
-    else if (v.is_number_integer()) ok = std::is_signed_v<T> && v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min());
+    else if (v.is_number_integer())
+      ok = std::is_signed_v<T> && v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min());
     else ok = false;
   } else if constexpr (std::is_floating_point_v<T>) {
     ok = v.is_number() && std::isfinite(v.get<double>()), want = "a finite number";
   } else {
     ok = v.is_string(), want = "a string";
   }
-  ATTN_CHECK(ok, "Expected ", where, ".", key, " to be ", want, std::is_integral_v<T> && !std::is_same_v<T, bool> ? " that fits its type" : "",
-             ", but got ", v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 80), " instead");
+  ATTN_CHECK(ok, "Expected ", where, ".", key, " to be ", want,
+             std::is_integral_v<T> && !std::is_same_v<T, bool> ? " that fits its type" : "", ", but got ",
+             v.dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 80), " instead");
   return v.get<T>();
 }
 
@@ -176,7 +178,8 @@ void write_checked(const fs::path& target, const StateDict& tensors, json config
 // or n_embd 2^40 is refused here, not in an allocation).
 void validate(const Contents& c, const std::string& where) {
   const json& j = c.config;
-  ATTN_CHECK(get<int64_t>(j, "step", where) >= 0, "Expected ", where, ".step >= 0, but got ", j["step"].dump(), " instead");
+  ATTN_CHECK(get<int64_t>(j, "step", where) >= 0, "Expected ", where, ".step >= 0, but got ", j["step"].dump(),
+             " instead");
   ATTN_CHECK(j.contains("model") && j.contains("tokenizer"), "Expected 'model' and 'tokenizer' in '", where,
              "', but got none instead");
   const GptConfig m = gpt_config_from(j["model"], where + " model");
@@ -220,7 +223,8 @@ fs::path prepare(const std::string& dir) {
   // A symbolic link is written through: the swap below replaces its target, never the link itself.
   std::error_code lec;
   for (int hops = 0; fs::is_symlink(target, lec); ++hops) {
-    ATTN_CHECK(hops < 40, "Expected the checkpoint directory '", dir, "' to resolve, but got a loop of symbolic links instead");
+    ATTN_CHECK(hops < 40, "Expected the checkpoint directory '", dir,
+               "' to resolve, but got a loop of symbolic links instead");
     const fs::path to = fs::read_symlink(target, lec);
     target = (to.is_absolute() ? to : target.parent_path() / to).lexically_normal();
     if (target.filename().empty()) target = target.parent_path();
@@ -231,8 +235,8 @@ fs::path prepare(const std::string& dir) {
   if (parent.empty()) parent = ".";
   std::error_code ec;
   fs::create_directories(parent, ec);
-  ATTN_CHECK(!ec && fs::is_directory(parent), "Expected to create the folder '", parent.string(), "' of checkpoint '", dir,
-             "', but got '", ec ? ec.message() : "not a directory", "' instead");
+  ATTN_CHECK(!ec && fs::is_directory(parent), "Expected to create the folder '", parent.string(), "' of checkpoint '",
+             dir, "', but got '", ec ? ec.message() : "not a directory", "' instead");
   check_replaceable(target);
   remove_stale_siblings(parent.string(), target.filename().string());
   // Writable: what the save will do first, tried now.
@@ -279,7 +283,8 @@ Contents read(const std::string& dir) {
     };
     try {
       Contents c;
-      const std::string text = named([&] { return read_regular_file(via + kConfigFile, "checkpoint config", kMaxConfigBytes); });
+      const std::string text =
+          named([&] { return read_regular_file(via + kConfigFile, "checkpoint config", kMaxConfigBytes); });
       c.config = json::parse(text, nullptr, false);
       ATTN_CHECK(!c.config.is_discarded() && c.config.is_object(), "Expected a JSON object in '", shown(kConfigFile),
                  "', but got malformed or truncated JSON instead");
@@ -290,7 +295,8 @@ Contents read(const std::string& dir) {
                  kVersion, ", but got format ", format.dump(), " version ", version.dump(), " instead");
       const std::string want_config = get<std::string>(c.config, kConfigHash, where);
       ATTN_CHECK(config_hash(c.config) == want_config, "Expected '", where, "' with the FNV-1a ", want_config,
-                 " it records of its content, but got ", config_hash(c.config), " instead: the file was edited or is corrupt");
+                 " it records of its content, but got ", config_hash(c.config),
+                 " instead: the file was edited or is corrupt");
       const std::string id = get<std::string>(c.config, "checkpoint_id", where);
       ATTN_CHECK(c.config.contains("model_file") && c.config["model_file"].is_object(), "Expected 'model_file' in ",
                  where, ", but got none instead");
@@ -314,7 +320,8 @@ Contents read(const std::string& dir) {
       if (!retry) throw;
     } catch (const json::exception& e) {  // none expected after validate(); never let one escape
       ::close(dfd);
-      throw Error(cat("Expected a valid checkpoint config '", shown(kConfigFile), "', but got '", e.what(), "' instead"));
+      throw Error(
+          cat("Expected a valid checkpoint config '", shown(kConfigFile), "', but got '", e.what(), "' instead"));
     }
   }
 }
@@ -334,7 +341,9 @@ json fields_json(const S& s, const Fields& fields) {
 }
 
 // Fields added after checkpoints were first written: absent means the default (what those runs did).
-bool added_later(const char* name) { return std::string_view(name) == "dtype" || std::string_view(name) == "log_every"; }
+bool added_later(const char* name) {
+  return std::string_view(name) == "dtype" || std::string_view(name) == "log_every";
+}
 
 template <class S, class Fields>
 S fields_from(const json& j, const Fields& fields, const std::string& where) {
@@ -382,5 +391,7 @@ StateDict take_prefixed(StateDict& all, const std::string& prefix) {
 
 namespace attn {
 void check_checkpoint_dir(const std::string& dir) { ckpt::prepare(dir); }
-std::shared_ptr<void> lock_checkpoint_dir(const std::string& dir) { return lock_writer(ckpt::prepare(dir).string(), "the checkpoint"); }
+std::shared_ptr<void> lock_checkpoint_dir(const std::string& dir) {
+  return lock_writer(ckpt::prepare(dir).string(), "the checkpoint");
+}
 }  // namespace attn

@@ -379,7 +379,8 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr
     }
   }
   const json now = data_json(*data);
-  ATTN_CHECK(now.value("kind", "") == dj.value("kind", "") && now.value("bytes", uint64_t(0)) == dj.value("bytes", uint64_t(0)) &&
+  ATTN_CHECK(now.value("kind", "") == dj.value("kind", "") &&
+                 now.value("bytes", uint64_t(0)) == dj.value("bytes", uint64_t(0)) &&
                  now.value("fnv1a64", uint64_t(0)) == dj.value("fnv1a64", uint64_t(0)) &&
                  now.value("task_length", int64_t(0)) == dj.value("task_length", int64_t(0)),
              "Expected the data the checkpoint was trained on (", dj.dump(), "), but got ", now.dump(), " instead");

@@ -101,9 +101,10 @@ ModelViews write_pretrained_views(const std::string& dir, Pretrained& model, con
 }
 
 double mean_row_entropy(View<const float> w, int64_t min_keys) {
-  ATTN_CHECK(w.rank() == 4 && w.size(2) == w.size(3), "Expected causal self-attention weights of shape (B, H, T, T), but got ",
-             to_string(w.shape), " instead");
-  ATTN_CHECK(min_keys >= 2, "Expected min_keys >= 2 (one key has no entropy to normalise), but got ", min_keys, " instead");
+  ATTN_CHECK(w.rank() == 4 && w.size(2) == w.size(3),
+             "Expected causal self-attention weights of shape (B, H, T, T), but got ", to_string(w.shape), " instead");
+  ATTN_CHECK(min_keys >= 2, "Expected min_keys >= 2 (one key has no entropy to normalise), but got ", min_keys,
+             " instead");
   ATTN_CHECK(w.size(3) >= min_keys, "Expected T >= min_keys = ", min_keys, " so that some row qualifies, but got ",
              to_string(w.shape), " instead");
   const int64_t B = w.size(0), H = w.size(1), T = w.size(2);

@@ -140,7 +140,8 @@ inline constexpr const char* kViewJs = R"attn(
   const shade = (w, top) => (st.scale === "absolute" ? w : w / top);
   const SCALE_WORDS = { row: "each query row relative to its own largest weight (100%), so a diffuse head looks as " +
                              "strong as a sharp one",
-                        absolute: "absolute, weight 0 to 1 for every row (bertviz's scale): a diffuse head looks pale" };
+                        absolute: "absolute, weight 0 to 1 for every row (bertviz's scale): a diffuse head looks " +
+                                  "pale" };
 
   const nHeads = (l) => D.layers[l].length;
   // Head h of n as [r, g, b]: Tableau 10 up to 10 heads, hues a golden angle apart (HSL 62%, 46%) beyond.

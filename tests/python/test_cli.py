@@ -21,7 +21,8 @@ def run(*args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["trian"], "unknown command 'trian' (did you mean 'train'?); the commands are demo, info, tune, bench, train, generate, viz, embed"),
+    (["trian"], "unknown command 'trian' (did you mean 'train'?); the commands are demo, info, tune, bench, train, "
+                "generate, viz, embed"),
     ([], "a command is required; the commands are demo, info, tune, bench, train, generate, viz, embed"),
     (["train", "--step", "10"], "attn train has no option --step (did you mean --steps?)"),
     (["generate", "--temprature", "1"], "(did you mean --temperature?)"),
@@ -127,7 +128,8 @@ def test_bench_states_both_ceilings_and_backward_rows():
     ceilings = re.search(r"attn gemm 2048\^3: ([\d.]+) GFLOP/s .*FMA peak, measured: ([\d.]+) GFLOP/s", r.stdout)
     assert ceilings and float(ceilings[1]) > 0 and float(ceilings[2]) > 0, r.stdout
     assert re.search(r"%sgemm\s+%fma\s+extra MB\s+skipped", r.stdout), r.stdout
-    rows = re.findall(r"^(mha|causal)\s+128\s+128\s+8/8\s+64\s+(flash|flash-bwd)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)%\s+([\d.]+)\s+\d+%$",
+    rows = re.findall(r"^(mha|causal)\s+128\s+128\s+8/8\s+64\s+(flash|flash-bwd)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+"
+                      r"(\d+)%\s+([\d.]+)\s+\d+%$",
                       r.stdout, re.M)
     assert [(c, b) for c, b, *_ in rows] == [("mha", "flash"), ("mha", "flash-bwd"), ("causal", "flash"),
                                              ("causal", "flash-bwd")], r.stdout
@@ -152,7 +154,8 @@ def test_bench_variants_rows_say_what_was_never_computed():
                                              for b in ("flash", "flash-bwd")], r.stdout
     skipped = {c: int(s.rstrip("%")) for c, b, _, _, s in rows if b == "flash"}
     assert skipped["alibi"] == skipped["softcap"] == skipped["causal"] < 60, r.stdout  # the causal triangle's
-    assert skipped["window"] >= 70 and skipped["docs x8"] >= 80, r.stdout  # ~256-row tiles x 256 keys: 2 of 8 per row tile
+    # ~256-row tiles x 256 keys: 2 of 8 per row tile
+    assert skipped["window"] >= 70 and skipped["docs x8"] >= 80, r.stdout
 
 
 def test_bench_backward_default_is_said_as_it_is():

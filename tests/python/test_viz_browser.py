@@ -342,7 +342,8 @@ def test_absolute_scale_and_rollout(browser, tmp_path):
         pale = np.rint(255 - 0.25 * (255 - np.array(legend[0]))).astype(int)
         assert strokes(0) == {"rgb({}, {}, {})".format(*pale)}  # weight 0.25 of 1
         p.click("#tab-matrix")
-        assert "absolute" in p.text_content("#matrix-caption") and p.get_attribute("#matrix", "data-scale") == "absolute"
+        assert "absolute" in p.text_content("#matrix-caption")
+        assert p.get_attribute("#matrix", "data-scale") == "absolute"
         page.shot("matrix_absolute.png")
         p.select_option("#scale-select", "row")
         assert "relative to its own largest" in p.text_content("#matrix-caption")
