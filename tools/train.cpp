@@ -192,8 +192,8 @@ CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   auto* cmd = app.add_subcommand("train", "train the character-level GPT (no --data: a built-in reversal task)");
   cmd->add_option("--data", cli.data, "UTF-8 text file (90% train, 10% val); none: the synthetic task")
       ->check(not_empty("a text file"));
-  cmd->add_option("--out", cli.out, "checkpoint directory (model.safetensors + config.json)")
-      ->check(not_empty("a checkpoint directory"));
+  // an empty --out is refused by lock_checkpoint_dir ("Expected a checkpoint directory name"), before any work
+  cmd->add_option("--out", cli.out, "checkpoint directory (model.safetensors + config.json)");
   cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options, --log-every included; a "
                 "larger --steps extends the cosine decay with it, or give --lr-decay-steps)");
   bind_train_options(cmd, cli);
