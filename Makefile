@@ -1,5 +1,7 @@
 # The two front doors: `make demo` and `make test`. Both install what is missing, then build.
-# demo: the demo set of scripts/install-deps.sh, and the CLI and the Python module only (seconds, not minutes);
+# demo: the demo set of scripts/install-deps.sh, and the CLI and the Python module only, the SIMD kernels for this
+# CPU's best target: the first time about 7 CPU-minutes of compiling (4 minutes on 2 free cores, more on a busy
+# machine; the README says so), later only what changed;
 # test (and build): the test set too, and everything (tests, benchmarks, examples).
 SHELL := /bin/bash
 BUILD ?= build
@@ -19,8 +21,8 @@ demo: build-demo
 build-demo:
 	@scripts/install-deps.sh demo
 	@[ -f $(BUILD)/CMakeCache.txt ] || $(CONFIGURE) -DATTN_BUILD_TESTS=OFF -DATTN_BUILD_BENCH=OFF \
-	  -DATTN_BUILD_EXAMPLES=OFF
-	cmake --build $(BUILD) -j$(JOBS) --target attn _attn
+	  -DATTN_BUILD_EXAMPLES=OFF -DATTN_NATIVE_ONLY=ON
+	cmake --build $(BUILD) -j$(JOBS) --target front_ends
 	@$(PTH)
 
 test: build
@@ -29,11 +31,13 @@ test: build
 deps:
 	@scripts/install-deps.sh test
 
-# Configure once (again when a demo build left the tests out), build incrementally, put the module on the path.
+# Configure once (again when a demo build left the tests out and compiled the kernels for this CPU only), build
+# incrementally, put the module on the path.
 build: deps
 	@grep -qs '^ATTN_BUILD_TESTS:BOOL=ON' $(BUILD)/CMakeCache.txt && \
-	  grep -qs '^ATTN_BUILD_BENCH:BOOL=ON' $(BUILD)/CMakeCache.txt || \
-	  $(CONFIGURE) -DATTN_BUILD_TESTS=ON -DATTN_BUILD_BENCH=ON -DATTN_BUILD_EXAMPLES=ON
+	  grep -qs '^ATTN_BUILD_BENCH:BOOL=ON' $(BUILD)/CMakeCache.txt && \
+	  ! grep -qs '^ATTN_NATIVE_ONLY:BOOL=ON' $(BUILD)/CMakeCache.txt || \
+	  $(CONFIGURE) -DATTN_BUILD_TESTS=ON -DATTN_BUILD_BENCH=ON -DATTN_BUILD_EXAMPLES=ON -DATTN_NATIVE_ONLY=OFF
 	cmake --build $(BUILD) -j$(JOBS)
 	@$(PTH)
 

@@ -1,6 +1,6 @@
 """Two builds of one benchmark program, A and B, interleaved: A, B, A, B, ... each run once per round,
 then per case the median rate of each and the ratio B / A. For a change to a kernel measured against
-the build before it (DESIGN.md: interleave A/B, medians). Not a benchmark itself: it runs
+the build before it (BENCHMARKS.md's rule: interleave A/B, medians). Not a benchmark itself: it runs
 build/gemm_candidates (--attn-only: attn's GFLOP/s per shape) or build/bench_kernels (GFLOP/s per
 benchmark, or 1/time where a benchmark has no GFLOP/s counter) and reads their output.
 
@@ -45,7 +45,8 @@ def benchmark_rates(out, cpu):
 
 def run(binary, args, cpu):
     google = "bench_kernels" in binary
-    cmd = [binary] + args + (["--benchmark_format=json"] if google else ["--attn-only"] + (["--cpu-time"] if cpu else []))
+    cmd = [binary] + args + (["--benchmark_format=json"] if google
+                             else ["--attn-only"] + (["--cpu-time"] if cpu else []))
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return benchmark_rates(out, cpu) if google else gemm_rates(out)
 

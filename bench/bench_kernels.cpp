@@ -201,12 +201,20 @@ BENCHMARK(BM_Reference)->Args({1024, 0})->ArgNames({"L", "causal"})->Unit(benchm
 BENCHMARK(BM_FlashGqa)->Arg(2048)->ArgName("L")->Unit(benchmark::kMillisecond);
 // nanoGPT's CPU training shape (B 12, H 4, T 64, D 32, causal), then L = 1024 causal and 4096 at D 64, 128
 // (bf16 1: the products over bf16 pairs)
-BENCHMARK(BM_FlashBackward)->ArgsProduct({{12}, {4}, {64}, {32}, {1}, {0, 1}})->ArgsProduct({{1}, {8}, {1024}, {64}, {1}, {0, 1}})
-    ->ArgsProduct({{1}, {8}, {4096}, {64, 128}, {0}, {0, 1}})->ArgNames({"B", "H", "L", "D", "causal", "bf16"})
+BENCHMARK(BM_FlashBackward)
+    ->ArgsProduct({{12}, {4}, {64}, {32}, {1}, {0, 1}})
+    ->ArgsProduct({{1}, {8}, {1024}, {64}, {1}, {0, 1}})
+    ->ArgsProduct({{1}, {8}, {4096}, {64, 128}, {0}, {0, 1}})
+    ->ArgNames({"B", "H", "L", "D", "causal", "bf16"})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FlashDecode)->Arg(4096)->Arg(32768)->ArgName("S")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ReadKV)->Arg(int(KvDtype::f32))->Arg(int(KvDtype::f16))->ArgName("kv")->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_DecodeStep)->Arg(int(KvDtype::f32))->Arg(int(KvDtype::f16))->Arg(int(KvDtype::bf16))->ArgName("kv")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStep)
+    ->Arg(int(KvDtype::f32))
+    ->Arg(int(KvDtype::f16))
+    ->Arg(int(KvDtype::bf16))
+    ->ArgName("kv")
+    ->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
   int threads = 2;
@@ -214,7 +222,11 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (std::strcmp(argv[i], "--memory") == 0)
-      benchmark::RegisterBenchmark("BM_FlashMemory", BM_FlashMemory)->Arg(65536)->ArgName("L")->Iterations(1)->Unit(benchmark::kSecond);
+      benchmark::RegisterBenchmark("BM_FlashMemory", BM_FlashMemory)
+          ->Arg(65536)
+          ->ArgName("L")
+          ->Iterations(1)
+          ->Unit(benchmark::kSecond);
     else rest.push_back(argv[i]);
   }
   set_num_threads(threads);

@@ -56,7 +56,8 @@ def main():
                 for _ in range(a.reps):
                     for threads in (0, 1):
                         key = (busy, threads)
-                        results.setdefault(key + ("train",), []).append(train_rate(a.data, str(Path(tmp) / "t"), threads))
+                        results.setdefault(key + ("train",), []).append(
+                            train_rate(a.data, str(Path(tmp) / "t"), threads))
                         results.setdefault(key + ("generate",), []).append(generate_rate(ckpt, threads))
             finally:
                 if neighbour:
@@ -66,7 +67,8 @@ def main():
         print(f"{'':18} {'default':>11} {'--threads 1':>12} {'default':>11} {'--threads 1':>12}")
         for busy in (False, True):
             row = [statistics.median(results[(busy, t, w)]) for w in ("train", "generate") for t in (0, 1)]
-            print(f"{'busy neighbour' if busy else 'quiet':18} {row[0]:11.0f} {row[1]:12.0f} {row[2]:11.0f} {row[3]:12.0f}"
+            print(f"{'busy neighbour' if busy else 'quiet':18} {row[0]:11.0f} {row[1]:12.0f} {row[2]:11.0f} "
+                  f"{row[3]:12.0f}"
                   f"   default/1: train {row[0] / row[1]:.2f}x, generate {row[2] / row[3]:.2f}x")
 
 

@@ -41,7 +41,8 @@ def main():
     N, L, E, H = 8, 128, 256, 8
     torch.manual_seed(0)
     x = torch.randn(N, L, E, requires_grad=True)
-    ours, ref = attn.torch.MultiheadAttention(E, H, batch_first=True), torch.nn.MultiheadAttention(E, H, batch_first=True)
+    ours = attn.torch.MultiheadAttention(E, H, batch_first=True)
+    ref = torch.nn.MultiheadAttention(E, H, batch_first=True)
     ref.load_state_dict(ours.state_dict())
 
     def step(m, need):
@@ -53,7 +54,8 @@ def main():
     for need in (True, False):
         med = interleaved_medians({"attn": step(ours, need), "torch": step(ref, need)}, a.reps)
         print(f"MHA forward+backward (N, L, E) = ({N}, {L}, {E}), H {H}, need_weights={need}: attn "
-              f"{med['attn'] * 1e3:.1f} ms, torch {med['torch'] * 1e3:.1f} ms, torch/attn {med['torch'] / med['attn']:.2f}")
+              f"{med['attn'] * 1e3:.1f} ms, torch {med['torch'] * 1e3:.1f} ms, "
+              f"torch/attn {med['torch'] / med['attn']:.2f}")
 
     block = Block(E, H)
     compiled = torch.compile(block, fullgraph=True)

@@ -41,7 +41,8 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--sentences", type=int, default=256)
     ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"))
+    ap.add_argument("--data",
+                    default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"))
     a = ap.parse_args()
 
     import torch
@@ -132,7 +133,8 @@ def main():
             single[k].append(min(timed(lambda: f([s])) for s in one) * 1e3)
     lens = [len(ours_tok.encode(t, True, maxlen)) for t in texts]
     print(f"\n{len(texts)} tinyshakespeare paragraphs, batch {a.batch}, max length {maxlen} "
-          f"(tokens per text: median {int(np.median(lens))}, max {max(lens)}), {a.repeats} interleaved repeats, medians")
+          f"(tokens per text: median {int(np.median(lens))}, max {max(lens)}), {a.repeats} interleaved repeats, "
+          f"medians")
     print(f"{'':18} {'sentences/s':>12} {'single (ms)':>12}")
     for k in sides:
         print(f"{k:18} {statistics.median(rates[k]):12.1f} {statistics.median(single[k]):12.2f}")

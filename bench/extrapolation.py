@@ -27,10 +27,10 @@ def main():
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for pos in ("learned", "rope", "alibi"):
-            cmd = [a.attn, "train", "--data", a.data, "--out", os.path.join(tmp, pos), "--block", "128", "--batch", "16",
-                   "--steps", str(a.steps), "--warmup", "100", "--eval-every", "0", "--eval-iters", "20", "--position",
-                   pos, "--window", str(a.window), "--threads", str(a.threads), "--eval-lengths",
-                   ",".join(map(str, LENGTHS))]
+            cmd = [a.attn, "train", "--data", a.data, "--out", os.path.join(tmp, pos), "--block", "128",
+                   "--batch", "16", "--steps", str(a.steps), "--warmup", "100", "--eval-every", "0",
+                   "--eval-iters", "20", "--position", pos, "--window", str(a.window), "--threads", str(a.threads),
+                   "--eval-lengths", ",".join(map(str, LENGTHS))]
             print("$", " ".join(cmd[:1] + ["train"] + cmd[2:4] + ["--out", pos] + cmd[6:]), flush=True)
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             rows[pos] = {int(m[1]): m[2] for m in re.finditer(r"^val loss at context (\d+): (\S+)", out, re.M)}

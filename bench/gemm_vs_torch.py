@@ -64,13 +64,15 @@ def main():
     for t in (int(x) for x in args.threads.split(",")):
         torch.set_num_threads(t)
         attn.set_num_threads(t)
-        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds (all shapes in each), {args.pause * 1e3:g} ms apart")
+        print(f"\nthreads {t}: GFLOP/s, median of {args.rounds} interleaved rounds (all shapes in each), "
+              f"{args.pause * 1e3:g} ms apart")
         if args.dtype == "bf16":
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn bf16':>10} {'attn f32':>9} {'torch bf16':>11} "
                   f"{'bf16/f32':>9} {'attn/torch':>11}")
         else:
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
-        cases, warms = [], []  # (label, flops, {side: timed closure}, {side: [seconds per call]}, {side: reps}); {side: one call}
+        # (label, flops, {side: timed closure}, {side: [seconds per call]}, {side: reps}); {side: one call}
+        cases, warms = [], []
         for what, M, N, K, ta, tb in list(shapes())[: 1 if args.quick else None]:
             a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
             b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
@@ -81,7 +83,8 @@ def main():
             tc = torch.empty(M, N)
             flops = 2.0 * M * N * K
 
-            # one call of each side; a timing repeats it reps times (~30 ms of its work), and one untimed call precedes it
+            # one call of each side; a timing repeats it reps times (~30 ms of its work), and one untimed call
+            # precedes it
             calls = {"attn": lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb),
                      "torch": lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc)}
             calls["attn"](), calls["torch"]()

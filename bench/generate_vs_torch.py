@@ -92,7 +92,8 @@ def main():
         print(f"{k:18} {statistics.median(rate[k]):10.2f} {statistics.median(first[k]):17.1f}")
 
     def ratio(x, y):
-        r, f = statistics.median(rate[x]) / statistics.median(rate[y]), statistics.median(first[y]) / statistics.median(first[x])
+        r = statistics.median(rate[x]) / statistics.median(rate[y])
+        f = statistics.median(first[y]) / statistics.median(first[x])
         print(f"{x} / {y}: {r:.2f}x tokens/s, {f:.2f}x first-token latency")
     ratio("attn", "transformers")
     if a.bf16:

@@ -126,7 +126,8 @@ def torch_step(fwd, model, opt, x, y, bf16=False):
 
 
 def sgemm_gflops(reps=5):
-    """2048³ sgemm rates in this run: MKL (torch.mm, torch's) and attn's GEMM (attn.Linear without bias, ours; no OpenBLAS since issue 8)."""
+    """2048³ sgemm rates in this run: MKL (torch.mm, torch's) and attn's GEMM (attn.Linear without bias, ours;
+    no OpenBLAS since issue 8)."""
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)
     lin = attn.Linear(n, n, bias=False, seed=0)

@@ -10,6 +10,7 @@
 int main() {
   using namespace attn;
   // 1. SDPA over views of memory you own: Q (B, H, L, D), K and V (B, Hkv, S, D), here GQA with 2 KV heads.
+  //    View<const float>(pointer, shape) reads your buffer in place (contiguous; other layouts add strides).
   const int64_t B = 1, H = 4, Hkv = 2, L = 5, S = 5, D = 8;
   std::vector<float> q(B * H * L * D, 0.1f), k(B * Hkv * S * D, 0.2f), v(B * Hkv * S * D, 1.0f);
   Tensor out({B, H, L, D});

@@ -1,8 +1,8 @@
 // Python binding of attn's GEMM: gemm(a, b, c, ...) writes c = alpha·op(a)·op(b) + beta·c in place, on
 // numpy float32/float64 arrays read through their strides (rows may be strided, columns must be unit
 // stride); gemm_bf16(a, b, c, ...) the bf16 product (a, b: float32, or uint16/int16 holding bf16 bits,
-// as torch's bfloat16 tensors viewed as int16; c float32, or bf16 bits); gemm_kernel() names what runs. For benchmarks against torch.mm and for tests; not an
-// autograd op and no broadcasting.
+// as torch's bfloat16 tensors viewed as int16; c float32, or bf16 bits); gemm_kernel() names what runs. For
+// benchmarks against torch.mm and for tests; not an autograd op and no broadcasting.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 

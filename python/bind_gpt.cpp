@@ -94,16 +94,17 @@ void bind_gpt_model(py::module_& m) {
   py_util::FieldsInit<kGptConfigFields>::def<uint64_t>(
       gpt, [](const GptConfig& config, uint64_t seed) { return std::make_unique<Gpt>(config, seed); },
       py::arg("seed") = 0);
-  gpt
-      .def_static(
-          "load",
-          [](const std::string& dir) {
-            LoadedModel lm = load_model(dir);
-            return py::make_tuple(py::cast(std::move(lm.model)), py::cast(std::move(lm.tokenizer)));
-          },
-          py::arg("dir"), "(GPT, CharTokenizer) from a checkpoint directory (attn train --out, or save()).")
-      .def("save", [](Gpt& g, const std::string& dir, const CharTokenizer& t) { locked(&g, [&] { save_model(dir, g, t); }); },
-           py::arg("dir"), py::arg("tokenizer"), "A model-only checkpoint: DIR/model.safetensors + DIR/config.json.")
+  gpt.def_static(
+         "load",
+         [](const std::string& dir) {
+           LoadedModel lm = load_model(dir);
+           return py::make_tuple(py::cast(std::move(lm.model)), py::cast(std::move(lm.tokenizer)));
+         },
+         py::arg("dir"), "(GPT, CharTokenizer) from a checkpoint directory (attn train --out, or save()).")
+      .def(
+          "save",
+          [](Gpt& g, const std::string& dir, const CharTokenizer& t) { locked(&g, [&] { save_model(dir, g, t); }); },
+          py::arg("dir"), py::arg("tokenizer"), "A model-only checkpoint: DIR/model.safetensors + DIR/config.json.")
       .def(
           "forward",
           [](Gpt& g, const py::object& idx) {
@@ -134,8 +135,10 @@ void bind_gpt_model(py::module_& m) {
              uint64_t seed) {
             return locked(&g, [&] { return generate(g, prompt, {max_new_tokens, temperature, top_k, seed, {}}); });
           },
-          py::arg("prompt"), py::arg("max_new_tokens") = 100, py::arg("temperature") = 1.0, py::arg("top_k") = 0,
-          py::arg("seed") = 0, "New token ids after `prompt`, one at a time through the KV cache (eval mode).")
+          py::arg("prompt"), py::arg("max_new_tokens") = SampleOptions{}.max_new_tokens,
+          py::arg("temperature") = SampleOptions{}.temperature, py::arg("top_k") = SampleOptions{}.top_k,
+          py::arg("seed") = SampleOptions{}.seed,
+          "New token ids after `prompt`, one at a time through the KV cache (eval mode).")
       .def(
           "attention_weights",
           [](Gpt& g, const py::object& idx) {
@@ -149,10 +152,13 @@ void bind_gpt_model(py::module_& m) {
 }
 
 void bind_adamw(py::module_& m) {
-  py::class_<PyAdamW>(m, "AdamW", (std::string("torch.optim.AdamW's update on float32 arrays or on a GPT's parameters.") + py_util::kThreadsDoc).c_str())
-      .def(py::init(&adamw_over_arrays),
-           py::arg("params"), py::arg("lr") = 1e-3, py::arg("betas") = std::pair{0.9, 0.999}, py::arg("eps") = 1e-8,
-           py::arg("weight_decay") = 1e-2, py::arg("no_decay") = std::vector<std::string>{},
+  py::class_<PyAdamW>(
+      m, "AdamW",
+      (std::string("torch.optim.AdamW's update on float32 arrays or on a GPT's parameters.") + py_util::kThreadsDoc)
+          .c_str())
+      .def(py::init(&adamw_over_arrays), py::arg("params"), py::arg("lr") = 1e-3,
+           py::arg("betas") = std::pair{0.9, 0.999}, py::arg("eps") = 1e-8, py::arg("weight_decay") = 1e-2,
+           py::arg("no_decay") = std::vector<std::string>{},
            "Owns float32 copies of `params`; every name decays except those in no_decay.")
       .def(py::init([](Gpt& g, double lr, std::pair<double, double> betas, double eps, double weight_decay) {
              auto o = std::make_unique<PyAdamW>();
@@ -181,15 +187,19 @@ void bind_adamw(py::module_& m) {
           py::arg("grads") = py::none(), py::arg("lr") = py::none(),
           "One update; grads by name (every parameter) unless the optimizer is over a GPT.")
       .def("zero_grad", [](PyAdamW& o) { locked(o.lock_key, [&] { o.opt->zero_grad(); }); })
-      .def_property_readonly("params", [](PyAdamW& o) {
-        ObjectGuard hold(o.lock_key);
-        return to_numpy(o.opt->params(), &Param::value);
-      })
-      .def("state", [](PyAdamW& o) {
-        StateDict s;
-        locked(o.lock_key, [&] { o.opt->save_state(s, ""); });
-        return to_numpy(std::move(s));
-      }, "exp_avg.<name> and exp_avg_sq.<name>")
+      .def_property_readonly("params",
+                             [](PyAdamW& o) {
+                               ObjectGuard hold(o.lock_key);
+                               return to_numpy(o.opt->params(), &Param::value);
+                             })
+      .def(
+          "state",
+          [](PyAdamW& o) {
+            StateDict s;
+            locked(o.lock_key, [&] { o.opt->save_state(s, ""); });
+            return to_numpy(std::move(s));
+          },
+          "exp_avg.<name> and exp_avg_sq.<name>")
       .def_property_readonly("steps", [](PyAdamW& o) { return o.opt->steps(); });
 }
 
@@ -199,7 +209,9 @@ void bind_trainer(py::module_& m) {
   opts.def(py::init<>()).def_static("synthetic", &synthetic_defaults);
   std::apply([&](const auto&... f) { (opts.def_readwrite(f.name, f.member), ...); }, kTrainOptionsFields);
 
-  py::class_<Trainer>(m, "Trainer", (std::string("The training loop's parts: step(), evaluate(), save(), resume().") + py_util::kThreadsDoc).c_str())
+  py::class_<Trainer>(
+      m, "Trainer",
+      (std::string("The training loop's parts: step(), evaluate(), save(), resume().") + py_util::kThreadsDoc).c_str())
       .def(py::init([](const std::optional<std::string>& data, const std::optional<std::string>& text,
                        const py::kwargs& kw) {
              ATTN_CHECK(!(data && text), "Expected data (a path) or text, not both, but got both instead");
@@ -231,11 +243,15 @@ void bind_trainer(py::module_& m) {
           "Continues a saved run; data/text only if it was not trained on the file its checkpoint names.")
       // Its calls hold the lock of its model (trainer.model's calls take the same one).
       .def("step", [](Trainer& t) { return stats(locked(&t.model(), [&] { return t.step(); })); })
-      .def("evaluate", [](Trainer& t) {
-        const EvalStats e = locked(&t.model(), [&] { return t.evaluate(); });
-        return py::make_tuple(e.train_loss, e.val_loss);
-      }, "(train loss, val loss)")
-      .def("save", [](Trainer& t, const std::string& dir) { locked(&t.model(), [&] { t.save(dir); }); }, py::arg("dir"))
+      .def(
+          "evaluate",
+          [](Trainer& t) {
+            const EvalStats e = locked(&t.model(), [&] { return t.evaluate(); });
+            return py::make_tuple(e.train_loss, e.val_loss);
+          },
+          "(train loss, val loss)")
+      .def(
+          "save", [](Trainer& t, const std::string& dir) { locked(&t.model(), [&] { t.save(dir); }); }, py::arg("dir"))
       .def_property_readonly("model", &Trainer::model, py::return_value_policy::reference_internal)
       .def_property_readonly("tokenizer", [](const Trainer& t) { return t.data().tokenizer(); })
       .def_property_readonly("options", &Trainer::options)

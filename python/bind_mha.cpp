@@ -21,24 +21,30 @@ void bind_mha(py::module_& m) {
   // torch.nn.MultiheadAttention's arguments, one per MhaOptions field, its defaults
   py_util::FieldsInit<kMhaOptionsFields, 2>::def(mha, [](const MhaOptions& o) { return MultiheadAttention(o); });
   mha.def(
-          "forward",
-          [](MultiheadAttention& self, py::array& query, py::array& key, py::array& value,
-             py::object& key_padding_mask, bool need_weights,
-             py::object& attn_mask, bool average_attn_weights, bool is_causal, bool trace, const py::dict& variants) {
-            std::ostringstream text;
-            py_util::Variants var{variants};
-            MhaArgs args{py_util::nn_mask(key_padding_mask, "key_padding_mask"), need_weights, py_util::nn_mask(attn_mask, "attn_mask"),
-                         average_attn_weights, is_causal, trace ? &text : nullptr, py_util::layer_variants(var)};
-            View<const float> q = view_of<const float>(query, "query"), k = view_of<const float>(key, "key"),
-                              v = view_of<const float>(value, "value");
-            MhaOutput r = py_util::locked(&self, [&] { return self.forward(q, k, v, args); });
-            py::object w = need_weights ? py::object(to_numpy(std::move(r.weights))) : py::none();
-            return py::make_tuple(to_numpy(std::move(r.output)), w, trace ? py::object(py::str(text.str())) : py::none());
-          },
-          py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
-          py::arg("need_weights") = true, py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
-          py::arg("is_causal") = false, py::arg("trace") = false, py::arg("variants") = py::dict(),
-          "(output, weights or None, trace text or None); variants: window, alibi_slopes, softcap, document_ids")
+         "forward",
+         [](MultiheadAttention& self, py::array& query, py::array& key, py::array& value, py::object& key_padding_mask,
+            bool need_weights, py::object& attn_mask, bool average_attn_weights, bool is_causal, bool trace,
+            const py::dict& variants) {
+           std::ostringstream text;
+           py_util::Variants var{variants};
+           MhaArgs args{py_util::nn_mask(key_padding_mask, "key_padding_mask"),
+                        need_weights,
+                        py_util::nn_mask(attn_mask, "attn_mask"),
+                        average_attn_weights,
+                        is_causal,
+                        trace ? &text : nullptr,
+                        py_util::layer_variants(var)};
+           View<const float> q = view_of<const float>(query, "query"), k = view_of<const float>(key, "key"),
+                             v = view_of<const float>(value, "value");
+           MhaOutput r = py_util::locked(&self, [&] { return self.forward(q, k, v, args); });
+           py::object w = need_weights ? py::object(to_numpy(std::move(r.weights))) : py::none();
+           return py::make_tuple(to_numpy(std::move(r.output)), w,
+                                 trace ? py::object(py::str(text.str())) : py::none());
+         },
+         py::arg("query"), py::arg("key"), py::arg("value"), py::arg("key_padding_mask") = py::none(),
+         py::arg("need_weights") = true, py::arg("attn_mask") = py::none(), py::arg("average_attn_weights") = true,
+         py::arg("is_causal") = false, py::arg("trace") = false, py::arg("variants") = py::dict(),
+         "(output, weights or None, trace text or None); variants: window, alibi_slopes, softcap, document_ids")
       .def(
           "backward",
           [](MultiheadAttention& self, py::array& grad_output) {
@@ -48,10 +54,14 @@ void bind_mha(py::module_& m) {
                                   to_numpy(std::move(g.dvalue)));
           },
           py::arg("grad_output"), "(dquery, dkey, dvalue); adds into the parameter gradients")
-      .def("save", [](MultiheadAttention& self, const std::string& path) { py_util::locked(&self, [&] { self.save(path); }); },
-           py::arg("path"))
-      .def("load", [](MultiheadAttention& self, const std::string& path) { py_util::locked(&self, [&] { self.load(path); }); },
-           py::arg("path"))
+      .def(
+          "save",
+          [](MultiheadAttention& self, const std::string& path) { py_util::locked(&self, [&] { self.save(path); }); },
+          py::arg("path"))
+      .def(
+          "load",
+          [](MultiheadAttention& self, const std::string& path) { py_util::locked(&self, [&] { self.load(path); }); },
+          py::arg("path"))
       .def_property_readonly("embed_dim", [](const MultiheadAttention& s) { return s.options().embed_dim; })
       .def_property_readonly("num_heads", [](const MultiheadAttention& s) { return s.options().num_heads; })
       .def_property_readonly("num_kv_heads", [](const MultiheadAttention& s) { return s.options().num_kv_heads; })

@@ -53,11 +53,13 @@ void bind_models(py::module_& m) {
       .def_property_readonly("pad_id", &HfTokenizer::pad_id)
       .def_property_readonly("max_length", &HfTokenizer::max_length);
 
-  py::class_<Pretrained>(m, "Pretrained",
-                         (std::string("A Hugging Face model directory: model, tokenizer, pooling.") + py_util::kThreadsDoc).c_str())
+  py::class_<Pretrained>(
+      m, "Pretrained",
+      (std::string("A Hugging Face model directory: model, tokenizer, pooling.") + py_util::kThreadsDoc).c_str())
       .def(py::init([](const std::string& dir, const std::string& dtype) {
              return Pretrained::load(dir, parse_precision(dtype));
-           }), py::arg("dir"), py::arg("dtype") = "float32")
+           }),
+           py::arg("dir"), py::arg("dtype") = "float32")
       .def_property_readonly("dtype", [](const Pretrained& p) { return to_string(p.model->precision); })
       .def_property_readonly("architecture", [](const Pretrained& p) { return p.model->architecture(); })
       .def_property_readonly("hidden_size", [](const Pretrained& p) { return p.model->hidden_size(); })
@@ -65,44 +67,60 @@ void bind_models(py::module_& m) {
       .def_property_readonly("num_heads", [](const Pretrained& p) { return p.model->num_heads(); })
       .def_property_readonly("vocab_size", [](const Pretrained& p) { return p.model->vocab_size(); })
       .def_property_readonly("max_tokens", &Pretrained::max_tokens)
-      .def_property_readonly("tokenizer", [](Pretrained& p) -> HfTokenizer& { return p.tokenizer; },
-                             py::return_value_policy::reference_internal)
-      .def("forward", [](Pretrained& p, const py::object& ids, const py::object& mask) {
-             auto [x, mk] = ids_and_mask(ids, mask);
-             return py_util::run(&p, [&] {
-               return p.model->forward(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
-             });
-           }, py::arg("ids"), py::arg("attention_mask") = py::none())
-      .def("attention_weights", [](Pretrained& p, const py::object& ids, const py::object& mask) {
-             auto [x, mk] = ids_and_mask(ids, mask);
-             std::vector<Tensor> w = py_util::locked(&p, [&] {
-               return p.model->attention_weights(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
-             });
-             py::list out;
-             for (Tensor& t : w) out.append(to_numpy(std::move(t)));
-             return out;
-           }, py::arg("ids"), py::arg("attention_mask") = py::none())
+      .def_property_readonly(
+          "tokenizer", [](Pretrained& p) -> HfTokenizer& { return p.tokenizer; },
+          py::return_value_policy::reference_internal)
+      .def(
+          "forward",
+          [](Pretrained& p, const py::object& ids, const py::object& mask) {
+            auto [x, mk] = ids_and_mask(ids, mask);
+            return py_util::run(&p, [&] {
+              return p.model->forward(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
+            });
+          },
+          py::arg("ids"), py::arg("attention_mask") = py::none())
+      .def(
+          "attention_weights",
+          [](Pretrained& p, const py::object& ids, const py::object& mask) {
+            auto [x, mk] = ids_and_mask(ids, mask);
+            std::vector<Tensor> w = py_util::locked(&p, [&] {
+              return p.model->attention_weights(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data());
+            });
+            py::list out;
+            for (Tensor& t : w) out.append(to_numpy(std::move(t)));
+            return out;
+          },
+          py::arg("ids"), py::arg("attention_mask") = py::none())
       .def_property_readonly("is_decoder", [](const Pretrained& p) { return p.decoder() != nullptr; })
-      .def_property_readonly("eos_token_ids", [](const Pretrained& p) {
-             return p.decoder() ? p.decoder()->decoder_config().eos_token_ids : std::vector<int64_t>{};
-           })
-      .def("generate", [](Pretrained& p, const std::vector<int64_t>& prompt, int64_t max_new_tokens, double temperature,
-                          int64_t top_k, uint64_t seed, const std::string& kv_dtype,
-                          const std::optional<std::vector<int64_t>>& eos) {
-             PretrainedDecoder* d = p.decoder();
-             ATTN_CHECK(d, "Expected a decoder (GPT2LMHeadModel, LlamaForCausalLM) for generate, but got ",
-                        p.model->architecture(), " instead");
-             SampleOptions o;
-             o.max_new_tokens = max_new_tokens;
-             o.temperature = temperature;
-             o.top_k = top_k;
-             o.seed = seed;
-             o.kv_dtype = parse_kv_dtype(kv_dtype.c_str());
-             o.eos_token_ids = eos ? *eos : d->decoder_config().eos_token_ids;
-             return py_util::locked(&p, [&] { return generate(*d, prompt, o); });
-           }, py::arg("prompt"), py::arg("max_new_tokens") = 100, py::arg("temperature") = 0.0, py::arg("top_k") = 0,
-           py::arg("seed") = 0, py::arg("kv_dtype") = "f32", py::arg("eos_token_ids") = py::none())
-      .def("embed", [](Pretrained& p, const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {
-             return py_util::run(&p, [&] { return p.embed(texts, batch, max_length); });
-           }, py::arg("texts"), py::arg("batch_size") = 32, py::arg("max_length") = 0);
+      .def_property_readonly("eos_token_ids",
+                             [](const Pretrained& p) {
+                               return p.decoder() ? p.decoder()->decoder_config().eos_token_ids
+                                                  : std::vector<int64_t>{};
+                             })
+      .def(
+          "generate",
+          [](Pretrained& p, const std::vector<int64_t>& prompt, int64_t max_new_tokens, double temperature,
+             int64_t top_k, uint64_t seed, const std::string& kv_dtype,
+             const std::optional<std::vector<int64_t>>& eos) {
+            PretrainedDecoder* d = p.decoder();
+            ATTN_CHECK(d, "Expected a decoder (GPT2LMHeadModel, LlamaForCausalLM) for generate, but got ",
+                       p.model->architecture(), " instead");
+            SampleOptions o;
+            o.max_new_tokens = max_new_tokens;
+            o.temperature = temperature;
+            o.top_k = top_k;
+            o.seed = seed;
+            o.kv_dtype = parse_kv_dtype(kv_dtype.c_str());
+            o.eos_token_ids = eos ? *eos : d->decoder_config().eos_token_ids;
+            return py_util::locked(&p, [&] { return generate(*d, prompt, o); });
+          },
+          py::arg("prompt"), py::arg("max_new_tokens") = SampleOptions{}.max_new_tokens,
+          py::arg("temperature") = SampleOptions{}.temperature, py::arg("top_k") = SampleOptions{}.top_k,
+          py::arg("seed") = SampleOptions{}.seed, py::arg("kv_dtype") = "f32", py::arg("eos_token_ids") = py::none())
+      .def(
+          "embed",
+          [](Pretrained& p, const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {
+            return py_util::run(&p, [&] { return p.embed(texts, batch, max_length); });
+          },
+          py::arg("texts"), py::arg("batch_size") = 32, py::arg("max_length") = 0);
 }

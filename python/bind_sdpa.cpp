@@ -46,7 +46,8 @@ void bind_sdpa(py::module_& m) {
         SdpaOptions opt{parse_backend(backend), strict, parse_precision(dtype)};
         py_util::Variants var{variants};
         auto call = [&]<typename T>(T) {
-          SdpaArgs<T> a = make_args<T>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale, dropout_p, seed);
+          SdpaArgs<T> a =
+              make_args<T>(q, k, v, mask, mask_kind, key_padding, padding_kind, causal, scale, dropout_p, seed);
           var.apply(a);
           return run(a, want_weights, want_lse, opt, explain_only);
         };

@@ -31,17 +31,20 @@ void bind_viz(py::module_& m) {
       py::arg("path"), py::arg("weights"), py::arg("query_tokens"), py::arg("key_tokens"), py::arg("title"),
       py::arg("vmax"), py::arg("max_px"), py::arg("grid"),
       "PNG heatmap of weights (L, S), or a grid of all heads (H, L, S); returns the layout.");
+  m.def("viz_display_token", &viz::display_token, py::arg("token"), py::arg("max_chars") = 16,
+        "A token as a label: valid UTF-8, blanks visible, cut to max_chars code points with an ellipsis.");
   m.def(
       "viz_html",
       [](const std::string& path, std::vector<py::array>& layers, const std::vector<std::string>& query_tokens,
          const std::vector<std::string>& key_tokens, const std::vector<std::string>& layer_names,
-         const std::string& title, int top_k) {
+         const std::string& title, int top_k, const std::string& scale) {
         viz::AttentionRecord rec{query_tokens, key_tokens, {}, layer_names};
         for (size_t l = 0; l < layers.size(); ++l)
           rec.layers.push_back(view_of<const float>(layers[l], ("layers[" + std::to_string(l) + "]").c_str()));
         py::gil_scoped_release nogil;
-        viz::write_html(path, rec, {title, top_k});
+        viz::write_html(path, rec, {title, top_k, scale});
       },
       py::arg("path"), py::arg("layers"), py::arg("query_tokens"), py::arg("key_tokens"), py::arg("layer_names"),
-      py::arg("title"), py::arg("top_k"), "Self-contained interactive HTML page of layers, each (H, L, S).");
+      py::arg("title"), py::arg("top_k"), py::arg("scale"),
+      "Self-contained interactive HTML page of layers, each (H, L, S).");
 }

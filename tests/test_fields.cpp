@@ -59,13 +59,15 @@ TEST(Fields, EveryTrainOptionsFieldRoundTripsThroughACheckpoint) {
   o.config = "nanogpt-cpu", o.block_size = 16, o.n_kv_head = 2, o.tie_weights = false, o.steps = 7, o.batch = 3;
   o.lr = 2e-3, o.min_lr = 2e-4, o.warmup = 3, o.lr_decay_steps = 5, o.weight_decay = 0.05, o.beta1 = 0.8;
   o.beta2 = 0.95, o.eps = 1e-7, o.decay_embeddings = false, o.grad_clip = 0.5, o.dropout = 0.1, o.eval_every = 2;
-  o.eval_iters = 1, o.seed = 42, o.threads = 1, o.dtype = "bf16", o.position = "rope", o.window = 8;
+  o.eval_iters = 1, o.seed = 42, o.threads = 1, o.dtype = "bf16", o.log_every = 4, o.position = "rope";
+  o.window = 8;
   std::string text;
   for (int i = 0; i < 40; ++i) text += "to be or not to be, ";
   Trainer t(o, Dataset::text(text));
   const std::string dir = temp_dir("train");
   t.save(dir);
-  expect_round_trip(kTrainOptionsFields, o, Trainer::resume(dir, std::make_unique<Dataset>(Dataset::text(text)))->options());
+  expect_round_trip(kTrainOptionsFields, o,
+                    Trainer::resume(dir, std::make_unique<Dataset>(Dataset::text(text)))->options());
   std::filesystem::remove_all(dir);
 }
 

@@ -16,93 +16,18 @@
 
 #include "attn/gemm.h"
 #include "attn/threads.h"
+#include "gemm_harness.h"
+#include "test_util.h"
 
 namespace attn {
 namespace {
 
-struct Shape3 {
-  int64_t M, N, K;
-  bool ta, tb;
-  int64_t pad = 0;  // extra elements per row of A, B and C: leading dimensions > the row length
-  double alpha = 1, beta = 0;
-};
+using test::expect_close_to_fp64;
+using test::GemmCase;
+using test::max_err;
+using test::GemmOperands;
 
-// Stored operands of one product: A is (M, K) or, transposed, (K, M); B is (K, N) or (N, K); C (M, N);
-// each row `pad` elements longer than it needs. Entries uniform in [-1, 1].
-template <typename T>
-struct Problem {
-  Shape3 s;
-  int64_t lda, ldb, ldc;
-  std::vector<T> a, b, c;
-  explicit Problem(const Shape3& sh, uint32_t seed = 1) : s(sh) {
-    std::mt19937 gen(seed);
-    std::uniform_real_distribution<double> u(-1, 1);
-    lda = (s.ta ? s.M : s.K) + s.pad, ldb = (s.tb ? s.K : s.N) + s.pad, ldc = s.N + s.pad;
-    a.resize((s.ta ? s.K : s.M) * lda), b.resize((s.tb ? s.N : s.K) * ldb), c.resize(s.M * ldc);
-    for (auto* v : {&a, &b, &c})
-      for (T& x : *v) x = static_cast<T>(u(gen));
-  }
-  T A(int64_t i, int64_t k) const { return s.ta ? a[k * lda + i] : a[i * lda + k]; }
-  T B(int64_t k, int64_t j) const { return s.tb ? b[j * ldb + k] : b[k * ldb + j]; }
-  std::vector<T> run() const {  // attn's gemm on a copy of C
-    std::vector<T> out = c;
-    gemm(s.ta, s.tb, s.M, s.N, s.K, static_cast<T>(s.alpha), a.data(), lda, b.data(), ldb, static_cast<T>(s.beta),
-         out.data(), ldc);
-    return out;
-  }
-  // The plain triple loop in accumulator type Acc: Σ_k in order, then alpha·Σ + beta·C.
-  template <typename Acc>
-  std::vector<Acc> loop() const {
-    std::vector<Acc> out(c.begin(), c.end());
-    for (int64_t i = 0; i < s.M; ++i)
-      for (int64_t j = 0; j < s.N; ++j) {
-        Acc sum = 0;
-        for (int64_t k = 0; k < s.K; ++k) sum += static_cast<Acc>(A(i, k)) * static_cast<Acc>(B(k, j));
-        Acc& o = out[i * ldc + j];
-        o = static_cast<Acc>(s.alpha) * sum + (s.beta == 0 ? Acc(0) : static_cast<Acc>(s.beta) * o);
-      }
-    return out;
-  }
-  // |alpha|·Σ_k |A(i,k)·B(k,j)| + |beta·C(i,j)|, the largest over C: the scale rounding errors scale with.
-  double magnitude() const {
-    double m = 0;
-    for (int64_t i = 0; i < s.M; ++i)
-      for (int64_t j = 0; j < s.N; ++j) {
-        double sum = 0;
-        for (int64_t k = 0; k < s.K; ++k) sum += std::abs(static_cast<double>(A(i, k)) * B(k, j));
-        m = std::max(m, std::abs(s.alpha) * sum + std::abs(s.beta * c[i * ldc + j]));
-      }
-    return m;
-  }
-};
-
-// Largest |x - ref| over the M x N elements (the padding is compared separately).
-template <typename X, typename R>
-double max_err(const std::vector<X>& x, const std::vector<R>& ref, const Shape3& s, int64_t ldc) {
-  double e = 0;
-  for (int64_t i = 0; i < s.M; ++i)
-    for (int64_t j = 0; j < s.N; ++j)
-      e = std::max(e, std::abs(static_cast<double>(x[i * ldc + j]) - static_cast<double>(ref[i * ldc + j])));
-  return e;
-}
-
-// DESIGN's rule: the error of attn's fp32 gemm against fp64 at most 2x that of the plain fp32 triple loop,
-// plus atol = 4 fp32 ulps of the magnitude: the few roundings of the epilogue (alpha·Σ, beta·C) that a
-// short sum (K of 1 or 7) can make the whole error of either side, where 2x of a tiny loop error is 0.
-void expect_close_to_fp64(const Shape3& s) {
-  const Problem<float> p(s);
-  const std::vector<float> got = p.run();
-  const std::vector<double> ref = p.loop<double>();
-  const double loop_err = max_err(p.loop<float>(), ref, s, p.ldc);
-  const double atol = 4 * std::numeric_limits<float>::epsilon() * p.magnitude();
-  EXPECT_LE(max_err(got, ref, s, p.ldc), 2 * loop_err + atol)
-      << "M=" << s.M << " N=" << s.N << " K=" << s.K << " ta=" << s.ta << " tb=" << s.tb << " pad=" << s.pad
-      << " alpha=" << s.alpha << " beta=" << s.beta << " loop error " << loop_err;
-  for (int64_t i = 0; i < s.M; ++i)  // the padding past N in each row of C is never written
-    for (int64_t j = s.N; j < p.ldc; ++j) ASSERT_EQ(got[i * p.ldc + j], p.c[i * p.ldc + j]) << i << "," << j;
-}
-
-const int64_t kOdd[] = {1, 7, 63, 64, 65, 129, 513};  // DESIGN's odd sizes
+const int64_t kOdd[] = {1, 7, 63, 64, 65, 129, 513};  // docs/ARCHITECTURE.md's odd sizes
 
 TEST(Gemm, CloseToFp64OnOddShapes) {
   for (bool ta : {false, true})
@@ -124,14 +49,14 @@ TEST(Gemm, CloseToFp64StridedAlphaBeta) {
 }
 
 TEST(Gemm, BetaZeroIgnoresNanInC) {
-  Problem<float> p({9, 70, 5, false, true});
+  GemmOperands<float> p({9, 70, 5, false, true});
   for (float& x : p.c) x = std::numeric_limits<float>::quiet_NaN();
   for (float x : p.run()) EXPECT_FALSE(std::isnan(x));
 }
 
 TEST(Gemm, NothingToMultiplyScalesC) {  // K = 0 and alpha = 0: C = beta·C, zeros for beta = 0
   for (double alpha : {1.0, 0.0}) {
-    Problem<float> p({3, 4, alpha == 0 ? 5 : 0, false, false, 0, alpha, 0.5});
+    GemmOperands<float> p({3, 4, alpha == 0 ? 5 : 0, false, false, 0, alpha, 0.5});
     const std::vector<float> got = p.run();
     for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], 0.5f * p.c[i]);
     p.s.beta = 0;
@@ -142,9 +67,9 @@ TEST(Gemm, NothingToMultiplyScalesC) {  // K = 0 and alpha = 0: C = beta·C, zer
 TEST(Gemm, DoubleCloseToLongDouble) {
   // Same rule one precision up: the fp64 gemm against a long double loop (the fp64 reference paths'
   // oracle), at most 2x the plain fp64 loop's error plus 4 fp64 ulps of the magnitude.
-  for (const Shape3& s : {Shape3{65, 129, 513, false, true, 2, 1, 0}, Shape3{7, 513, 64, true, false, 0, -2, 0.5},
-                          Shape3{513, 1, 1100, true, true, 1, 1, 1}}) {
-    const Problem<double> p(s);
+  for (const GemmCase& s : {GemmCase{65, 129, 513, false, true, 2, 1, 0}, GemmCase{7, 513, 64, true, false, 0, -2, 0.5},
+                          GemmCase{513, 1, 1100, true, true, 1, 1, 1}}) {
+    const GemmOperands<double> p(s);
     const std::vector<long double> ref = p.loop<long double>();
     const double loop_err = max_err(p.loop<double>(), ref, s, p.ldc);
     const double atol = 4 * std::numeric_limits<double>::epsilon() * p.magnitude();
@@ -157,8 +82,8 @@ TEST(Gemm, CloseToOpenBlas) {
   // product, so their difference is at most the sum of the two bounds.
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      const Shape3 s{200, 300, 700, ta, tb, 3, 0.75, -1};
-      const Problem<float> p(s);
+      const GemmCase s{200, 300, 700, ta, tb, 3, 0.75, -1};
+      const GemmOperands<float> p(s);
       std::vector<float> blas = p.c;
       cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, s.M, s.N, s.K,
                   static_cast<float>(s.alpha), p.a.data(), p.lda, p.b.data(), p.ldb, static_cast<float>(s.beta),
@@ -170,10 +95,10 @@ TEST(Gemm, CloseToOpenBlas) {
     }
 }
 
-// DESIGN: the same bits for any thread count. The tiles (and so who computes what) change with the thread
+// docs/ARCHITECTURE.md: the same bits for any thread count. The tiles (and so who computes what) change with the thread
 // count; each element's sum must not.
-void expect_same_bits_for_1_2_3_threads(const Shape3& s) {
-  const Problem<float> p(s, 7);
+void expect_same_bits_for_1_2_3_threads(const GemmCase& s) {
+  const GemmOperands<float> p(s, 7);
   std::vector<std::vector<float>> runs;
   for (int threads : {1, 2, 3}) {
     set_num_threads(threads);
@@ -181,9 +106,7 @@ void expect_same_bits_for_1_2_3_threads(const Shape3& s) {
   }
   set_num_threads(1);
   for (int t = 1; t < 3; ++t)
-    for (size_t i = 0; i < runs[0].size(); ++i)
-      ASSERT_EQ(runs[0][i], runs[t][i]) << t + 1 << " threads, element " << i << " of M=" << s.M << " N=" << s.N
-                                        << " K=" << s.K << " ta=" << s.ta << " tb=" << s.tb;
+    ASSERT_TRUE(test::same_bits(runs[0], runs[t])) << t + 1 << " threads, " << test::describe(s);
 }
 
 TEST(Gemm, SameBitsFor1And2And3Threads) {

@@ -1,8 +1,9 @@
 // gemm_bf16 (attn/gemm.h): the bits of AMX's TDPBF16PS arithmetic, written plainly here (per group of 32 k,
 // an fp32 chain over the even k and one over the odd k from 0, then C + (E + O), each sum rounded once,
 // subnormals flushed), on every SIMD target this CPU runs, with AMX, with VDPBF16PS and with the FMA
-// emulation, any cache size and thread count; the instructions against the plain definition on edge cases; and the accuracy bound against an fp64
-// oracle derived from bf16's 8-bit significand. Not speed (bench/gemm_bf16_vs_torch.py).
+// emulation, any cache size and thread count; the instructions against the plain definition on edge cases; and
+// the accuracy bound against an fp64 oracle derived from bf16's 8-bit significand. Not speed
+// (bench/gemm_bf16_vs_torch.py).
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -21,6 +22,7 @@
 #include "attn/nn.h"
 #include "attn/simd.h"
 #include "attn/threads.h"
+#include "gemm_harness.h"
 #include "test_util.h"
 
 namespace attn {
@@ -30,11 +32,6 @@ float from_bits(uint32_t u) {
   float x;
   std::memcpy(&x, &u, sizeof x);
   return x;
-}
-uint32_t to_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
 }
 float flush(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.f, x) : x; }
 // A bf16 as the instruction reads it: the high half of an fp32, a subnormal as zero.
@@ -68,11 +65,6 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
   return out;
 }
 
-struct Shape3 {
-  int64_t M, N, K;
-  bool ta, tb;
-  float beta;
-};
 
 // Every target this CPU runs; on AVX-512 targets, with each instruction the CPU has (VDPBF16PS, AMX) and
 // with the emulation.
@@ -99,28 +91,31 @@ struct Bf16Off : test::Bf16Instructions {  // a path's instructions for a scope
 };
 
 TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
-  const Shape3 shapes[] = {
-      {1, 1, 1, false, false, 0.f},   {7, 5, 3, false, true, 0.f},     {13, 70, 37, false, true, 1.f},
-      {64, 64, 64, false, false, 0.f}, {31, 97, 129, true, false, 0.5f}, {50, 33, 600, true, true, 0.f},
-      {130, 200, 2100, false, true, 0.f},  // K > any K block: later blocks continue the chain
-      {70, 66, 96, true, true, 2.f},       // whole groups, AMX edge blocks on both sides
-      {40, 50, 1101, false, false, 1.f},   // B's pair rows across K blocks, an odd K, a B panel past N
-      {70, 66, 2048, false, true, 1.f},    // AMX reads A's rows in place, across K blocks; its last panel packed
-      {45, 40, 2100, true, false, 0.5f},   // a transposed A across K blocks, a partial group and panel
+  // alpha 1 (gemm_bf16 has none); its own leading dimensions below, not the case's pad
+  const test::GemmCase shapes[] = {
+      {1, 1, 1, false, false, 0, 1, 0},     {7, 5, 3, false, true, 0, 1, 0},       {13, 70, 37, false, true, 0, 1, 1},
+      {64, 64, 64, false, false, 0, 1, 0},  {31, 97, 129, true, false, 0, 1, 0.5}, {50, 33, 600, true, true, 0, 1, 0},
+      {130, 200, 2100, false, true, 0, 1, 0},  // K > any K block: later blocks continue the chain
+      {70, 66, 96, true, true, 0, 1, 2},       // whole groups, AMX edge blocks on both sides
+      {40, 50, 1101, false, false, 0, 1, 1},   // B's pair rows across K blocks, an odd K, a B panel past N
+      {70, 66, 2048, false, true, 0, 1, 1},    // AMX reads A's rows in place, across K blocks; its last panel packed
+      {45, 40, 2100, true, false, 0, 1, 0.5},  // a transposed A across K blocks, a partial group and panel
   };
   const int64_t caches[][2] = {{cpu_info().l1d, cpu_info().l2}, {32 << 10, 512 << 10}, {48 << 10, 2 << 20}};
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
   int checked = 0;
-  for (const Shape3& s : shapes) {
+  for (const test::GemmCase& s : shapes) {
+    const float beta = float(s.beta);
     // odd strides, but an even one where AMX can read A's rows in place (whole groups of k in each: K % 32 == 0)
-    const int64_t lda = (s.ta ? s.M : s.K) + (!s.ta && s.K % 32 == 0 ? 4 : 3), ldb = (s.tb ? s.K : s.N) + 1, ldc = s.N + 2;
+    const int64_t lda = (s.ta ? s.M : s.K) + (!s.ta && s.K % 32 == 0 ? 4 : 3), ldb = (s.tb ? s.K : s.N) + 1,
+                  ldc = s.N + 2;
     std::vector<float> a32((s.ta ? s.K : s.M) * lda), b32((s.tb ? s.N : s.K) * ldb), c0(s.M * ldc);
     for (float& x : a32) x = nd(rng);
     for (float& x : b32) x = nd(rng) * 4.f;
     for (float& x : c0) x = nd(rng);
     const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32);
-    const std::vector<float> want = plain(s.ta, s.tb, s.M, s.N, s.K, a, lda, b, ldb, s.beta, c0, ldc);
+    const std::vector<float> want = plain(s.ta, s.tb, s.M, s.N, s.K, a, lda, b, ldb, beta, c0, ldc);
     int n = 0;
     for (const Path& p : paths())
       for (const auto& cs : caches) {
@@ -131,16 +126,13 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
                                   std::to_string(s.K) + ", " + p.name() + ", L1d " + std::to_string(cs[0] >> 10) +
                                   " KiB, " + std::to_string(threads) + " thread(s)";
         std::vector<float> c16 = c0, c32 = c0, cmix = c0;
-        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, s.beta, c16.data(), ldc);
-        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a32.data(), lda, b32.data(), ldb, s.beta, c32.data(), ldc);
-        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a32.data(), lda, b.data(), ldb, s.beta, cmix.data(), ldc);
-        for (int64_t i = 0; i < s.M; ++i)
-          for (int64_t j = 0; j < ldc; ++j) {  // the columns past N too: never written
-            const int64_t e = i * ldc + j;
-            ASSERT_EQ(to_bits(c16[e]), to_bits(want[e])) << where << ", bf16 operands, at " << i << "," << j;
-            ASSERT_EQ(to_bits(c32[e]), to_bits(want[e])) << where << ", fp32 operands, at " << i << "," << j;
-            ASSERT_EQ(to_bits(cmix[e]), to_bits(want[e])) << where << ", fp32 A, bf16 B, at " << i << "," << j;
-          }
+        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, beta, c16.data(), ldc);
+        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a32.data(), lda, b32.data(), ldb, beta, c32.data(), ldc);
+        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a32.data(), lda, b.data(), ldb, beta, cmix.data(), ldc);
+        // every element, the columns past N too (never written); element e is row e / ldc, column e % ldc
+        ASSERT_TRUE(test::same_bits(c16, want)) << where << ", bf16 operands (ldc " << ldc << ")";
+        ASSERT_TRUE(test::same_bits(c32, want)) << where << ", fp32 operands (ldc " << ldc << ")";
+        ASSERT_TRUE(test::same_bits(cmix, want)) << where << ", fp32 A, bf16 B (ldc " << ldc << ")";
         ++checked;
       }
   }
@@ -176,7 +168,7 @@ TEST(GemmBf16, EdgeCasesOnEveryPathMatchThePlainDefinition) {
       float got = cs.c;
       gemm_bf16(false, false, 1, 1, 2, a.data(), 2, b.data(), 1, 1.f, &got, 1);
       if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << p.name();
-      else EXPECT_EQ(to_bits(got), to_bits(want)) << p.name() << ": c " << cs.c << " a " << cs.a0 << "," << cs.a1
+      else EXPECT_TRUE(test::same_bits(&got, &want, 1)) << p.name() << ": c " << cs.c << " a " << cs.a0 << "," << cs.a1
                                                   << " b " << cs.b0 << "," << cs.b1 << ": " << got << " vs " << want;
     }
   }
@@ -264,7 +256,8 @@ TEST(GemmBf16, AutocastSendsLinearAndItsBackwardThroughGemmBf16) {
     return v;
   };
   const std::vector<float> x = fill(N * in), w = fill(out * in), bias = fill(out), dy = fill(N * out);
-  const View<const float> X(x.data(), {N, in}), W(w.data(), {out, in}), Bias(bias.data(), {out}), DY(dy.data(), {N, out});
+  const View<const float> X(x.data(), {N, in}), W(w.data(), {out, in}), Bias(bias.data(), {out}),
+      DY(dy.data(), {N, out});
   auto run = [&](std::vector<float>& y, std::vector<float>& dx, std::vector<float>& dw) {
     y.assign(N * out, 0.f), dx.assign(N * in, 0.f), dw.assign(out * in, 1.f);
     linear<float>(X, W, Bias, View<float>(y.data(), {N, out}));
@@ -285,9 +278,9 @@ TEST(GemmBf16, AutocastSendsLinearAndItsBackwardThroughGemmBf16) {
   gemm_bf16(false, true, N, out, in, x.data(), in, w.data(), in, 1.f, want_y.data(), out);
   gemm_bf16(false, false, N, in, out, dy.data(), out, w.data(), in, 0.f, want_dx.data(), in);
   gemm_bf16(true, false, out, in, N, dy.data(), out, x.data(), in, 1.f, want_dw.data(), in);
-  for (size_t i = 0; i < y16.size(); ++i) ASSERT_EQ(to_bits(y16[i]), to_bits(want_y[i])) << "y at " << i;
-  for (size_t i = 0; i < dx16.size(); ++i) ASSERT_EQ(to_bits(dx16[i]), to_bits(want_dx[i])) << "dx at " << i;
-  for (size_t i = 0; i < dw16.size(); ++i) ASSERT_EQ(to_bits(dw16[i]), to_bits(want_dw[i])) << "dw at " << i;
+  ASSERT_TRUE(test::same_bits(y16, want_y)) << "y";
+  ASSERT_TRUE(test::same_bits(dx16, want_dx)) << "dx";
+  ASSERT_TRUE(test::same_bits(dw16, want_dw)) << "dw";
   EXPECT_NE(y16, y32);  // the f32 run after the scope is another computation
   EXPECT_EQ(parse_precision("bfloat16"), Precision::bf16);
   EXPECT_EQ(parse_precision("float32"), Precision::f32);
@@ -323,9 +316,8 @@ TEST(GemmBf16, AutocastReachesAPretrainedLinearOfEitherLayout) {
       const Autocast bf16(Precision::bf16);
       y16 = lin.forward(x.view());
     }
-    for (int64_t i = 0; i < N * out; ++i)
-      ASSERT_EQ(to_bits(y16.data()[i]), to_bits(want[i])) << (layout == WeightLayout::in_out ? "in_out" : "out_in")
-                                                         << " at " << i;
+    ASSERT_TRUE(test::same_bits(y16.data(), want.data(), size_t(N * out)))
+        << (layout == WeightLayout::in_out ? "in_out" : "out_in");
     EXPECT_NE(std::vector<float>(y32.data(), y32.data() + N * out), want);  // fp32 outside the scope
   }
 }

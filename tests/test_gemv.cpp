@@ -12,6 +12,7 @@
 #include "attn/precision.h"
 #include "attn/rng.h"
 #include "attn/threads.h"
+#include "test_util.h"
 
 namespace attn {
 namespace {
@@ -34,7 +35,7 @@ TEST(LinearRows, InOutHasTheBitsOfGemm) {
         for (int threads : {1, 2}) {
           set_num_threads(threads);
           linear_rows(x.view(), w.view(), WeightLayout::in_out, b.view(), got.view());
-          ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * size_t(M * N)), 0) << M << " " << K << " " << N;
+          ASSERT_TRUE(test::same_bits(got, want)) << M << " " << K << " " << N;
         }
         set_num_threads(0);
       }
@@ -52,7 +53,7 @@ TEST(LinearRows, OutInIsADotProductWithinTheFloat32Bound) {
         set_num_threads(2);
         linear_rows(x.view(), w.view(), WeightLayout::out_in, {}, again.view());
         set_num_threads(0);
-        ASSERT_EQ(std::memcmp(got.data(), again.data(), sizeof(float) * size_t(M * N)), 0);
+        ASSERT_TRUE(test::same_bits(got, again));
         for (int64_t m = 0; m < M; ++m)
           for (int64_t n = 0; n < N; ++n) {
             double dot = 0, mag = 0;
@@ -87,12 +88,12 @@ TEST(LinearRows, Bf16WeightsReadAsTheirWidenedFp32) {
           Tensor want({M, N}), got({M, N});
           linear_rows(x.view(), wide.view(), layout, b.view(), want.view());
           linear_rows(x.view(), View<const uint16_t>(w16.data(), w.shape()), layout, b.view(), got.view());
-          ASSERT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * size_t(M * N)), 0)
-              << (io ? "in_out " : "out_in ") << M << " " << K << " " << N;
+          ASSERT_TRUE(test::same_bits(got, want)) << (io ? "in_out " : "out_in ") << M << " " << K << " " << N;
         }
   const int64_t in = 40, out = 24;
   Tensor w = random({out, in}, rng), b = random({out}, rng);
-  Linear plain(Tensor::copy_of(w.view()), Tensor::copy_of(b.view())), bf16(Tensor::copy_of(w.view()), Tensor::copy_of(b.view()));
+  Linear plain(Tensor::copy_of(w.view()), Tensor::copy_of(b.view())),
+      bf16(Tensor::copy_of(w.view()), Tensor::copy_of(b.view()));
   bf16.use_bf16_weights();
   std::vector<uint16_t> w16(size_t(w.numel()));
   to_half(KvDtype::bf16, w.data(), w.numel(), w16.data());
@@ -100,13 +101,13 @@ TEST(LinearRows, Bf16WeightsReadAsTheirWidenedFp32) {
   from_half(KvDtype::bf16, w16.data(), w.numel(), wide.data());
   for (const int64_t n : {kGemvRows, kGemvRows + 5}) {
     Tensor x = random({n, in}, rng);
-    auto same = [&](const Tensor& a, const Tensor& c) { return std::memcmp(a.data(), c.data(), sizeof(float) * size_t(a.numel())) == 0; };
-    EXPECT_TRUE(same(bf16.forward(x.view()), plain.forward(x.view()))) << n << " rows: fp32 outside an Autocast";
+    EXPECT_TRUE(test::same_bits(bf16.forward(x.view()), plain.forward(x.view())))
+        << n << " rows: fp32 outside an Autocast";
     const Autocast scope(Precision::bf16);
     Tensor want({n, out});
     if (n <= kGemvRows) linear_rows(x.view(), wide.view(), WeightLayout::out_in, b.view(), want.view());
     else want = plain.forward(x.view());  // rounds the fp32 weight as it packs it
-    EXPECT_TRUE(same(bf16.forward(x.view()), want)) << n << " rows under Autocast(bf16)";
+    EXPECT_TRUE(test::same_bits(bf16.forward(x.view()), want)) << n << " rows under Autocast(bf16)";
   }
 }
 

@@ -215,14 +215,18 @@ TEST(Checkpoint, ConfigSchemaIsCheckedBeforeAnythingIsBuilt) {
        "to be an integer that fits in 64 bits, but got 100000000.0"},
       {"n_embd 2^40", [](json& j) { j["model"]["n_embd"] = int64_t(1) << 40; }, "transformer.wte.weight", false},
       {"vocab mismatch", [](json& j) { j["model"]["vocab_size"] = 5; }, "transformer.wte.weight", false},
-      {"batch 2^60", [](json& j) { j["training"]["batch"] = int64_t(1) << 60; }, "training batch 1152921504606846976", true},
+      {"batch 2^60", [](json& j) { j["training"]["batch"] = int64_t(1) << 60; }, "training batch 1152921504606846976",
+       true},
       {"threads 2^40", [](json& j) { j["training"]["threads"] = int64_t(1) << 40; }, "\"threads\" in", true,
        "to be an integer in [-2147483648, 2147483647], but got 1099511627776"},
       {"seed -1", [](json& j) { j["training"]["seed"] = -1; }, "\"seed\" in", true,
        "to be a non-negative integer that fits in 64 bits, but got -1"},
       {"lr string", [](json& j) { j["training"]["lr"] = "fast"; }, "\"lr\" in", true,
        "to be a finite number, but got \"fast\""},
-      {"/dev/zero data", [](json& j) { j["data"] = {{"kind", "text"}, {"bytes", 1}, {"path", "/dev/zero"}, {"fnv1a64", 1}}; },
+      {"/dev/zero data",
+       [](json& j) {
+         j["data"] = {{"kind", "text"}, {"bytes", 1}, {"path", "/dev/zero"}, {"fnv1a64", 1}};
+       },
        "a character device", true},
       {"tokenizer type", [](json& j) { j["tokenizer"]["type"] = 1; }, "\"type\" in", false,
        "to be a string, but got 1"},
@@ -232,7 +236,8 @@ TEST(Checkpoint, ConfigSchemaIsCheckedBeforeAnythingIsBuilt) {
     fs::remove_all(tmp / "ck");
     t.save(tmp / "ck");
     edit_config(tmp / "ck", c.edit);
-    const std::string msg = c.resume ? error_of([&] { Trainer::resume(tmp / "ck"); }) : error_of([&] { load_model(tmp / "ck"); });
+    const std::string msg =
+        c.resume ? error_of([&] { Trainer::resume(tmp / "ck"); }) : error_of([&] { load_model(tmp / "ck"); });
     EXPECT_TRUE(has(msg, c.want)) << msg;
     EXPECT_TRUE(has(msg, c.type)) << msg;
   }

@@ -41,7 +41,8 @@ void write_bert(const TempDir& d, const std::string& prefix = "", const std::str
   add("embeddings.LayerNorm.bias", {16});
   for (int i = 0; i < 2; ++i) {
     const std::string p = cat("encoder.layer.", i, ".");
-    for (const char* n : {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"})
+    for (const char* n :
+         {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"})
       add(p + n + ".weight", {16, 16}), add(p + n + ".bias", {16});
     add(p + "intermediate.dense.weight", {24, 16}), add(p + "intermediate.dense.bias", {24});
     add(p + "output.dense.weight", {16, 24}), add(p + "output.dense.bias", {16});
@@ -77,7 +78,8 @@ TEST(MappedSafetensors, F32TensorsAreViewsOfTheFileAndOutliveTheReader) {
 // asking for such a tensor as floats is an error.
 TEST(MappedSafetensors, IntegerTensorsAreIndexedButNotFloats) {
   TempDir d;
-  std::string h = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"p":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})";
+  std::string h =
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"p":{"dtype":"I64","shape":[1],"data_offsets":[4,12]}})";
   h.append((8 - h.size() % 8) % 8, ' ');
   const uint64_t n = h.size();
   std::string bytes(reinterpret_cast<const char*>(&n), 8);

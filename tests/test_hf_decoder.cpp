@@ -41,10 +41,12 @@ void write_gpt2(const TempDir& d, const std::string& skip = "", const std::strin
   StateDict sd;
   sd.emplace("transformer.wte.weight", random({20, 8}, rng));
   sd.emplace("transformer.wpe.weight", random({16, 8}, rng));
-  for (const char* n : {"transformer.ln_f"}) sd.emplace(cat(n, ".weight"), random({8}, rng)), sd.emplace(cat(n, ".bias"), random({8}, rng));
+  for (const char* n : {"transformer.ln_f"})
+    sd.emplace(cat(n, ".weight"), random({8}, rng)), sd.emplace(cat(n, ".bias"), random({8}, rng));
   for (int i = 0; i < 2; ++i) {
     const std::string p = cat("transformer.h.", i, ".");
-    for (const char* n : {"ln_1", "ln_2"}) sd.emplace(p + n + ".weight", random({8}, rng)), sd.emplace(p + n + ".bias", random({8}, rng));
+    for (const char* n : {"ln_1", "ln_2"})
+      sd.emplace(p + n + ".weight", random({8}, rng)), sd.emplace(p + n + ".bias", random({8}, rng));
     const std::pair<const char*, Shape> convs[] = {
         {"attn.c_attn", {8, 24}}, {"attn.c_proj", {8, 8}}, {"mlp.c_fc", {8, 32}}, {"mlp.c_proj", {32, 8}}};
     for (const auto& [n, s] : convs) {
@@ -69,7 +71,8 @@ void write_llama(const TempDir& d, const std::string& skip = "", const std::stri
   sd.emplace("lm_head.weight", random({23, 12}, rng));
   for (int i = 0; i < 2; ++i) {
     const std::string p = cat("model.layers.", i, ".");
-    for (const char* n : {"input_layernorm", "post_attention_layernorm"}) sd.emplace(p + n + ".weight", random({12}, rng));
+    for (const char* n : {"input_layernorm", "post_attention_layernorm"})
+      sd.emplace(p + n + ".weight", random({12}, rng));
     const std::pair<const char*, Shape> lin[] = {{"self_attn.q_proj", {18, 12}}, {"self_attn.k_proj", {6, 12}},
                                                  {"self_attn.v_proj", {6, 12}},  {"self_attn.o_proj", {12, 18}},
                                                  {"mlp.gate_proj", {20, 12}},    {"mlp.up_proj", {20, 12}},
@@ -205,7 +208,8 @@ TEST(HfDecoder, HostileSizesAndEpsilonsAreNamedNeverACrash) {
       // "vector::reserve" before
       {"llama", [](json& j) { j["num_hidden_layers"] = int64_t(1) << 40; },
        {"num_hidden_layers 1099511627776 in config.json", "'model.layers.1099511627775.input_layernorm.weight'"}},
-      {"gpt2", [](json& j) { j["n_layer"] = int64_t(1) << 40; }, {"n_layer 1099511627776", "transformer.h.1099511627775"}},
+      {"gpt2", [](json& j) { j["n_layer"] = int64_t(1) << 40; },
+       {"n_layer 1099511627776", "transformer.h.1099511627775"}},
       {"gpt2", [](json& j) { j["n_embd"] = int64_t(1) << 62; }, {"4 * n_embd", "config.json"}},
       // NaN embeddings or token 0 with exit 0 before
       {"llama", [](json& j) { j["rms_norm_eps"] = -1e-5; }, {"\"rms_norm_eps\"", "to be >= 0", "config.json"}},

@@ -205,7 +205,8 @@ void check_case(Case c) {
   double err = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t l = 0; l < L; ++l)
-      for (int64_t e = 0; e < E; ++e) err = std::max(err, std::abs(layout.at(got.output, b, l, e) - want.out[(b * L + l) * E + e]));
+      for (int64_t e = 0; e < E; ++e)
+        err = std::max(err, std::abs(layout.at(got.output, b, l, e) - want.out[(b * L + l) * E + e]));
   EXPECT_LE(err, kTol) << "output";
   if (!c.need_weights) {
     EXPECT_EQ(got.weights.data(), nullptr);
@@ -355,7 +356,8 @@ TEST(Mha, GqaEqualsMhaWithRepeatedKvRows) {
     mha.load_state_dict(sd);
     Tensor q = init::randn({3, 2, E}, rng), kv = init::randn({5, 2, E}, rng);
     MhaArgs args{.average_attn_weights = false, .is_causal = true};
-    MhaOutput a = gqa.forward(q.view(), kv.view(), kv.view(), args), b = mha.forward(q.view(), kv.view(), kv.view(), args);
+    MhaOutput a = gqa.forward(q.view(), kv.view(), kv.view(), args),
+              b = mha.forward(q.view(), kv.view(), kv.view(), args);
     // Same products in the same order; only gemm blocking over a different N may differ (~1 ulp).
     for (int64_t i = 0; i < a.output.numel(); ++i) EXPECT_NEAR(a.output.data()[i], b.output.data()[i], 1e-6);
     for (int64_t i = 0; i < a.weights.numel(); ++i) EXPECT_NEAR(a.weights.data()[i], b.weights.data()[i], 1e-6);
@@ -370,8 +372,9 @@ TEST(Mha, PaddedKeysAndCausalTriangleGetExactlyZeroWeight) {
   Tensor x = init::randn({L, N, 16}, rng);
   Bools pad({N, S});
   pad.data()[0 * S + 1] = pad.data()[1 * S + 4] = 1;  // key 1 of batch 0, key 4 of batch 1
-  MhaOutput r = m.forward(x.view(), x.view(), x.view(),
-                          {.key_padding_mask = Mask<float>::drop(pad.view()), .average_attn_weights = false, .is_causal = true});
+  MhaOutput r =
+      m.forward(x.view(), x.view(), x.view(),
+                {.key_padding_mask = Mask<float>::drop(pad.view()), .average_attn_weights = false, .is_causal = true});
   ASSERT_EQ(r.weights.shape(), (Shape{N, H, L, S2}));
   for (int64_t b = 0; b < N; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -430,14 +433,16 @@ TEST(Mha, Errors) {
   EXPECT_NE(e.find("Expected key and value of rank 3"), std::string::npos) << e;
   Bools pad({2, 5}), am({3, 4});
   e = error_of([&] { m.forward(x.view(), x.view(), x.view(), {.key_padding_mask = Mask<float>::drop(pad.view())}); });
-  EXPECT_NE(e.find("Expected key_padding_mask of shape (N, S) = (2, 4), but got (2, 5) instead"), std::string::npos) << e;
+  EXPECT_NE(e.find("Expected key_padding_mask of shape (N, S) = (2, 4), but got (2, 5) instead"), std::string::npos)
+      << e;
   e = error_of([&] { m.forward(x.view(), x.view(), x.view(), {.attn_mask = Mask<float>::drop(am.view())}); });
   EXPECT_NE(e.find("(L, S) = (4, 4) or (N·H, L, S) = (4, 4, 4), but got (3, 4) instead"), std::string::npos) << e;
 }
 
 TEST(Mha, StateDictRoundTripAndErrors) {
   MhaOptions o{.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .kdim = 6, .num_kv_heads = 1, .seed = 11};
-  MultiheadAttention a(o), b({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .kdim = 6, .num_kv_heads = 1, .seed = 12});
+  MultiheadAttention a(o),
+      b({.embed_dim = 8, .num_heads = 2, .add_bias_kv = true, .kdim = 6, .num_kv_heads = 1, .seed = 12});
   a.eval(), b.eval();
   std::vector<std::string> names;
   for (const Param& p : a.parameter_list()) names.push_back(p.name + to_string(p.value->shape()));
@@ -491,7 +496,8 @@ TEST(Mha, InitialisationLikePyTorch) {
   StateDict sd = m.state_dict();
   auto stats = [](const Tensor& t) {
     double mx = 0, ss = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) mx = std::max(mx, double(std::abs(t.data()[i]))), ss += double(t.data()[i]) * t.data()[i];
+    for (int64_t i = 0; i < t.numel(); ++i)
+      mx = std::max(mx, double(std::abs(t.data()[i]))), ss += double(t.data()[i]) * t.data()[i];
     return std::pair{mx, std::sqrt(ss / double(t.numel()))};
   };
   // Uniform(-b, b): max just under b, rms b/sqrt(3). Tolerances: >= 16k samples give rms within ~1%;
@@ -552,9 +558,9 @@ TEST(Mha, TracePrintsEveryStage) {
   m.forward(x.view(), kv.view(), kv.view(), {.trace = &trace});
   const std::string t = trace.str();
   for (const char* line : {"Q after projection (B, L, E): (1, 6, 64)", "K after projection (B, S, Hkv·D): (1, 9, 32)",
-                           "Q after head split (B, H, L, D): (1, 4, 6, 16)", "K after head split (B, Hkv, S, D): (1, 2, 9, 16)",
-                           "scores (B, H, L, S): (1, 4, 6, 9)", "context (B, H, L, Dv): (1, 4, 6, 16)",
-                           "context after concat (B, L, E): (1, 6, 64)", "output (N, L, E): (1, 6, 64)",
-                           "weights (N, L, S): (1, 6, 9)", "sdpa backend: "})
+                           "Q after head split (B, H, L, D): (1, 4, 6, 16)",
+                           "K after head split (B, Hkv, S, D): (1, 2, 9, 16)", "scores (B, H, L, S): (1, 4, 6, 9)",
+                           "context (B, H, L, Dv): (1, 4, 6, 16)", "context after concat (B, L, E): (1, 6, 64)",
+                           "output (N, L, E): (1, 6, 64)", "weights (N, L, S): (1, 6, 9)", "sdpa backend: "})
     EXPECT_NE(t.find(line), std::string::npos) << line << "\n" << t;
 }

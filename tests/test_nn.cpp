@@ -18,6 +18,7 @@
 #include "attn/param.h"
 #include "attn/rng.h"
 #include "attn/threads.h"
+#include "test_util.h"
 
 using namespace attn;
 
@@ -206,8 +207,7 @@ LnRef layer_norm_ref(const Tensor& x, const Tensor& dy, const float* w, const fl
 }
 
 void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)), 0) << what;
+  EXPECT_TRUE(test::same_bits(a, b)) << what;
 }
 
 TEST(LayerNorm, SimdRowsHaveTheScalarLanesBitsAtOddSizes) {
@@ -413,7 +413,8 @@ TEST(FeedForward, BiasGradientInTheActivationsBackwardHasTheBitsOfTwoLayers) {
   Rng rng(11);
   for (Activation a : {Activation::relu, Activation::gelu, Activation::gelu_tanh})
     for (bool bias : {true, false})
-      for (Shape3 s : {Shape3{1, 1, 1}, Shape3{3, 17, 33}, Shape3{67, 13, 129}, Shape3{5, 1100, 7}, Shape3{9, 5, 1100}}) {
+      for (Shape3 s :
+           {Shape3{1, 1, 1}, Shape3{3, 17, 33}, Shape3{67, 13, 129}, Shape3{5, 1100, 7}, Shape3{9, 5, 1100}}) {
         SCOPED_TRACE(::testing::Message() << to_string(a) << " bias " << bias << " N " << s.n << " in " << s.in
                                           << " out " << s.out);
         Linear l1(s.in, s.out, bias, 3), l2(s.in, s.out, bias, 3);
@@ -502,7 +503,8 @@ std::shared_ptr<MhaMasks> make_masks(const MhaCase& m, Rng& rng) {
   k->args.is_causal = m.causal;
   if (m.mask == 1) {
     k->bools = TensorT<uint8_t>({m.L, m.S});
-    for (int64_t i = 0; i < k->bools.numel(); ++i) k->bools.data()[i] = (i % m.S) != 0 && rng.uniform() < 0.3;  // key 0 stays
+    for (int64_t i = 0; i < k->bools.numel(); ++i)
+      k->bools.data()[i] = (i % m.S) != 0 && rng.uniform() < 0.3;  // key 0 stays
     k->args.attn_mask = Mask<float>::drop(k->bools.view());
   } else if (m.mask == 2) {
     k->additive = init::randn({m.B * m.o.num_heads, m.L, m.S}, rng);
@@ -662,7 +664,9 @@ TEST(TransformerEncoderLayer, GradientsMatchFiniteDifferences) {
       return l;
     };
     c.inputs.push_back(init::randn(o.batch_first ? Shape{2, 5, 8} : Shape{5, 2, 8}, rng));
-    c.forward = [a, pad](TransformerEncoderLayer& l, const std::vector<Tensor>& in) { return l.forward(in[0].view(), a); };
+    c.forward = [a, pad](TransformerEncoderLayer& l, const std::vector<Tensor>& in) {
+      return l.forward(in[0].view(), a);
+    };
     c.backward = [](TransformerEncoderLayer& l, View<const float> d) {
       std::vector<Tensor> r;
       r.push_back(l.backward(d));
@@ -900,9 +904,7 @@ TEST(Dropout, ReseedRestartsTheStream) {
 
 namespace {
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)) == 0;
-}
+using test::same_bits;
 
 TEST(NoCopies, DropoutApplyIsTheIdentityWithoutACopy) {
   Rng rng(51);

@@ -62,7 +62,8 @@ TEST(Tensor, CheckedSizes) {
   EXPECT_NE(msg([] { numel({2, -1}); }).find("non-negative sizes"), std::string::npos);
   EXPECT_NE(msg([] { Tensor t({int64_t(1) << 62}); }).find("byte count fits in 64 bits"), std::string::npos);
   const std::string big = msg([] { Tensor t({int64_t(1) << 40, 1024}); });  // 4 PiB
-  EXPECT_NE(big.find("Expected a tensor of shape (1099511627776, 1024) to fit in the machine's"), std::string::npos) << big;
+  EXPECT_NE(big.find("Expected a tensor of shape (1099511627776, 1024) to fit in the machine's"), std::string::npos)
+      << big;
   EXPECT_NE(msg([] { checked_mul(int64_t(1) << 40, int64_t(1) << 40, "batch * block"); }).find("batch * block"),
             std::string::npos);
   EXPECT_EQ(checked_mul(3, 4, "x"), 12);

@@ -91,7 +91,8 @@ TEST(Pool, AnExceptionInABodyReachesTheCallerAndThePoolKeepsWorking) {
   ThreadsGuard guard;
   set_num_threads(2);
   EXPECT_EQ(error_of([] {
-              parallel_items(100, int64_t(1) << 20, [](int64_t i, int) { ATTN_CHECK(i != 57, "Expected no item 57, but got it instead"); });
+              parallel_items(100, int64_t(1) << 20,
+                             [](int64_t i, int) { ATTN_CHECK(i != 57, "Expected no item 57, but got it instead"); });
             }),
             "Expected no item 57, but got it instead");
   std::atomic<int64_t> sum{0};

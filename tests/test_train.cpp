@@ -27,9 +27,7 @@ namespace fs = std::filesystem;
 using test::error_of;
 using test::TempDir;
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), size_t(a.numel()) * sizeof(float)) == 0;
-}
+using test::same_bits;
 
 // ---- Tokenizer ----
 
@@ -156,7 +154,7 @@ TEST(ClipGradNorm, FoldedIntoAdamWGivesTheBitsOfClipThenStep) {
       ob.step(1e-2, clip_coefficient(nb, max_norm));
       EXPECT_EQ(na, nb);
       for (size_t i = 0; i < a.values.size(); ++i)
-        EXPECT_EQ(std::memcmp(a.values[i].data(), b.values[i].data(), size_t(a.values[i].numel()) * 4), 0) << i;
+        EXPECT_TRUE(same_bits(a.values[i], b.values[i])) << i;
     }
   }
   EXPECT_EQ(clip_coefficient(5.0, 10.0), 1.0f);
@@ -337,7 +335,8 @@ TEST(Checkpoint, ReplacesTheDirectoryAsAWholeAndLeavesNoTemporaries) {
     t.save(tmp / "ck");
   }
   EXPECT_EQ(load_model(tmp / "ck").step, 3);
-  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator()), 1);  // only ck: no temporary or old directory left behind
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.dir), fs::directory_iterator()),
+            1);  // only ck: no temporary or old directory left behind
   std::ofstream(tmp / "ck/notes.txt") << "mine";
   std::string msg = error_of([&] { t.save(tmp / "ck"); });
   EXPECT_NE(msg.find("notes.txt"), std::string::npos) << msg;

@@ -70,10 +70,13 @@ TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
   EXPECT_EQ(r.path, f.path);
   EXPECT_EQ(r.key, tuning_key());
   EXPECT_EQ(r.rows.size(), 30u);  // 8 + 5 + 4 + 5 + 4 GEMM candidates and 4 flash ones
+  EXPECT_EQ(r.budget, 0.3);
   int chosen = 0;
   for (const TuneRow& row : r.rows) {
     chosen += row.chosen;
     EXPECT_GT(row.score, 0) << row.kernel;
+    EXPECT_LE(row.lo, row.score * (1 + 1e-12)) << row.kernel;  // the median round lies within the range
+    EXPECT_GE(row.hi, row.score * (1 - 1e-12)) << row.kernel;
     EXPECT_EQ(row.gflops.size(), (row.kernel == "gemm" ? r.gemm_shapes : r.flash_shapes).size());
   }
   EXPECT_EQ(chosen, 2);  // one GEMM row and one flash row
@@ -92,6 +95,41 @@ TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
   EXPECT_NE(tuning_summary().find("measured"), std::string::npos) << tuning_summary();
   EXPECT_NE(gemm_kernel().find("(tuned)"), std::string::npos) << gemm_kernel();
   EXPECT_EQ(flash_tiles().rows, t->flash_rows ? t->flash_rows : 256);
+}
+
+// The choice rule on the numbers of a real run: 53.1 and 57.0 GFLOP/s for one configuration in two stages.
+TEST(Tune, ChoosesOnlyBeyondTheMeasuredSpread) {
+  const auto row = [](double lo, double score, double hi) {
+    return TuneRow{"gemm", {}, {score}, score, lo, hi, false};
+  };
+  const TuneRow kept = row(53.1, 55.0, 57.0);
+  EXPECT_FALSE(clearly_faster(row(56.0, 57.5, 59.0), kept)) << "a higher median within the noise";
+  EXPECT_FALSE(clearly_faster(row(57.0, 58.0, 59.0), kept)) << "touching ranges";
+  EXPECT_TRUE(clearly_faster(row(57.2, 58.0, 59.0), kept));
+  EXPECT_FALSE(clearly_faster(kept, kept));
+}
+
+// The plan fits the budget: every candidate's warm-up and minimum rounds on the shapes it takes, the
+// cheapest first, and the flash forward at the longest L that fits what is left.
+TEST(Tune, PlanFitsTheBudget) {
+  const std::vector<double> cost = {0.002, 0.011, 0.002, 0.011, 0.043, 0.043};  // seconds per run, as measured here
+  constexpr double kRuns = 1 + kTuneMinRounds;
+  for (double budget : {0.5, 2.0, 3.0, 10.0, 30.0}) {
+    const TunePlan p = plan_tune(cost, 0.012, budget);
+    ASSERT_GE(p.gemm_shapes, 1u);
+    double round = 0;
+    for (size_t i = 0; i < p.gemm_shapes; ++i) round += cost[i];
+    const double flash = 0.012 * double(p.flash_length * p.flash_length) / (512.0 * 512) * kTuneFlashCandidates * kRuns;
+    EXPECT_NEAR(p.seconds, round * kTuneGemmCandidates * kRuns + flash, 1e-12);
+    EXPECT_LE(p.seconds, budget) << budget << " s: " << p.gemm_shapes << " shapes, flash L " << p.flash_length;
+    if (p.gemm_shapes < cost.size())  // the next shape would not have fitted
+      EXPECT_GT((round + cost[p.gemm_shapes]) * kTuneGemmCandidates * kRuns, budget * 26 / 30) << budget;
+  }
+  EXPECT_EQ(plan_tune(cost, 0.012, 2.0).gemm_shapes, 3u);  // the budget the README gives: the training shapes
+  EXPECT_EQ(plan_tune(cost, 0.012, 30.0).gemm_shapes, 6u);
+  EXPECT_EQ(plan_tune(cost, 0.012, 30.0).flash_length, 1024);
+  EXPECT_EQ(plan_tune({1.0}, 1.0, 0.5).gemm_shapes, 1u) << "one shape however small the budget";
+  EXPECT_EQ(plan_tune({1.0}, 1.0, 0.5).flash_length, 64);
 }
 
 TEST(Tune, BlockingChangesNoBits) {

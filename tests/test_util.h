@@ -1,9 +1,12 @@
 // Helpers the GoogleTest files share: the message of an expected attn::Error, a scratch folder, a text
-// file and a tensor of normal samples.
+// file, a tensor of normal samples, and the one bit-equality check (same_bits).
 #pragma once
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -28,6 +31,31 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "";
+}
+
+// Whether a[0, n) and b[0, n) hold the same bits (NaN payloads and -0 included): the check of "the same
+// result for any thread count, target or blocking". A failure names the first element that differs and
+// how many do; use as EXPECT_TRUE(same_bits(...)) << what.
+template <typename T>
+::testing::AssertionResult same_bits(const T* a, const T* b, size_t n) {
+  size_t first = n, differ = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (std::memcmp(a + i, b + i, sizeof(T)) != 0) first = std::min(first, i), ++differ;
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << differ << " of " << n << " elements differ, the first at " << first << ": "
+                                       << +a[first] << " vs " << +b[first];
+}
+template <typename T>
+::testing::AssertionResult same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size())
+    return ::testing::AssertionFailure() << "sizes differ: " << a.size() << " vs " << b.size();
+  return same_bits(a.data(), b.data(), a.size());
+}
+template <typename T>
+::testing::AssertionResult same_bits(const TensorT<T>& a, const TensorT<T>& b) {
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << "shapes differ: " << to_string(a.shape()) << " vs " << to_string(b.shape());
+  return same_bits(a.data(), b.data(), size_t(a.numel()));
 }
 
 inline void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }

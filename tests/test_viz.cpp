@@ -14,6 +14,7 @@
 #include <random>
 
 #include "attn/viz.h"
+#include "test_util.h"
 
 using namespace attn;
 using namespace attn::viz;
@@ -320,6 +321,57 @@ TEST(VizHtml, TopKKeepsTheLargestWeightsOfEachRowAndSaysSo) {
   // an explicit top_k, and 0 for all
   EXPECT_EQ(json::parse(embedded_json(render_html(rec, {.top_k = 3})))["layers"][0][0]["k"][0].size(), 3u);
   EXPECT_TRUE(json::parse(embedded_json(render_html(rec, {.top_k = 0})))["top_k"].is_null());
+}
+
+// Rollout on numbers worked by hand: one head of 2 tokens per layer, so the mean is the head.
+// Layer 0 A = [[1, 0], [0.5, 0.5]] -> Â = [[1, 0], [0.25, 0.75]]; layer 1 A = [[0, 1], [1, 0]] ->
+// Â = [[0.5, 0.5], [0.5, 0.5]]; R_1 = Â_1 · Â_0 = [[0.625, 0.375], [0.625, 0.375]].
+TEST(VizRollout, IsTheProductOfTheLayersWithTheResidual) {
+  Tensor a0({1, 2, 2}), a1({1, 2, 2});
+  const float w0[] = {1, 0, 0.5f, 0.5f}, w1[] = {0, 1, 1, 0};
+  std::copy(w0, w0 + 4, a0.data());
+  std::copy(w1, w1 + 4, a1.data());
+  const std::vector<Tensor> r = attention_rollout({a0.view(), a1.view()});
+  ASSERT_EQ(r.size(), 2u);
+  const float want0[] = {1, 0, 0.25f, 0.75f}, want1[] = {0.625f, 0.375f, 0.625f, 0.375f};
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(r[0].data()[k], want0[k]) << k;  // exact in binary
+    EXPECT_EQ(r[1].data()[k], want1[k]) << k;
+  }
+  // heads are averaged first, and rows of random weights stay distributions through 3 layers
+  Tensor h = softmax_weights({4, 5, 5}, 3);
+  const std::vector<Tensor> r3 = attention_rollout({h.view(), h.view(), softmax_weights({2, 5, 5}, 4).view()});
+  for (const Tensor& t : r3)
+    for (int64_t i = 0; i < 5; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < 5; ++j) sum += t.data()[i * 5 + j];
+      EXPECT_NEAR(sum, 1.0, 1e-6);
+    }
+  Tensor mean({1, 5, 5});
+  for (int64_t k = 0; k < 25; ++k)
+    mean.data()[k] = (h.data()[k] + h.data()[25 + k] + h.data()[50 + k] + h.data()[75 + k]) / 4;
+  const std::vector<Tensor> one = attention_rollout({mean.view()});
+  for (int64_t k = 0; k < 25; ++k) EXPECT_NEAR(r3[0].data()[k], one[0].data()[k], 1e-6) << k;
+  // cross-attention or mismatched layers cannot be rolled out
+  EXPECT_NE(test::error_of([&] { attention_rollout({softmax_weights({2, 3, 4}, 1).view()}); }).find("(H, T, T)"),
+            std::string::npos);
+  EXPECT_THROW(attention_rollout({h.view(), softmax_weights({2, 4, 4}, 1).view()}), Error);
+}
+
+TEST(VizHtml, SaysItsScaleAndRollsOutSelfAttentionOnly) {
+  Tensor w = softmax_weights({2, 3, 3}, 9);
+  json self = json::parse(embedded_json(render_html({tokens(3), {}, {w, w}, {}})));
+  EXPECT_EQ(self["scale"], "row");
+  ASSERT_EQ(self["rollout"].size(), 2u);
+  const std::vector<Tensor> r = attention_rollout({w.view(), w.view()});
+  for (int l = 0; l < 2; ++l)
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < 3; ++j) EXPECT_EQ(self["rollout"][l]["w"][i][j].get<float>(), r[l].data()[i * 3 + j]);
+  json abs = json::parse(embedded_json(render_html({tokens(3), {}, {w}, {}}, {.scale = "absolute"})));
+  EXPECT_EQ(abs["scale"], "absolute");
+  Tensor c = softmax_weights({2, 3, 4}, 9);
+  EXPECT_TRUE(json::parse(embedded_json(render_html({tokens(3), tokens(4), {c}, {}})))["rollout"].is_null());
+  EXPECT_THROW(render_html({tokens(3), {}, {w}, {}}, {.scale = "log"}), Error);
 }
 
 TEST(VizHtml, NamesNoUrlAndIsOneFile) {

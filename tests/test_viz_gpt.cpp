@@ -67,7 +67,8 @@ TEST(VizGpt, RowEntropyIsOneForUniformRowsAndZeroForOneKey) {
   // rows with fewer than min_keys keys do not count: only row 5 (6 keys) for min_keys = 6
   onehot.view().at({0, 0, 5, 0}) = onehot.view().at({0, 0, 5, 2}) = 0.5f;  // ln 2 / ln 6 for head 0
   EXPECT_NEAR(viz::mean_row_entropy(onehot.view(), 6), std::log(2.0) / std::log(6.0) / 2, 1e-7);
-  EXPECT_NE(error_of([&] { viz::mean_row_entropy(uniform.view().select(0, 0)); }).find("(B, H, T, T)"), std::string::npos);
+  EXPECT_NE(error_of([&] { viz::mean_row_entropy(uniform.view().select(0, 0)); }).find("(B, H, T, T)"),
+            std::string::npos);
 }
 
 // The seed's claim: trained heads attend sharply, random ones are flat. Fixed seed (synthetic_defaults:
@@ -145,8 +146,9 @@ TEST(VizGpt, PngTitlesNameTheTextAndTheModel) {
   for (char ch : text) chars.push_back(std::string(1, ch));
   ASSERT_EQ(v.pngs.size(), 2u);
   for (size_t l = 0; l < v.pngs.size(); ++l) {
-    const std::string title = "layer " + std::to_string(l) +
-                              " \u00b7 2 heads \u00b7 \"the quick brown fox\u23cejumps over the lazy \u2026\" \u00b7 runs/shakespeare";
+    const std::string title =
+        "layer " + std::to_string(l) +
+        " \u00b7 2 heads \u00b7 \"the quick brown fox\u23cejumps over the lazy \u2026\" \u00b7 runs/shakespeare";
     const std::string want = dir + "/want.png";
     viz::write_heads_png(want, v.weights[l].view().select(0, 0), chars, {}, {.title = title});
     EXPECT_EQ(read_text(v.pngs[l]), read_text(want)) << "layer " << l;

@@ -28,7 +28,6 @@ CLI::App* add_info_command(CLI::App& app, InfoCli& cli) {
   return info;
 }
 int run_info(const InfoCli& cli) {
-  attn::set_num_threads(cli.threads);
   std::fputs(attn::to_string(attn::runtime_info()).c_str(), stdout);
   if (cli.strict) attn::check_no_simd_fallback();
   return 0;
@@ -46,7 +45,6 @@ CLI::App* add_tune_command(CLI::App& app, TuneCli& cli) {
   return tune;
 }
 int run_tune(const TuneCli& cli) {
-  attn::set_num_threads(cli.threads);
   std::fputs(attn::to_string(attn::runtime_info()).c_str(), stdout);
   std::fputs(attn::to_string(attn::tune({cli.seconds})).c_str(), stdout);
   return 0;
@@ -72,9 +70,13 @@ CLI::App* add_bench_command(CLI::App& app, attn::BenchOptions& opt) {
   bench->add_option("--dim", opt.dim, "--ring: head dim D = Dv")->check(attn::number_of<int64_t>())
       ->check(attn::positive());
   bench->add_option("--causal", opt.causal, "--ring: causal (top-left) or not");
-  bench->add_option("--backward", opt.backward, "time the backward too (without --ring: flash backward rows "
-                    "with their scratch beyond inputs and outputs)")->expected(0, 1)
-      ->option_text("BOOLEAN=off; on with --ring");  // not default_str: CLI11 takes it as the value of a bare --backward
+  bench
+      ->add_option("--backward", opt.backward,
+                   "time the backward too (without --ring: flash backward rows "
+                   "with their scratch beyond inputs and outputs)")
+      ->expected(0, 1)
+      ->option_text(
+          "BOOLEAN=off; on with --ring");  // not default_str: CLI11 takes it as the value of a bare --backward
   bench->add_flag("--variants", opt.variants, "rows of the attention variants beside full causal (sliding window, "
                   "ALiBi, softcap, 8 packed documents), with the (query, key) tiles the kernel never computes");
   bench->add_option("--window", opt.window, "--variants: the sliding window's W (keys l - W .. l)")
@@ -109,7 +111,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "attn " ATTN_VERSION);
   app.option_defaults()->always_capture_default();  // every --help shows each option's default
-  auto* demo = app.add_subcommand("demo", "walk through attention step by step, then train a tiny GPT (seconds, no data)");
+  auto* demo =
+      app.add_subcommand("demo", "walk through attention step by step, then train a tiny GPT (seconds, no data)");
   InfoCli info_opt;
   auto* info = add_info_command(app, info_opt);
   TuneCli tune_opt;
@@ -131,6 +134,11 @@ int main(int argc, char** argv) {
     return attn::report_parse_error(app, e, argc, argv);
   }
   return reporting_errors([&] {
+    // The thread count, set here once from the command's --threads (tools/flags.h, add_threads_flag). attn
+    // train's is its run's own (TrainOptions::threads, kept with the checkpoint): the Trainer sets it.
+    const int threads = *info ? info_opt.threads : *tune ? tune_opt.threads : *bench ? bench_opt.threads
+                        : *generate ? generate_opt.threads : *viz ? viz_opt.threads : *embed ? embed_opt.threads : -1;
+    if (threads >= 0) attn::set_num_threads(threads);
     if (*demo) return attn::run_demo();
     if (*info) return run_info(info_opt);
     if (*tune) return run_tune(tune_opt);

@@ -47,7 +47,8 @@ double median_seconds(int reps, F&& f) {
 double sgemm_gflops(int reps) {
   const int64_t n = 2048;
   Tensor a = init::randn({n, n}, 1), b = init::randn({n, n}, 2), c({n, n});
-  double s = median_seconds(reps, [&] { gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
+  double s =
+      median_seconds(reps, [&] { gemm(false, false, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
   return 2.0 * n * n * n / s * 1e-9;
 }
 
@@ -145,7 +146,9 @@ void run_backward_case(const Case& c, const Ceilings& peak, int reps) {
 #endif
   const int64_t base = rss_bytes();
   reset_peak_rss();
-  double s = median_seconds(reps, [&] { sdpa_backward<float>(args, out, lse, dout, {dq, dk, dv}, {Backend::flash, false}); });
+  double s = median_seconds(reps, [&] {
+    sdpa_backward<float>(args, out, lse, dout, {dq, dk, dv}, {Backend::flash, false});
+  });
   double extra_mb = double(std::max<int64_t>(0, peak_rss_bytes() - base)) / 1e6;
   double gf = 2.5 * forward_flops(c) / s * 1e-9;  // five products instead of two
   print_row(c, "flash-bwd", s, gf, peak, extra_mb, skipped(args, SdpaOut<float>{out, {}, lse}));
@@ -194,7 +197,8 @@ double median(std::vector<double> t) {
 double ring_pairs(int64_t L, int r, int n, RingLayout layout, bool causal) {
   double pairs = 0;
   for (const RowRange& g : ring_rows(L, r, n, layout))
-    pairs += causal ? double(g.size) * double(g.begin) + double(g.size) * double(g.size + 1) / 2 : double(g.size) * double(L);
+    pairs += causal ? double(g.size) * double(g.begin) + double(g.size) * double(g.size + 1) / 2
+                    : double(g.size) * double(L);
   return pairs;
 }
 
@@ -242,7 +246,9 @@ RingRow ring_case(const BenchOptions& opt, int64_t L, RingLayout layout, int64_t
       f();
       return std::chrono::duration<double>(Clock::now() - t0).count();
     };
-    auto ratio = [&](double ring_s, double base_s) { return (base_s / (row.rows * row.base_keys)) / (ring_s / row.pairs); };
+    auto ratio = [&](double ring_s, double base_s) {
+      return (base_s / (row.rows * row.base_keys)) / (ring_s / row.pairs);
+    };
     std::vector<double> rf, bf, rb, bb, wf, wb, fr, br;
     for (int i = 0; i < opt.repeats; ++i) {
       const bool ring_first = i % 2 == 0;
@@ -281,13 +287,15 @@ int run_ring_bench(const BenchOptions& opt) {
   }
   if (r == 0) {
     std::fputs(to_string(runtime_info()).c_str(), stdout);
-    std::printf("ring attention: %d ranks, %d threads each (%d CPUs here%s), layout %s, B 1, H %lld, Hkv %lld, D %lld, %s\n",
-                n, num_threads(), cpus, n * num_threads() > cpus ? ": oversubscribed" : "", to_string(layout),
-                (long long)H, (long long)Hkv, (long long)D, opt.causal ? "causal (top-left)" : "no mask");
+    std::printf(
+        "ring attention: %d ranks, %d threads each (%d CPUs here%s), layout %s, B 1, H %lld, Hkv %lld, D %lld, %s\n", n,
+        num_threads(), cpus, n * num_threads() > cpus ? ": oversubscribed" : "", to_string(layout), (long long)H,
+        (long long)Hkv, (long long)D, opt.causal ? "causal (top-left)" : "no mask");
     std::printf("baseline: the flash kernel in one process, non-causal, Q of the rank's rows against S keys (the same "
                 "pairs); ratio: median over %d interleaved rounds of ring GFLOP/s / baseline GFLOP/s\n", opt.repeats);
     std::printf("%7s %4s %6s %6s %9s %9s %6s %9s %9s %6s %8s %8s %9s %9s %9s\n", "L", "rank", "L_r", "S", "ring ms",
-                "base ms", "ratio", "bwd ms", "base ms", "ratio", "wait ms", "bwd wait", "peak MB", "inputs/N", "scratch");
+                "base ms", "ratio", "bwd ms", "base ms", "ratio", "wait ms", "bwd wait", "peak MB", "inputs/N",
+                "scratch");
   }
   for (int64_t L : opt.lengths) {
     const RingRow mine = ring_case(opt, L, layout, H, Hkv, D);
@@ -300,8 +308,9 @@ int run_ring_bench(const BenchOptions& opt) {
     for (int i = 0; i < n; ++i) {
       const RingRow& w = all[size_t(i)];
       std::printf("%7lld %4d %6.0f %6.0f %9.1f %9.1f %6.3f %9.1f %9.1f %6.3f %8.1f %8.1f %9.1f %9.1f %9.1f\n",
-                  (long long)L, i, w.rows, w.base_keys, w.ring_fwd * 1e3, w.base_fwd * 1e3, w.fwd_ratio, w.ring_bwd * 1e3,
-                  w.base_bwd * 1e3, w.bwd_ratio, w.wait_fwd * 1e3, w.wait_bwd * 1e3, w.peak_mb, inputs_mb / n, w.scratch_mb);
+                  (long long)L, i, w.rows, w.base_keys, w.ring_fwd * 1e3, w.base_fwd * 1e3, w.fwd_ratio,
+                  w.ring_bwd * 1e3, w.base_bwd * 1e3, w.bwd_ratio, w.wait_fwd * 1e3, w.wait_bwd * 1e3, w.peak_mb,
+                  inputs_mb / n, w.scratch_mb);
     }
     double gf = 0;
     for (const RingRow& w : all) gf += 4.0 * H * w.pairs * D / w.ring_fwd * 1e-9;
@@ -320,7 +329,8 @@ int run_bench(const BenchOptions& opt) {
 #ifdef ATTN_HAVE_MPI
     return run_ring_bench(opt);
 #else
-    throw Error("Expected attn built with MPI for --ring, but got a build without it (install libopenmpi-dev, reconfigure)");
+    throw Error(
+        "Expected attn built with MPI for --ring, but got a build without it (install libopenmpi-dev, reconfigure)");
 #endif
   }
   // Every length is checked before the first timing: Q, K, V and out of (1, 8, L, 64), and the reference's
@@ -331,7 +341,6 @@ int run_bench(const BenchOptions& opt) {
     check_fits_in_memory(inputs + scores, cat("--lengths ", L, " (Q, K, V, out of (1, 8, L, 64)",
                                               scores > 0 ? " and the reference's scores" : "", ")"));
   }
-  set_num_threads(opt.threads);
   std::fputs(to_string(runtime_info()).c_str(), stdout);
   const Ceilings peak{sgemm_gflops(opt.repeats), fma_peak_gflops(opt.repeats)};
   std::printf("threads %d; attn gemm 2048^3: %.1f GFLOP/s (%%sgemm below); FMA peak, measured: %.1f GFLOP/s (%%fma)\n",

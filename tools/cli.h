@@ -70,7 +70,7 @@ int run_bench(const BenchOptions& opt);
 struct TrainCli {
   std::string data, out = "out";
   bool resume = false, untied = false, no_decay_embeddings = false, profile = false, strict = false;
-  int64_t log_every = 10;
+  int64_t log_every = 0;  // the run's: TrainOptions::log_every, given or saved (make_trainer sets it)
   std::vector<int64_t> eval_lengths;  // --eval-lengths: val loss at these context lengths after the run
   TrainOptions values;
   std::vector<std::function<std::string(TrainOptions&)>> apply;
@@ -78,7 +78,9 @@ struct TrainCli {
 CLI::App* add_train_command(CLI::App& app, TrainCli& cli);
 int run_train(TrainCli& cli);
 
-// `attn generate` (tools/generate.cpp).
+// `attn generate` (tools/generate.cpp). Its sampling defaults are nanoGPT's sample.py (200 tokens at
+// temperature 0.8 among the top 200, seed 1337), on purpose unlike the library's greedy SampleOptions:
+// the command samples text to read, a library call reproduces transformers' greedy output. --help shows them.
 struct GenerateCli {
   std::string ckpt, model, prompt;  // exactly one of --ckpt and --model: no hidden default directory
   int64_t n = 200;
@@ -111,6 +113,7 @@ struct VizCli {
   std::string ckpt, model, text, out = "out/viz";
   bool builtin = false;
   int top_k = -1;          // HTML weights per query row; -1: all up to 64 keys, 16 beyond
+  std::string scale = "row";  // the colour scale: row or absolute (viz_model.h)
   int png_max_px = 1024;
   double seconds = 10;
   int threads = 1;

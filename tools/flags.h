@@ -42,6 +42,19 @@ CLI::Validator number_of() {
       "");  // no type name: CLI11 already prints INT or FLOAT, and the range validators add theirs
 }
 
+// A CLI11 validator for a path option: given, it must not be empty. `--model "$(scripts/minilm-dir)"` whose
+// command failed passes "", which would otherwise read as the option's absence (viz trained its built-in
+// model instead).
+inline CLI::Validator not_empty(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& s) -> std::string {
+        return s.empty()
+                   ? cat("Expected ", what, ", but got an empty string instead (did a $(...) that names it fail?)")
+                   : "";
+      },
+      "");
+}
+
 inline constexpr const char* kThreadsHelp = "threads (0: the CPUs this process may use)";
 
 // --threads, the same in every subcommand: an int >= 0, 0 for the CPUs this process may use

@@ -17,14 +17,20 @@ namespace attn {
 CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
   auto* cmd = app.add_subcommand("generate", "sample text from a checkpoint of attn train or a Hugging Face decoder");
   // exactly one of --ckpt and --model (checked in run_generate, so that the message says so)
-  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); or --model");
+  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); or --model")
+                   ->check(not_empty("a checkpoint directory"));
   cmd->add_option("--model", cli.model, "Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM): "
-                  "config.json, model.safetensors, tokenizer.json; or --ckpt")->excludes(ckpt);
+                  "config.json, model.safetensors, tokenizer.json; or --ckpt")
+      ->excludes(ckpt)->check(not_empty("a model directory"));
   cmd->add_option("--prompt", cli.prompt, "text to continue (--ckpt default: a newline, or the first character)");
-  cmd->add_option("-n,--tokens", cli.n, "tokens (characters for --ckpt) to generate")->check(number_of<int64_t>())->check(non_negative());
+  cmd->add_option("-n,--tokens", cli.n, "tokens (characters for --ckpt) to generate")
+      ->check(number_of<int64_t>())
+      ->check(non_negative());
   cmd->add_option("--temperature", cli.temperature, "softmax temperature; 0 = greedy")
       ->check(number_of<double>())->check(non_negative());
-  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")->check(number_of<int64_t>())->check(non_negative());
+  cmd->add_option("--top-k", cli.top_k, "sample among the k likeliest (0: all)")
+      ->check(number_of<int64_t>())
+      ->check(non_negative());
   cmd->add_option("--seed", cli.seed, "sampling seed")->check(number_of<uint64_t>());
   add_threads_flag(cmd, cli.threads);
   cmd->add_option("--kv-dtype", cli.kv_dtype, "KV cache storage: f32, or f16/bf16 (half the bytes per decode step)")
@@ -89,7 +95,6 @@ int run_generate_pretrained(const GenerateCli& cli) {
 int run_generate(const GenerateCli& cli) {
   ATTN_CHECK(cli.ckpt.empty() != cli.model.empty(), "Expected exactly one of --ckpt DIR and --model DIR, but got ",
              cli.ckpt.empty() ? "neither" : "both", " instead");
-  set_num_threads(cli.threads);
   if (!cli.model.empty()) return run_generate_pretrained(cli);
   const Autocast autocast(dtype_of(cli.dtype, cli.strict));
   LoadedModel m = load_model(cli.ckpt);

@@ -37,10 +37,46 @@ volatile std::sig_atomic_t g_interrupted = 0;
 void on_stop_signal(int sig) { g_interrupted = sig; }
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
+// The flag and help of each field of TrainOptions that has a flag of its own, by the field's name in
+// kTrainOptionsFields (train.h), which binds them. Not here: eps (no flag), and the two booleans whose
+// flags say the opposite (--untied, --no-decay-embeddings).
+struct TrainFlag {
+  const char* field;
+  const char* flag;
+  const char* help;
+};
+constexpr TrainFlag kTrainFlags[] = {
+    {"config", "--config", "model: tiny, nanogpt-cpu or gpt2-small"},
+    {"block_size", "--block", "context length (default: the configuration's)"},
+    {"n_kv_head", "--kv-heads", "key/value heads for grouped-query attention"},
+    {"position", "--position", "positions: learned (a table of --block rows), rope or alibi (no table: the model "
+                               "runs past --block)"},
+    {"window", "--window", "sliding window: each position sees itself and the W before it (0: all before it)"},
+    {"steps", "--steps", "optimizer steps in all"},
+    {"batch", "--batch", "sequences per step"},
+    {"lr", "--lr", "peak learning rate"},
+    {"min_lr", "--min-lr", "learning rate at the end of the cosine decay"},
+    {"warmup", "--warmup", "linear warmup steps"},
+    {"lr_decay_steps", "--lr-decay-steps", "cosine decay length (default: --steps)"},
+    {"weight_decay", "--weight-decay", "AdamW decoupled weight decay (matrices, embeddings)"},
+    {"beta1", "--beta1", "AdamW beta1"},
+    {"beta2", "--beta2", "AdamW beta2"},
+    {"grad_clip", "--grad-clip", "clip the global gradient norm (0: off)"},
+    {"dropout", "--dropout", "dropout probability"},
+    {"eval_every", "--eval-every", "steps between evaluations and checkpoints (0: end only)"},
+    {"eval_iters", "--eval-iters", "batches per split per evaluation"},
+    {"seed", "--seed", "initialisation, data sampling and dropout"},
+    {"threads", "--threads", kThreadsHelp},
+    {"log_every", "--log-every", "steps between progress lines when not on a terminal"},
+    {"dtype", "--dtype", "matmul precision: f32, or bf16 (mixed precision: bf16 products, fp32 weights, AdamW state "
+                         "and sums; emulated exactly without AVX512_BF16)"},
+};
+
 // Adds --flag bound to field `f` of cli.values; after parsing, cli.apply copies it into a TrainOptions
 // if it was given.
 template <typename T>
-CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, T TrainOptions::*f, const std::string& help) {
+CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, T TrainOptions::*f,
+                         const std::string& help) {
   CLI::Option* opt = cmd->add_option(flag, cli.values.*f, help)->check(number_of<T>());
   const T with_data = TrainOptions{}.*f, builtin = synthetic_defaults().*f;
   if (!(with_data == builtin)) {  // --help shows both defaults: nanoGPT-like with --data, the task's without
@@ -54,6 +90,17 @@ CLI::Option* bind_option(CLI::App* cmd, TrainCli& cli, const std::string& flag, 
     return opt->get_name();
   });
   return opt;
+}
+
+// Every field of kTrainOptionsFields with a flag in kTrainFlags, bound in the list's order.
+void bind_train_options(CLI::App* cmd, TrainCli& cli) {
+  std::apply([&](const auto&... field) {
+    auto bind = [&](const auto& x) {
+      for (const TrainFlag& f : kTrainFlags)
+        if (std::string_view(f.field) == x.name) bind_option(cmd, cli, f.flag, x.member, f.help);
+    };
+    (bind(field), ...);
+  }, kTrainOptionsFields);
 }
 
 std::string duration(double s) {
@@ -117,8 +164,8 @@ std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads, 
   std::unique_ptr<Trainer> t;
   if (cli.resume) {
     for (const std::string& g : given)
-      ATTN_CHECK(g == "--steps" || g == "--threads" || g == "--lr-decay-steps",
-                 "Expected only --steps, --lr-decay-steps and --threads with --resume (the run's ",
+      ATTN_CHECK(g == "--steps" || g == "--threads" || g == "--lr-decay-steps" || g == "--log-every",
+                 "Expected only --steps, --lr-decay-steps, --threads and --log-every with --resume (the run's ",
                  "own options are used), but got ", g, " instead");
     auto data = cli.data.empty() ? nullptr : std::make_unique<Dataset>(Dataset::text_file(cli.data));
     const bool steps_given = std::find(given.begin(), given.end(), "--steps") != given.end();
@@ -126,12 +173,16 @@ std::unique_ptr<Trainer> make_trainer(TrainCli& cli, bool writer, int& threads, 
     t = Trainer::resume(cli.out, std::move(data), steps_given ? o.steps : 0, decay_given ? o.lr_decay_steps : 0);
     dtype_of(t->options().dtype, cli.strict);  // --strict: the resumed run's own dtype
     if (std::find(given.begin(), given.end(), "--threads") != given.end()) set_num_threads(threads = o.threads);
+    // the run's own progress lines, unless --log-every says otherwise now
+    cli.log_every = std::find(given.begin(), given.end(), "--log-every") != given.end() ? o.log_every
+                                                                                       : t->options().log_every;
   } else {
     ATTN_CHECK(!holds_checkpoint(cli.out), "Expected a new or empty --out directory (or --resume to continue), but ",
                "got '", cli.out, "' holding a checkpoint instead");
     dtype_of(o.dtype, cli.strict);  // --strict: bf16 only where the CPU has it
     Dataset d = cli.data.empty() ? Dataset::reverse_task() : Dataset::text_file(cli.data);
     t = std::make_unique<Trainer>(o, std::move(d));
+    cli.log_every = o.log_every;
   }
   return t;
 }
@@ -142,40 +193,22 @@ int train_loop(TrainCli& cli, Trainer& trainer);
 
 CLI::App* add_train_command(CLI::App& app, TrainCli& cli) {
   auto* cmd = app.add_subcommand("train", "train the character-level GPT (no --data: a built-in reversal task)");
-  cmd->add_option("--data", cli.data, "UTF-8 text file (90% train, 10% val); none: the synthetic task");
+  cmd->add_option("--data", cli.data, "UTF-8 text file (90% train, 10% val); none: the synthetic task")
+      ->check(not_empty("a text file"));
+  // an empty --out is refused by lock_checkpoint_dir ("Expected a checkpoint directory name"), before any work
   cmd->add_option("--out", cli.out, "checkpoint directory (model.safetensors + config.json)");
-  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options; a larger --steps extends the cosine decay with it, or give --lr-decay-steps)");
-  cmd->add_option("--log-every", cli.log_every, "steps between progress lines when not on a terminal")
-      ->check(number_of<int64_t>())->check(positive());
-  bind_option(cmd, cli, "--config", &TrainOptions::config, "model: tiny, nanogpt-cpu or gpt2-small")
-      ->check(CLI::IsMember(gpt_config_names()));
-  bind_option(cmd, cli, "--block", &TrainOptions::block_size, "context length (default: the configuration's)");
-  bind_option(cmd, cli, "--kv-heads", &TrainOptions::n_kv_head, "key/value heads for grouped-query attention");
-  bind_option(cmd, cli, "--position", &TrainOptions::position, "positions: learned (a table of --block rows), rope or "
-              "alibi (no table: the model runs past --block)")->check(CLI::IsMember({"learned", "rope", "alibi"}));
-  bind_option(cmd, cli, "--window", &TrainOptions::window, "sliding window: each position sees itself and the W "
-              "before it (0: all before it)")->check(non_negative());
+  cmd->add_flag("--resume", cli.resume, "continue the run saved in --out exactly (its options, --log-every included; a "
+                "larger --steps extends the cosine decay with it, or give --lr-decay-steps)");
+  bind_train_options(cmd, cli);
+  cmd->get_option("--config")->check(CLI::IsMember(gpt_config_names()));
+  cmd->get_option("--threads")->check(non_negative());
+  cmd->get_option("--log-every")->check(positive());
+  cmd->get_option("--dtype")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->get_option("--position")->check(CLI::IsMember({"learned", "rope", "alibi"}));
+  cmd->get_option("--window")->check(non_negative());
   cmd->add_option("--eval-lengths", cli.eval_lengths, "after the run, the val loss at these context lengths "
                   "(past --block with --position rope or alibi)")->delimiter(',')
       ->check(number_of<int64_t>())->check(positive());
-  bind_option(cmd, cli, "--steps", &TrainOptions::steps, "optimizer steps in all");
-  bind_option(cmd, cli, "--batch", &TrainOptions::batch, "sequences per step");
-  bind_option(cmd, cli, "--lr", &TrainOptions::lr, "peak learning rate");
-  bind_option(cmd, cli, "--min-lr", &TrainOptions::min_lr, "learning rate at the end of the cosine decay");
-  bind_option(cmd, cli, "--warmup", &TrainOptions::warmup, "linear warmup steps");
-  bind_option(cmd, cli, "--lr-decay-steps", &TrainOptions::lr_decay_steps, "cosine decay length (default: --steps)");
-  bind_option(cmd, cli, "--weight-decay", &TrainOptions::weight_decay, "AdamW decoupled weight decay (matrices, embeddings)");
-  bind_option(cmd, cli, "--beta1", &TrainOptions::beta1, "AdamW beta1");
-  bind_option(cmd, cli, "--beta2", &TrainOptions::beta2, "AdamW beta2");
-  bind_option(cmd, cli, "--grad-clip", &TrainOptions::grad_clip, "clip the global gradient norm (0: off)");
-  bind_option(cmd, cli, "--dropout", &TrainOptions::dropout, "dropout probability");
-  bind_option(cmd, cli, "--eval-every", &TrainOptions::eval_every, "steps between evaluations and checkpoints (0: end only)");
-  bind_option(cmd, cli, "--eval-iters", &TrainOptions::eval_iters, "batches per split per evaluation");
-  bind_option(cmd, cli, "--seed", &TrainOptions::seed, "initialisation, data sampling and dropout");
-  bind_option(cmd, cli, "--threads", &TrainOptions::threads, kThreadsHelp)->check(non_negative());
-  bind_option(cmd, cli, "--dtype", &TrainOptions::dtype, "matmul precision: f32, or bf16 (mixed precision: bf16 "
-              "products, fp32 weights, AdamW state and sums; emulated exactly without AVX512_BF16)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--strict", cli.strict, "with --dtype bf16: exit with an error where bf16 would run emulated");
   cmd->add_flag("--untied", cli.untied, "an output head of its own (not tied to wte)");
   cmd->add_flag("--profile", cli.profile, "after the run, print each part's share of the step time (layers' forward "
@@ -252,12 +285,13 @@ void print_plan(Trainer& t) {
   else
     std::printf("data: %s, %llu bytes, %lld train / %lld val tokens\n", d.name().c_str(),
                 (unsigned long long)d.bytes(), (long long)d.split_tokens(0), (long long)d.split_tokens(1));
-  std::printf("training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld, cosine decay "
-              "to step %lld), "
-              "weight decay %g, grad clip %g, dropout %g, seed %llu, threads %d\n",
-              (long long)opt.steps, (long long)t.step_count(), (long long)opt.batch, (long long)t.seq_len(), opt.lr,
-              opt.min_lr, (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
-              (unsigned long long)opt.seed, num_threads());
+  std::printf(
+      "training: steps %lld (from %lld), batch %lld x %lld tokens, lr %g -> %g (warmup %lld, cosine decay "
+      "to step %lld), "
+      "weight decay %g, grad clip %g, dropout %g, seed %llu, threads %d\n",
+      (long long)opt.steps, (long long)t.step_count(), (long long)opt.batch, (long long)t.seq_len(), opt.lr, opt.min_lr,
+      (long long)opt.warmup, (long long)opt.lr_decay_steps, opt.weight_decay, opt.grad_clip, opt.dropout,
+      (unsigned long long)opt.seed, num_threads());
   // A warmup that outlasts the run, and a resume whose longer --steps re-planned the decay (the learning
   // rate rises again).
   const LrSchedule sched = t.schedule();

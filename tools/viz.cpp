@@ -21,8 +21,13 @@ namespace {
 // model sees it when predicting the last letter, so its reversal head reads the anti-diagonal.
 constexpr const char* kExampleText = "sunlight|thgilnu";
 
-// The tiny GPT on the built-in reverse task, untrained (synthetic_defaults: seed 1337, one thread).
-std::unique_ptr<Trainer> builtin_trainer() { return std::make_unique<Trainer>(synthetic_defaults(), Dataset::reverse_task()); }
+// The tiny GPT on the built-in reverse task, untrained (synthetic_defaults: seed 1337), on `threads` threads
+// (the Trainer sets them: one is enough for its small matmuls).
+std::unique_ptr<Trainer> builtin_trainer(int threads = 1) {
+  TrainOptions o = synthetic_defaults();
+  o.threads = threads;
+  return std::make_unique<Trainer>(o, Dataset::reverse_task());
+}
 
 // Trains `t` until its last step (synthetic_defaults: 200, under 2 s on one core) or for `seconds`,
 // whichever comes first. Prints the loss every `log_every` steps (0: never) and a summary line.
@@ -66,9 +71,12 @@ std::vector<double> layer_entropies(Gpt& model, const std::vector<int64_t>& x, i
 
 CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
   auto* cmd = app.add_subcommand("viz", "attention views (HTML + one PNG per layer) of a model on a text");
-  auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); none: train the built-in model");
+  auto* ckpt =
+      cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); none: train the built-in model")
+          ->check(not_empty("a checkpoint directory"));
   auto* model = cmd->add_option("--model", cli.model, "a Hugging Face model directory (config.json, model.safetensors, "
-                                "tokenizer.json): its heads on the tokenizer's tokens")->excludes(ckpt);
+                                "tokenizer.json): its heads on the tokenizer's tokens")
+                    ->excludes(ckpt)->check(not_empty("a model directory"));
   cmd->add_flag("--builtin", cli.builtin, "train the built-in reverse-task model for a few seconds and show it")
       ->excludes(ckpt)->excludes(model);
   cmd->add_option("--text", cli.text, std::string("the text to run (--ckpt: characters of the model's vocabulary, at "
@@ -77,9 +85,14 @@ CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
   cmd->add_option("--out", cli.out, "output directory (created)");
   cmd->add_option("--top-k", cli.top_k, "weights kept per query row in the HTML (0: all; default: all up to 64 keys)")
       ->check(number_of<int>())->check(non_negative())->option_text("INT:NONNEGATIVE=all up to 64 keys");
+  cmd->add_option("--scale", cli.scale, "colours: row (each query row relative to its largest weight) or absolute (0 "
+                  "to 1, bertviz's; the PNGs too); the page switches between them")
+      ->check(CLI::IsMember({"row", "absolute"}));
   cmd->add_option("--png-max-px", cli.png_max_px, "longest side of one head's matrix in the PNGs, pixels")
       ->check(number_of<int>())->check(at_least(16, false));  // write_heatmap_png's smallest
-  cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")->check(number_of<double>())->check(positive());
+  cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")
+      ->check(number_of<double>())
+      ->check(positive());
   add_threads_flag(cmd, cli.threads, "threads for the forward pass (one sequence: 1 is enough; 0: all CPUs)");
   return cmd;
 }
@@ -87,26 +100,25 @@ CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
 int run_viz(const VizCli& cli) {
   viz::ModelViewOptions vo;
   vo.top_k = cli.top_k;
+  vo.scale = cli.scale;
   vo.png_max_px = cli.png_max_px;
   if (!cli.model.empty()) {
     ATTN_CHECK(!cli.text.empty(), "Expected --text with --model (the text to tokenize and run), but got none instead");
-    set_num_threads(cli.threads);
     Pretrained m = Pretrained::load(cli.model);
     vo.source = cli.model;
     print_views(viz::write_pretrained_views(cli.out, m, cli.text, vo));
     return 0;
   }
   if (cli.ckpt.empty()) {
-    std::unique_ptr<Trainer> t = builtin_trainer();
+    std::unique_ptr<Trainer> t = builtin_trainer(cli.threads);
     train_for(*t, cli.seconds, 0);
     vo.source = builtin_source(*t);
-    set_num_threads(cli.threads);
     print_views(viz::write_model_views(cli.out, t->model(), t->data().tokenizer(),
                                        cli.text.empty() ? kExampleText : cli.text, vo));
     return 0;
   }
-  ATTN_CHECK(!cli.text.empty(), "Expected --text with --ckpt (the characters to run through the model), but got none instead");
-  set_num_threads(cli.threads);
+  ATTN_CHECK(!cli.text.empty(),
+             "Expected --text with --ckpt (the characters to run through the model), but got none instead");
   LoadedModel m = load_model(cli.ckpt);
   vo.source = cli.ckpt;
   print_views(viz::write_model_views(cli.out, *m.model, m.tokenizer, cli.text, vo));

@@ -12,9 +12,12 @@
 namespace attn {
 
 // Sampling options for generate(): temperature 0 is greedy (argmax); top_k 0 keeps every token.
+// The defaults here are the library's one set, which the Python bindings take as their own (GPT.generate,
+// from_pretrained(...).generate): greedy, as transformers' generate is, so a call without options repeats
+// transformers' output. `attn generate` samples on purpose (tools/cli.h, GenerateCli, says why).
 struct SampleOptions {
   int64_t max_new_tokens = 100;
-  double temperature = 1.0;
+  double temperature = 0.0;
   int64_t top_k = 0;
   uint64_t seed = 0;
   KvDtype kv_dtype = KvDtype::f32;  // how the KV cache stores K and V (f16/bf16: half the bytes per step)

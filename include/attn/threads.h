@@ -33,7 +33,9 @@ void run_parallel(int64_t n, int64_t grain, ChunkFn fn, void* ctx);
 // inside a body runs serially on its worker.
 template <typename Body>
 void parallel_for(int64_t n, int64_t grain, Body&& body) {
-  auto call = [](void* ctx, int64_t b, int64_t e, int w) { (*static_cast<std::remove_reference_t<Body>*>(ctx))(b, e, w); };
+  auto call = [](void* ctx, int64_t b, int64_t e, int w) {
+    (*static_cast<std::remove_reference_t<Body>*>(ctx))(b, e, w);
+  };
   detail::run_parallel(n, grain, call, const_cast<void*>(static_cast<const void*>(&body)));
 }
 

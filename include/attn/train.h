@@ -138,6 +138,9 @@ struct TrainOptions {
   // The matmuls' precision (gemm.h): "f32", or "bf16" for mixed precision as torch.autocast: bf16
   // products with fp32 sums; weights, AdamW state, activations, norms and reductions stay fp32.
   std::string dtype = "f32";
+  // Steps between the progress lines of a loop that prints them (attn train, when not on a terminal);
+  // kept with the run so that --resume prints as the run did. The Trainer itself prints nothing.
+  int64_t log_every = 10;
 };
 
 // TrainOptions' fields, each named once: a checkpoint's "training" object (written, read and type-checked)
@@ -150,7 +153,8 @@ inline constexpr auto kTrainOptionsFields = std::tuple{
     ATTN_FIELD(TrainOptions, beta2), ATTN_FIELD(TrainOptions, eps), ATTN_FIELD(TrainOptions, decay_embeddings),
     ATTN_FIELD(TrainOptions, grad_clip), ATTN_FIELD(TrainOptions, dropout), ATTN_FIELD(TrainOptions, eval_every),
     ATTN_FIELD(TrainOptions, eval_iters), ATTN_FIELD(TrainOptions, seed), ATTN_FIELD(TrainOptions, threads),
-    ATTN_FIELD(TrainOptions, dtype), ATTN_FIELD(TrainOptions, position), ATTN_FIELD(TrainOptions, window)};
+    ATTN_FIELD(TrainOptions, dtype), ATTN_FIELD(TrainOptions, log_every), ATTN_FIELD(TrainOptions, position),
+    ATTN_FIELD(TrainOptions, window)};
 
 // Defaults for the synthetic task: a short, fast run whose loss falls within 20 steps (1 thread).
 TrainOptions synthetic_defaults();

@@ -41,7 +41,7 @@ void force_tuning(const Tuning& t);
 void clear_forced_tuning();
 
 struct TuneOptions {
-  double seconds = 3;  // about this long in all (more rounds where time allows, at least 3)
+  double seconds = 3;  // the budget, in all: the shapes measured and the rounds are planned to fit it
   bool quick = false;  // small shapes only (tests)
 };
 
@@ -51,20 +51,40 @@ struct TuneRow {
   Tuning t;
   std::vector<double> gflops;
   double score = 0;    // geometric mean of gflops
+  double lo = 0, hi = 0;  // the slowest and the fastest round's geometric mean: the measured spread
   bool chosen = false;
 };
 struct TuneReport {
   std::string key, path;
-  std::string note;  // e.g. that the machine was busy while measuring
+  std::string note;  // e.g. that the machine was busy while measuring, or shapes the budget left out
   std::vector<std::string> gemm_shapes, flash_shapes;
   std::vector<TuneRow> rows;
   Tuning chosen;
+  double budget = 0, seconds = 0;  // TuneOptions::seconds, and the time tune() took
 };
 
-// Measures the candidates on this CPU with the current thread count (interleaved rounds, medians; a
-// candidate replaces the derived value only where it is 3% faster), saves the fastest under
-// tuning_key() in tuning_path() (atomically, under its lock: attn/file.h's AtomicFile, lock_writer), and
-// returns the table.
+// Whether `a` is faster than `b` beyond the noise: a's slowest round beats b's fastest. A candidate replaces
+// the one kept so far (the derived blocking first) only then: two samples of one configuration differ
+// by several percent on a busy machine, and noise must not pick a blocking.
+bool clearly_faster(const TuneRow& a, const TuneRow& b);
+
+// What fits the budget: tune() times one run of each shape first (`gemm_run_s`, in its order of priority,
+// and the flash forward at L = S = 512, `flash512_s`), then measures the first `gemm_shapes` of them and the
+// flash forward at `flash_length` (up to 1024, L² times the cost at 512), so that every candidate's warm-up and
+// kMinRounds rounds fit `seconds` less what was spent already. At least one GEMM shape and L = 64.
+struct TunePlan {
+  size_t gemm_shapes = 0;
+  int64_t flash_length = 0;
+  double seconds = 0;  // the plan's estimate at the minimum rounds
+};
+inline constexpr int kTuneMinRounds = 3;     // per candidate, after its warm-up: the spread needs some
+inline constexpr int kTuneGemmCandidates = 26, kTuneFlashCandidates = 4;  // tune()'s stages, all together
+TunePlan plan_tune(const std::vector<double>& gemm_run_s, double flash512_s, double seconds);
+
+// Measures the candidates on this CPU with the current thread count within options.seconds (interleaved
+// rounds, medians; a candidate replaces the one kept so far only where clearly_faster), saves the fastest
+// under tuning_key() in tuning_path() (atomically, under its lock: attn/file.h's AtomicFile, lock_writer),
+// and returns the table.
 TuneReport tune(const TuneOptions& options = {});
 std::string to_string(const TuneReport& r);
 // One line for `attn info`: what the kernels use now and where it came from.

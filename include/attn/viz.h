@@ -53,6 +53,15 @@ HeatmapLayout write_heads_png(const std::string& path, View<const float> weights
                               const std::vector<std::string>& key_tokens = {},
                               const HeatmapOptions& options = {});
 
+// ---- attention rollout ---------------------------------------------------------------------------
+
+// Attention rollout (Abnar & Zuidema 2020): how much of each token's input reaches each position through
+// all the layers so far, the residual counted. Per layer l, Â_l = 0.5·mean over heads of layers[l] + 0.5·I
+// with each row renormalised to sum to 1, and R_0 = Â_0, R_l = Â_l · R_{l-1} (sums in double). layers:
+// self-attention weights, each (H, T, T) (H may differ between layers). Returns R_l for every l, each (T, T):
+// row i is position i's mix of the input tokens after layer l.
+std::vector<Tensor> attention_rollout(const std::vector<View<const float>>& layers);
+
 // ---- interactive HTML ---------------------------------------------------------------------------
 
 // What one forward pass attended to. Self-attention: key_tokens empty. The record does not own the
@@ -70,11 +79,16 @@ struct HtmlOptions {
   // Per query row, keep only the top_k largest weights (ties: lower key index). 0 keeps all; -1
   // (auto) keeps all when S <= 64 and 16 otherwise. The page says when weights were dropped.
   int top_k = -1;
+  // The colour scale the page opens with (a control on the page switches): "row", each query row relative
+  // to its largest weight (a diffuse head looks as dark as a sharp one), or "absolute", 0 to 1 for every
+  // row (bertviz's: a diffuse head looks pale). Every view says which it shows.
+  std::string scale = "row";
 };
 
 // The page as a string: inline CSS and JS, the data as inline JSON in <script id="attn-data">;
 // no URL of any kind. Head view (bertviz-style lines), model view (layers x heads thumbnails),
-// matrix view (labelled heatmap).
+// matrix view (labelled heatmap) and, for self-attention, the rollout view (attention_rollout of the
+// layers, through the layer chosen).
 std::string render_html(const AttentionRecord& record, const HtmlOptions& options = {});
 void write_html(const std::string& path, const AttentionRecord& record, const HtmlOptions& options = {});
 

@@ -19,9 +19,10 @@ namespace attn::viz {
 std::vector<int64_t> model_tokens(const Gpt& model, const CharTokenizer& tokenizer, const std::string& text);
 
 struct ModelViewOptions {
-  std::string title;      // of the HTML page; empty: the text, quoted
+  std::string title;      // of the HTML page; empty: the text, quoted, cut to 40 characters
   std::string source;     // the model, as the PNG titles name it (the checkpoint directory); empty: unnamed
   int top_k = -1;         // weights kept per query row in the HTML (HtmlOptions::top_k: -1 auto, 0 all)
+  std::string scale = "row";  // the colour scale (HtmlOptions::scale); "absolute": the PNGs too, 0 to 1
   int png_max_px = 1024;  // longest side of one head's matrix in the PNGs (HeatmapOptions::max_px)
 };
 

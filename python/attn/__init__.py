@@ -3,7 +3,8 @@
     import attn
     out = attn.scaled_dot_product_attention(q, k, v, is_causal=True)
 """
-from _attn import __version__, AttnError, gemm, gemm_bf16, gemm_kernel, get_num_threads, info, set_num_threads  # noqa: F401
+from _attn import (__version__, AttnError, gemm, gemm_bf16, gemm_kernel, get_num_threads, info,  # noqa: F401
+                   set_num_threads)
 from _attn import GPT, AdamW, CharTokenizer, Trainer, TrainOptions, gpt_config  # noqa: F401
 
 from .functional import (  # noqa: F401

@@ -1,7 +1,8 @@
 """The nn layers with PyTorch's constructor arguments and state_dict names, on numpy float32 arrays or CPU
 torch tensors (torch in, torch out; state_dict() gives numpy, load_state_dict takes either).
 
-Not torch.nn.Modules and no autograd (attn.torch.MultiheadAttention is one): backprop is explicit. In training mode (the default) forward()
+Not torch.nn.Modules and no autograd (attn.torch.MultiheadAttention is one): backprop is explicit. In training
+mode (the default) forward()
 keeps what backward() needs; backward(grad_output) returns the input gradient(s) and ADDS the parameter
 gradients into grads() (zero_grad() clears them), as PyTorch's .grad accumulates.
 
@@ -186,7 +187,8 @@ class LayerNorm(_Layer):
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
         if isinstance(normalized_shape, (tuple, list)):
             if len(normalized_shape) != 1:
-                raise _attn.AttnError(f"Expected normalized_shape of one dim, but got {tuple(normalized_shape)} instead")
+                raise _attn.AttnError(
+                    f"Expected normalized_shape of one dim, but got {tuple(normalized_shape)} instead")
             normalized_shape = normalized_shape[0]
         self._native = _attn.LayerNorm(int(normalized_shape), float(eps), bool(elementwise_affine), bool(bias))
 

@@ -41,7 +41,8 @@ class PretrainedModel:
         tokenized as tokenizer.encode does (special tokens included), one row (B = 1)."""
         if isinstance(ids, (str, bytes)):
             ids = [self.tokenizer.encode(ids)]
-        return self._p.attention_weights(np.asarray(ids), None if attention_mask is None else np.asarray(attention_mask))
+        return self._p.attention_weights(np.asarray(ids),
+                                         None if attention_mask is None else np.asarray(attention_mask))
 
     def embed(self, texts, batch_size=32, max_length=None):
         """Sentence embeddings (N, E) of a list of texts, pooled as the directory's sentence-transformers files
@@ -67,14 +68,17 @@ class PretrainedDecoder(PretrainedModel):
         """The ids generate() stops at by default: generation_config.json's, else config.json's."""
         return self._p.eos_token_ids
 
-    def generate(self, prompt_ids, max_new_tokens=100, temperature=0.0, top_k=0, seed=0, kv_dtype="f32",
+    def generate(self, prompt_ids, max_new_tokens=None, temperature=None, top_k=None, seed=None, kv_dtype="f32",
                  eos_token_ids=None):
         """The new token ids after prompt_ids (a list of ints), one at a time through the KV cache: greedy at
         temperature 0, else sampled (top_k 0: every token; seeded); kv_dtype "f32", "f16" or "bf16". Stops
         after max_new_tokens or an eos token (included), as transformers' generate does; eos_token_ids
-        None: the model's (eos_token_ids), [] never stops early."""
-        return self._p.generate([int(t) for t in prompt_ids], max_new_tokens, temperature, top_k, seed, kv_dtype,
-                                None if eos_token_ids is None else [int(t) for t in eos_token_ids])
+        None: the model's (eos_token_ids), [] never stops early. An option left None takes the library's one
+        default (attn/sampling.h's SampleOptions: 100 tokens, greedy, as transformers' generate)."""
+        given = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, seed=seed)
+        return self._p.generate([int(t) for t in prompt_ids], kv_dtype=kv_dtype,
+                                eos_token_ids=None if eos_token_ids is None else [int(t) for t in eos_token_ids],
+                                **{k: v for k, v in given.items() if v is not None})
 
 
 def _path(directory):

@@ -7,7 +7,8 @@
     attn.viz.html("attention.html", [w[0]], tokens)                  # a list of layers, each (H, L, S)
     attn.viz.gpt("gpt.html", "out", "abcd|dcb")                      # a GPT checkpoint on a text
 
-heatmap and html are not model runners: give them weights you already have; gpt runs the model. Tokens are strings (a str is split into
+heatmap and html are not model runners: give them weights you already have; gpt runs the model. Tokens are
+strings (a str is split into
 characters); key_tokens=None means self-attention (the query tokens label the keys).
 """
 import os
@@ -68,13 +69,17 @@ def heatmap(path, weights, query_tokens, key_tokens=None, title=None, *, vmax=No
                              float(vmax or 0.0), int(max_px), w.ndim == 3)
 
 
-def html(path, layers, query_tokens, key_tokens=None, top_k=None, *, title="attention", layer_names=None):
-    """Write one self-contained HTML page (head view, model view, matrix view; no network).
+def html(path, layers, query_tokens, key_tokens=None, top_k=None, *, title="attention", layer_names=None,
+         scale="row"):
+    """Write one self-contained HTML page (head view, model view, matrix view and, for self-attention, the
+    attention rollout of the layers; no network).
 
     layers: one array (num_layers, H, L, S) or a list of (H, L, S) arrays (H may differ between
     layers). One 3-D array is refused: (H, L, S) heads and an (N, L, S) batch look alike; pass [w].
     top_k: None keeps every weight for up to 64 keys and the 16 largest per query row beyond; 0 keeps
-    all; k keeps the k largest per row. The page says when weights were dropped. Returns path.
+    all; k keeps the k largest per row. The page says when weights were dropped. scale: the colour scale the
+    page opens with, "row" (each query row relative to its largest weight) or "absolute" (0 to 1, bertviz's);
+    the page switches between them and says which it shows. Returns path.
     """
     from .layers import HeadAveragedWeights
     want = "layers of shape (num_layers, H, L, S) or a list of (H, L, S) arrays"
@@ -91,16 +96,17 @@ def html(path, layers, query_tokens, key_tokens=None, top_k=None, *, title="atte
     else:
         raise _attn.AttnError(f"Expected {want}, but got {getattr(layers, 'shape', type(layers).__name__)} instead")
     _attn.viz_html(os.fspath(path), arrays, _tokens(query_tokens), _tokens(key_tokens),
-                   [str(n) for n in layer_names or []], title, -1 if top_k is None else int(top_k))
+                   [str(n) for n in layer_names or []], title, -1 if top_k is None else int(top_k), str(scale))
     return path
 
 
-def gpt(path, model_or_ckpt_dir, text, top_k=None, *, tokenizer=None, title=None):
+def gpt(path, model_or_ckpt_dir, text, top_k=None, *, tokenizer=None, title=None, scale="row"):
     """Write the HTML page of a GPT's attention on `text`: every layer and head, the characters as tokens.
 
     model_or_ckpt_dir: a checkpoint directory (attn train --out, GPT.save), a (GPT, CharTokenizer) pair as
     GPT.load returns, a Trainer, or a GPT with tokenizer=. text: characters of the vocabulary, at most
-    block_size of them. top_k as in html(). The same page as `attn viz --ckpt DIR --text TEXT`. Returns path.
+    block_size of them. top_k and scale as in html(). The same page as `attn viz --ckpt DIR --text TEXT`.
+    Returns path.
     """
     m = model_or_ckpt_dir
     if isinstance(m, (str, os.PathLike)):
@@ -119,5 +125,5 @@ def gpt(path, model_or_ckpt_dir, text, top_k=None, *, tokenizer=None, title=None
         raise _attn.AttnError(f"Expected a text of 1 to the model's block_size = {block} characters, but got "
                               f"{len(text)} characters instead")
     weights = model.attention_weights(np.array([tok.encode(text)], dtype=np.int64))  # per layer (1, H, T, T)
-    return html(path, [w[0] for w in weights], list(text), top_k=top_k,
-                title=title or f'attention on "{text}"')
+    return html(path, [w[0] for w in weights], list(text), top_k=top_k, scale=scale,
+                title=title or f'attention on "{_attn.viz_display_token(text, 40)}"')  # as attn viz cuts it

@@ -35,7 +35,7 @@ Tensor new_buffer(bool seq_first, int64_t B, int64_t T, int64_t C, bool written 
 }
 View<float> btc(Tensor& t, bool seq_first) { return seq_first ? t.view().transpose(0, 1) : t.view(); }
 
-// (B, T, heads·D) -> (B, heads, T, D): the head split of the DESIGN, the same bytes read by strides.
+// (B, T, heads·D) -> (B, heads, T, D): a strided view of the same bytes (no hidden copy).
 template <typename T>
 View<T> split_heads(View<T> x, int64_t heads) {
   const int64_t d = x.size(2) / heads;
@@ -72,7 +72,9 @@ void project(View<const float> x, View<const float> w, View<const float> bias, V
     Tensor copy = Tensor::copy_of(x);
     return project(copy.view(), w, bias, y);
   }
-  auto collapses = [](const auto& v, int outer, int inner) { return v.stride(outer) == v.size(inner) * v.stride(inner); };
+  auto collapses = [](const auto& v, int outer, int inner) {
+    return v.stride(outer) == v.size(inner) * v.stride(inner);
+  };
   for (auto [outer, inner] : {std::pair{0, 1}, std::pair{1, 0}}) {
     if (collapses(x, outer, inner) && collapses(y, outer, inner) && x.stride(inner) >= in) {
       linear<float>({x.data, {B * T, in}, {x.stride(inner), 1}}, w, bias, {y.data, {B * T, out}, {y.stride(inner), 1}});
@@ -92,7 +94,9 @@ void project_backward(View<const float> x, View<const float> w, View<const float
                       View<float> db) {
   const int64_t B = x.size(0), T = x.size(1);
   if (B * T == 0) return;  // no rows: dx is empty and nothing adds into dW, db
-  auto collapses = [](const auto& v, int outer, int inner) { return v.stride(outer) == v.size(inner) * v.stride(inner); };
+  auto collapses = [](const auto& v, int outer, int inner) {
+    return v.stride(outer) == v.size(inner) * v.stride(inner);
+  };
   auto matrix = [](auto v, int64_t n, int64_t row_stride) {  // (n, C)
     return decltype(v){v.data, {n, v.size(2)}, {row_stride, 1}};
   };
@@ -228,7 +232,8 @@ MhaMasks read_masks(const MhaArgs& a, const MhaInputs& in, int64_t H, int64_t ex
     ATTN_CHECK(m.padding.mask.shape() == want, "Expected key_padding_mask of shape ",
                in.batched ? "(N, S) = " : "(S,) = ", to_string(want), ", but got ",
                to_string(m.padding.mask.shape()), " instead");
-    if (!in.batched) with_view(m.padding.mask, [](auto& v) { v = {v.data, {1, v.shape[0]}, {0, v.strides[0]}}; });  // (1, S)
+    if (!in.batched)
+      with_view(m.padding.mask, [](auto& v) { v = {v.data, {1, v.shape[0]}, {0, v.strides[0]}}; });  // (1, S)
   }
   if (m.mask.mask.given()) {
     const Shape shape = m.mask.mask.shape();
@@ -350,7 +355,9 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
   // 3. In-projections into buffers in the input's layout. K and V get S' rows: the extra ones are the
   // bias_k / bias_v row, then (add_zero_attn) a zero row, left as the buffer's zero fill.
   const bool packed = in_proj_weight_.data() != nullptr;
-  auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
+  auto weight = [&](int i, const Tensor& separate) {
+    return packed ? rows(in_proj_weight_, i * E, E) : separate.view();
+  };
   Tensor q_buf = new_buffer(seq_first, B, L, E, true), k_buf = new_buffer(seq_first, B, S2, KV, extra == 0),
          v_buf = new_buffer(seq_first, B, S2, KV, extra == 0);
   View<float> q = btc(q_buf, seq_first);  // (B, L, E)
@@ -456,7 +463,8 @@ MhaOutput MultiheadAttention::forward(View<const float> query, View<const float>
     if (!var.alibi_slopes.empty()) s.args.alibi_slopes = (s.alibi_slopes = Tensor::copy_of(var.alibi_slopes)).view();
     if (const View<const int64_t>& ids = var.document_ids; !ids.empty()) {
       for (int64_t b = 0; b < ids.size(0); ++b)
-        for (int64_t l = 0; l < ids.size(1); ++l) s.document_ids.push_back(ids.data[b * ids.strides[0] + l * ids.strides[1]]);
+        for (int64_t l = 0; l < ids.size(1); ++l)
+          s.document_ids.push_back(ids.data[b * ids.strides[0] + l * ids.strides[1]]);
       s.args.documents.ids = View<const int64_t>(s.document_ids.data(), ids.shape);
     }
     s.valid = true;
@@ -512,8 +520,12 @@ MhaGrads MultiheadAttention::backward(View<const float> dout) {
   // 3. In-projections over the S projected rows of dK, dV; row S (bias_k / bias_v) sums over the batch,
   // the add_zero_attn row has no parameter.
   const bool packed = in_proj_weight_.data() != nullptr;
-  auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
-  auto weight_grad = [&](int i, Tensor& separate) { return packed ? grad_rows(in_proj_weight_grad_, i * E, E) : separate.view(); };
+  auto weight = [&](int i, const Tensor& separate) {
+    return packed ? rows(in_proj_weight_, i * E, E) : separate.view();
+  };
+  auto weight_grad = [&](int i, Tensor& separate) {
+    return packed ? grad_rows(in_proj_weight_grad_, i * E, E) : separate.view();
+  };
   MhaGrads g{Tensor::uninitialized(s.query_shape), Tensor::uninitialized(s.key_shape),
              Tensor::uninitialized(s.value_shape)};  // every row written by project_backward's beta = 0 gemm
   View<float> dk_rows = dk, dv_rows = dv;  // (B, S, Hkv·D)
@@ -552,12 +564,14 @@ Tensor MultiheadAttention::forward_cached(View<const float> x, KVCache& cache, i
   ATTN_CHECK(xq.size(2) == E, "Expected x ", layout_name(batched, o_.batch_first), " with E = ", E, ", but got shape ",
              to_string(x.shape), " instead");
   const int64_t cached_b = cache.dtype() == KvDtype::f32 ? cache.keys(layer).size(0) : cache.half(layer).k.shape[0];
-  ATTN_CHECK(cached_b == B && cache.heads() == Hkv && cache.head_dim() == D, "Expected a KVCache of (B, Hkv, S_max, D) = ",
-             to_string({B, Hkv, cache.capacity(), D}), ", but got ", to_string({cached_b, cache.heads(),
-             cache.capacity(), cache.head_dim()}), " instead");
+  ATTN_CHECK(cached_b == B && cache.heads() == Hkv && cache.head_dim() == D,
+             "Expected a KVCache of (B, Hkv, S_max, D) = ", to_string({B, Hkv, cache.capacity(), D}), ", but got ",
+             to_string({cached_b, cache.heads(), cache.capacity(), cache.head_dim()}), " instead");
   // 1. Project the new tokens; their K and V join the cache.
   const bool packed = in_proj_weight_.data() != nullptr;
-  auto weight = [&](int i, const Tensor& separate) { return packed ? rows(in_proj_weight_, i * E, E) : separate.view(); };
+  auto weight = [&](int i, const Tensor& separate) {
+    return packed ? rows(in_proj_weight_, i * E, E) : separate.view();
+  };
   Tensor q_buf = new_buffer(sf, B, T, E), k_buf = new_buffer(sf, B, T, KV), v_buf = new_buffer(sf, B, T, KV);
   View<float> q = btc(q_buf, sf), k = btc(k_buf, sf), v = btc(v_buf, sf);  // (B, T, E), (B, T, Hkv·D) ×2
   project(xq, weight(0, q_proj_weight_), rows(in_proj_bias_, 0, E), q);

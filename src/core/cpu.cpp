@@ -83,7 +83,8 @@ void force_caches(CpuInfo& c, const char* spec) {
     at = end + 1;
   }
   if (!bad.empty()) {
-    std::fprintf(stderr, "attn: ignoring ATTN_CPU_CACHES=\"%s\": expected items such as l1d=32K,l2=512K, but got \"%s\"\n",
+    std::fprintf(stderr,
+                 "attn: ignoring ATTN_CPU_CACHES=\"%s\": expected items such as l1d=32K,l2=512K, but got \"%s\"\n",
                  spec, bad.c_str());
     return;
   }

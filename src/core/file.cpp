@@ -321,7 +321,8 @@ std::shared_ptr<void> lock_writer(const std::string& target, const std::string& 
       ATTN_CHECK(e != EWOULDBLOCK, "Expected no other process writing ", what, " '", target, "', but got ",
                  pid > 0 ? cat("process ", pid) : std::string("another process"), " holding its lock '", path,
                  "' instead: wait for it to end, or give another name");
-      throw Error(cat("Expected to lock '", path, "' of ", what, " '", target, "', but got '", os_error(e), "' instead"));
+      throw Error(
+          cat("Expected to lock '", path, "' of ", what, " '", target, "', but got '", os_error(e), "' instead"));
     }
     struct stat a, b;
     if (::fstat(fd, &a) != 0 || ::lstat(path.c_str(), &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {

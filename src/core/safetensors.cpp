@@ -101,15 +101,24 @@ void convert_each(const uint8_t* src, float* dst, int64_t n, F f) {
 
 const DType kDTypes[] = {
     {"F32", 4, [](const uint8_t* s, float* d, int64_t n) { std::memcpy(d, s, size_t(n) * 4); }},
-    {"F64", 8, [](const uint8_t* s, float* d, int64_t n) { convert_each<double>(s, d, n, [](double x) { return float(x); }); }},
+    {"F64", 8,
+     [](const uint8_t* s, float* d, int64_t n) { convert_each<double>(s, d, n, [](double x) { return float(x); }); }},
     {"F16", 2, [](const uint8_t* s, float* d, int64_t n) { convert_each<uint16_t>(s, d, n, f16_to_f32); }},
-    {"BF16", 2, [](const uint8_t* s, float* d, int64_t n) {
+    {"BF16", 2,
+     [](const uint8_t* s, float* d, int64_t n) {
        convert_each<uint16_t>(s, d, n, [](uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); });
      }},
     // Integer and bool tensors (transformers' position_ids buffers) are indexed so a file that holds them
     // is read, but they are not floats: load_safetensors and MappedSafetensors::get refuse them by name.
-    {"I64", 8, nullptr}, {"I32", 4, nullptr}, {"I16", 2, nullptr}, {"I8", 1, nullptr}, {"U64", 8, nullptr},
-    {"U32", 4, nullptr}, {"U16", 2, nullptr}, {"U8", 1, nullptr}, {"BOOL", 1, nullptr},
+    {"I64", 8, nullptr},
+    {"I32", 4, nullptr},
+    {"I16", 2, nullptr},
+    {"I8", 1, nullptr},
+    {"U64", 8, nullptr},
+    {"U32", 4, nullptr},
+    {"U16", 2, nullptr},
+    {"U8", 1, nullptr},
+    {"BOOL", 1, nullptr},
 };
 
 struct Entry {
@@ -223,7 +232,8 @@ class HeaderParser {
   }
 
   bool start(bool array) {
-    ST_CHECK(depth_ < kMaxDepth, "Expected a header nested at most ", kMaxDepth, " levels deep, but got deeper nesting instead");
+    ST_CHECK(depth_ < kMaxDepth, "Expected a header nested at most ", kMaxDepth,
+             " levels deep, but got deeper nesting instead");
     if (skipping_ || skip_value_) {
       skip_value_ = false;
       ++skipping_, ++depth_;
@@ -450,7 +460,8 @@ const Shape& MappedSafetensors::shape(const std::string& name) const {
 bool MappedSafetensors::in_place(const std::string& name) const {
   shape(name);  // checks the name
   const Entry& e = impl_->entries.at(name);
-  return std::strcmp(e.dtype->name, "F32") == 0 && reinterpret_cast<uintptr_t>(impl_->data + e.begin) % alignof(float) == 0;
+  return std::strcmp(e.dtype->name, "F32") == 0 &&
+         reinterpret_cast<uintptr_t>(impl_->data + e.begin) % alignof(float) == 0;
 }
 
 Tensor MappedSafetensors::get(const std::string& name) const {
@@ -477,11 +488,13 @@ void save_safetensors(const std::string& path, const StateDict& tensors,
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     ST_CHECK(name != "__metadata__", "Expected tensor names other than \"__metadata__\", but got it instead");
-    ST_CHECK(t.data() || t.numel() == 0, "Expected tensor '", name, "' to have storage, but got an empty Tensor instead");
+    ST_CHECK(t.data() || t.numel() == 0, "Expected tensor '", name,
+             "' to have storage, but got an empty Tensor instead");
     std::string shape;
     for (int64_t d : t.shape()) shape += cat(shape.empty() ? "" : ",", d);
     uint64_t end = offset + uint64_t(t.numel()) * 4;
-    h += cat(quote(path, name), ":{\"dtype\":\"F32\",\"shape\":[", shape, "],\"data_offsets\":[", offset, ",", end, "]},");
+    h += cat(quote(path, name), ":{\"dtype\":\"F32\",\"shape\":[", shape, "],\"data_offsets\":[", offset, ",", end,
+             "]},");
     offset = end;
   }
   if (h.back() == ',') h.pop_back();

@@ -53,8 +53,9 @@ bool avx512_target(int64_t target) { return ATTN_AVX512_TARGET(target); }
 bool simd_portable_bits() { return fma_target(chosen()); }
 
 std::string simd_bits() {
-  return simd_portable_bits() ? "the same on every AVX2 and AVX-512 CPU (FMA; blocking and caches change no bits)"
-                              : "other than on AVX2/AVX-512 CPUs: " + simd_target() + " has no FMA (strict mode refuses it)";
+  return simd_portable_bits()
+             ? "the same on every AVX2 and AVX-512 CPU (FMA; blocking and caches change no bits)"
+             : "other than on AVX2/AVX-512 CPUs: " + simd_target() + " has no FMA (strict mode refuses it)";
 }
 
 void check_no_simd_fallback() {

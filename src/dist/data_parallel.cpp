@@ -172,8 +172,8 @@ void DataParallel::grads_final(size_t group) {
   profile::Scope p("all-reduce");
   Bucket& next = *buckets_[started_];
   if (group >= next.last_group) {
-    ATTN_CHECK(group == next.last_group, "Expected gradient group ", next.last_group, " to end the next bucket, but got ",
-               group, " instead");
+    ATTN_CHECK(group == next.last_group, "Expected gradient group ", next.last_group,
+               " to end the next bucket, but got ", group, " instead");
     start(next);
     ++started_;
   }

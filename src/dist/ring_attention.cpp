@@ -111,29 +111,31 @@ Plan make_plan(const SdpaArgs<float>& a, MPI_Comm comm, RingLayout layout, F&& l
   const Signature& s0 = all[0];
   for (int i = 1; i < p.n; ++i) {
     const Signature& s = all[i];
-    ATTN_CHECK(s.q[0] == s0.q[0] && s.q[1] == s0.q[1] && s.q[3] == s0.q[3] && s.k[1] == s0.k[1] && s.v[3] == s0.v[3],
-               "ring attention: Expected the same B, H, Hkv, D and Dv on every rank (only L_r may differ), but got query ",
-               shape_of(s.q), ", key ", shape_of(s.k), ", value ", shape_of(s.v), " on rank ", i, " and query ",
-               shape_of(s0.q), ", key ", shape_of(s0.k), ", value ", shape_of(s0.v), " on rank 0 instead");
+    ATTN_CHECK(
+        s.q[0] == s0.q[0] && s.q[1] == s0.q[1] && s.q[3] == s0.q[3] && s.k[1] == s0.k[1] && s.v[3] == s0.v[3],
+        "ring attention: Expected the same B, H, Hkv, D and Dv on every rank (only L_r may differ), but got query ",
+        shape_of(s.q), ", key ", shape_of(s.k), ", value ", shape_of(s.v), " on rank ", i, " and query ",
+        shape_of(s0.q), ", key ", shape_of(s0.k), ", value ", shape_of(s0.v), " on rank 0 instead");
     ATTN_CHECK(s.causal == s0.causal && s.padding == s0.padding && s.has_scale == s0.has_scale && s.scale == s0.scale,
-               "ring attention: Expected the same causal, key padding kind and scale on every rank, but got causal ", s.causal,
-               ", padding kind ", s.padding, ", scale ", s.has_scale ? std::to_string(s.scale) : "default", " on rank ",
-               i, " and ", s0.causal, ", ", s0.padding, ", ", s0.has_scale ? std::to_string(s0.scale) : "default",
-               " on rank 0 instead");
+               "ring attention: Expected the same causal, key padding kind and scale on every rank, but got causal ",
+               s.causal, ", padding kind ", s.padding, ", scale ", s.has_scale ? std::to_string(s.scale) : "default",
+               " on rank ", i, " and ", s0.causal, ", ", s0.padding, ", ",
+               s0.has_scale ? std::to_string(s0.scale) : "default", " on rank 0 instead");
   }
   p.B = s0.q[0], p.H = s0.q[1], p.D = s0.q[3], p.Hkv = s0.k[1], p.Dv = s0.v[3];
   for (const Signature& s : all) p.rows.push_back(s.q[2]), p.L += s.q[2];
   for (int i = 0; i < p.n; ++i) {
     const int64_t want = ring_local_length(p.L, i, p.n, layout);
-    ATTN_CHECK(p.rows[i] == want, "ring attention: Expected rank ", i, " of ", p.n, " to hold L_r = ", want, " rows of the ",
-               to_string(layout), " layout of L = ", p.L, " rows (the sum over the ranks), but got query ",
-               shape_of(all[i].q), " instead");
+    ATTN_CHECK(p.rows[i] == want, "ring attention: Expected rank ", i, " of ", p.n, " to hold L_r = ", want,
+               " rows of the ", to_string(layout), " layout of L = ", p.L,
+               " rows (the sum over the ranks), but got query ", shape_of(all[i].q), " instead");
   }
   p.max_rows = *std::max_element(p.rows.begin(), p.rows.end());
   for (int i = 0; i < p.n; ++i)
     for (const RowRange& g : ring_rows(p.L, i, p.n, layout)) p.max_part = std::max(p.max_part, g.size);
   const int64_t biggest = p.B * p.Hkv * p.max_rows * std::max(p.D, p.Dv);
-  ATTN_CHECK(biggest <= std::numeric_limits<int>::max(), "ring attention: Expected K/V blocks of at most 2^31 - 1 elements (one MPI ",
+  ATTN_CHECK(biggest <= std::numeric_limits<int>::max(),
+             "ring attention: Expected K/V blocks of at most 2^31 - 1 elements (one MPI ",
              "message each), but got (B, Hkv, L_r, D) = ", to_string({p.B, p.Hkv, p.max_rows, std::max(p.D, p.Dv)}),
              " instead");
   p.causal = s0.causal ? Causal::top_left : Causal::none;
@@ -223,13 +225,15 @@ struct Requests {
   template <typename T>
   void send(const T* data, int64_t count, int to, int tag, MPI_Comm comm) {
     reqs.emplace_back();
-    dist::check(MPI_Isend(data, int(count * sizeof(T)), MPI_BYTE, to, tag, comm, &reqs.back()), "ring attention: MPI_Isend");
+    dist::check(MPI_Isend(data, int(count * sizeof(T)), MPI_BYTE, to, tag, comm, &reqs.back()),
+                "ring attention: MPI_Isend");
     if (stats) stats->sent_bytes += count * int64_t(sizeof(T));
   }
   template <typename T>
   void recv(T* data, int64_t count, int from, int tag, MPI_Comm comm) {
     reqs.emplace_back();
-    dist::check(MPI_Irecv(data, int(count * sizeof(T)), MPI_BYTE, from, tag, comm, &reqs.back()), "ring attention: MPI_Irecv");
+    dist::check(MPI_Irecv(data, int(count * sizeof(T)), MPI_BYTE, from, tag, comm, &reqs.back()),
+                "ring attention: MPI_Irecv");
   }
   void wait() {
     const auto t0 = Clock::now();
@@ -326,7 +330,9 @@ void fill(View<float> v, float x) {
 
 // A (B, H, L) view as (B, H, L, 1), so the helpers above take it.
 template <typename T>
-View<T> as4(View<T> lse) { return {lse.data, {lse.shape[0], lse.shape[1], lse.shape[2], 1}, {lse.strides[0], lse.strides[1], lse.strides[2], 1}}; }
+View<T> as4(View<T> lse) {
+  return {lse.data, {lse.shape[0], lse.shape[1], lse.shape[2], 1}, {lse.strides[0], lse.strides[1], lse.strides[2], 1}};
+}
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -337,8 +343,9 @@ const SdpaOptions kFlash{Backend::flash, false};
 const char* to_string(RingLayout layout) { return layout == RingLayout::zigzag ? "zigzag" : "contiguous"; }
 
 std::vector<RowRange> ring_rows(int64_t L, int rank, int n, RingLayout layout) {
-  ATTN_CHECK(n > 0 && rank >= 0 && rank < n && L >= 0, "Expected a rank in [0, n) of n > 0 ranks and L >= 0, but got rank ",
-             rank, " of ", n, " and L = ", L, " instead");
+  ATTN_CHECK(n > 0 && rank >= 0 && rank < n && L >= 0,
+             "Expected a rank in [0, n) of n > 0 ranks and L >= 0, but got rank ", rank, " of ", n, " and L = ", L,
+             " instead");
   if (layout == RingLayout::contiguous) return {part(L, n, rank)};
   return {part(L, 2 * n, rank), part(L, 2 * n, 2 * n - 1 - rank)};
 }
@@ -385,7 +392,8 @@ void ring_sdpa(const SdpaArgs<float>& local, const SdpaOut<float>& out, MPI_Comm
   const Plan p = make_plan(local, comm, layout, [&] { check_local(local, out); });
   RingStats st;
   Block blocks[2] = {Block(p), Block(p)};
-  Tensor o_s = Tensor::uninitialized({p.B * p.H * p.max_part * p.Dv}), lse_s = Tensor::uninitialized({p.B * p.H * p.max_part});
+  Tensor o_s = Tensor::uninitialized({p.B * p.H * p.max_part * p.Dv}),
+         lse_s = Tensor::uninitialized({p.B * p.H * p.max_part});
   Tensor lse_own = Tensor::uninitialized({out.lse.empty() ? p.B * p.H * p.rows[p.r] : 0});
   st.scratch_bytes = 2 * blocks[0].bytes() + 4 * (o_s.numel() + lse_s.numel() + lse_own.numel());
   const View<float> lse = out.lse.empty() ? View<float>(lse_own.data(), {p.B, p.H, p.rows[p.r]}) : out.lse;
@@ -431,7 +439,8 @@ void ring_sdpa_backward(const SdpaArgs<float>& local, View<const float> out, Vie
   Tensor acc_k[2] = {Tensor::uninitialized({kv_k}), Tensor::uninitialized({kv_k})};
   Tensor acc_v[2] = {Tensor::uninitialized({kv_v}), Tensor::uninitialized({kv_v})};
   Tensor dq_s = Tensor::uninitialized({p.B * p.H * p.max_part * p.D});
-  Tensor dk_s = Tensor::uninitialized({p.B * p.Hkv * p.max_part * p.D}), dv_s = Tensor::uninitialized({p.B * p.Hkv * p.max_part * p.Dv});
+  Tensor dk_s = Tensor::uninitialized({p.B * p.Hkv * p.max_part * p.D}),
+         dv_s = Tensor::uninitialized({p.B * p.Hkv * p.max_part * p.Dv});
   st.scratch_bytes = 2 * blocks[0].bytes() + 4 * (2 * (kv_k + kv_v) + dq_s.numel() + dk_s.numel() + dv_s.numel());
   fill(grads.dq, 0.f);
   blocks[0].load(local, p);
@@ -440,7 +449,8 @@ void ring_sdpa_backward(const SdpaArgs<float>& local, View<const float> out, Vie
   for (int t = 0, cur = 0; t < p.n; ++t, cur ^= 1) {
     const int src = p.source(t);
     const int64_t rows = p.rows[src];
-    const View<float> ak = scratch(acc_k[t % 2], p.B, p.Hkv, rows, p.D), av = scratch(acc_v[t % 2], p.B, p.Hkv, rows, p.Dv);
+    const View<float> ak = scratch(acc_k[t % 2], p.B, p.Hkv, rows, p.D),
+                      av = scratch(acc_v[t % 2], p.B, p.Hkv, rows, p.Dv);
     if (t + 1 < p.n) pass_block(p, blocks[cur], blocks[cur ^ 1], p.rows[p.source(t + 1)], req);
     if (t > 0) {
       acc_req.recv(ak.data, ak.numel(), p.prev(), kTagDk, p.comm);
@@ -461,9 +471,11 @@ void ring_sdpa_backward(const SdpaArgs<float>& local, View<const float> out, Vie
     const double waited = st.wait_s;
     for (const Pair& pr : visible_pairs(mine, ring_rows(p.L, src, p.n, layout), p.causal)) {
       const View<float> dq2 = scratch(dq_s, p.B, p.H, pr.q.size, p.D);
-      const View<float> dk2 = scratch(dk_s, p.B, p.Hkv, pr.k.size, p.D), dv2 = scratch(dv_s, p.B, p.Hkv, pr.k.size, p.Dv);
+      const View<float> dk2 = scratch(dk_s, p.B, p.Hkv, pr.k.size, p.D),
+                        dv2 = scratch(dv_s, p.B, p.Hkv, pr.k.size, p.Dv);
       sdpa_backward(pair_args(local, p, blocks[cur], pr), out.narrow(2, pr.q.begin, pr.q.size),
-                    lse.narrow(2, pr.q.begin, pr.q.size), dout.narrow(2, pr.q.begin, pr.q.size), {dq2, dk2, dv2}, kFlash);
+                    lse.narrow(2, pr.q.begin, pr.q.size), dout.narrow(2, pr.q.begin, pr.q.size), {dq2, dk2, dv2},
+                    kFlash);
       add_into(grads.dq.narrow(2, pr.q.begin, pr.q.size), dq2);
       await_acc();
       add_into(ak.narrow(2, pr.k.begin, pr.k.size), dk2);
@@ -477,7 +489,8 @@ void ring_sdpa_backward(const SdpaArgs<float>& local, View<const float> out, Vie
     req.wait();
   }
   // This rank's own block comes home from the previous rank, every rank's share added.
-  const View<float> hk = scratch(acc_k[p.n % 2], p.B, p.Hkv, p.rows[p.r], p.D), hv = scratch(acc_v[p.n % 2], p.B, p.Hkv, p.rows[p.r], p.Dv);
+  const View<float> hk = scratch(acc_k[p.n % 2], p.B, p.Hkv, p.rows[p.r], p.D),
+                    hv = scratch(acc_v[p.n % 2], p.B, p.Hkv, p.rows[p.r], p.Dv);
   acc_req.recv(hk.data, hk.numel(), p.prev(), kTagDk, p.comm);
   acc_req.recv(hv.data, hv.numel(), p.prev(), kTagDv, p.comm);
   acc_req.wait();

@@ -2,6 +2,9 @@
 // measurement of the candidates. Not the kernels (gemm.cpp and flash_forward.cpp read tuned_for()) and
 // not a benchmark against peers (bench/): candidates of attn's own blocking, timed against each other.
 //
+// Within the budget: one run of each shape first says what it affords (plan_tune), and a candidate wins
+// only beyond the spread of its rounds (clearly_faster).
+//
 // File: {"version": 1, "entries": {KEY: {"gemm_kc": …, "gemm_mc": …, "gemm_nt": …, "gemm_pack_a": …,
 // "gemm_pack_at": …, "flash_rows": …,
 // "measured": "2026-12-01 22:50 UTC"}}}, KEY as tuning_key(). Entries of other CPUs are kept as they are.
@@ -28,7 +31,7 @@
 #include "attn/cpu.h"
 #include "attn/file.h"
 #include "attn/gemm.h"
-#include "attn/sdpa.h"
+#include "attn/kernels/problem.h"
 #include "attn/simd.h"
 #include "attn/threads.h"
 
@@ -66,7 +69,8 @@ Tuning from_json(const json& e) {
   Tuning t;
   auto count = [&](const char* name, int64_t lo, int64_t hi) {
     const int64_t v = e.value(name, int64_t(0));
-    ATTN_CHECK(v == 0 || (v >= lo && v <= hi), "Expected ", name, " 0 or in [", lo, ", ", hi, "], but got ", v, " instead");
+    ATTN_CHECK(v == 0 || (v >= lo && v <= hi), "Expected ", name, " 0 or in [", lo, ", ", hi, "], but got ", v,
+               " instead");
     return v;
   };
   t.gemm_kc = count("gemm_kc", 16, 8192);
@@ -133,13 +137,15 @@ void save(const std::string& key, const Tuning& t) {
 // ---- Measurement ----
 
 using Clock = std::chrono::steady_clock;
-constexpr double kMargin = 1.03;  // a candidate replaces the derived value only if >= 3% faster (geomean)
 constexpr int64_t kNever = int64_t(1) << 30;  // gemm_pack_a: never pack A
+constexpr int kMaxRounds = 40;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 double seconds_of(const std::function<void()>& f) {
   const auto t0 = Clock::now();
   f();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 struct Work {
@@ -148,8 +154,9 @@ struct Work {
   std::function<void()> run;
 };
 
-// Interleaved rounds (every candidate, every shape, once per round) until the budget is spent (at least 3
-// rounds); each candidate's median rate per shape, and their geometric mean.
+// Interleaved rounds (every candidate, every shape, once per round) after a warm-up run of each: at least
+// kTuneMinRounds, then more while another round fits the budget. Each candidate's median rate per shape
+// and their geometric mean (score), and the geometric means of its slowest and fastest rounds (lo, hi).
 void measure(const std::vector<Tuning>& cands, const std::vector<Work>& work, const char* kernel, double budget,
              TuneReport& r) {
   std::vector<std::vector<std::vector<double>>> t(cands.size(), std::vector<std::vector<double>>(work.size()));
@@ -158,6 +165,7 @@ void measure(const std::vector<Tuning>& cands, const std::vector<Work>& work, co
   } unforce;
   const auto start = Clock::now();
   for (int round = 0;; ++round) {
+    const auto r0 = Clock::now();
     for (size_t c = 0; c < cands.size(); ++c) {
       force_tuning(cands[c]);
       for (size_t w = 0; w < work.size(); ++w) {
@@ -165,27 +173,26 @@ void measure(const std::vector<Tuning>& cands, const std::vector<Work>& work, co
         t[c][w].push_back(seconds_of(work[w].run));
       }
     }
-    const double spent = std::chrono::duration<double>(Clock::now() - start).count();
-    if (round >= 2 && (spent >= budget || round >= 40)) break;
+    const double spent = seconds_since(start), last = seconds_since(r0);
+    if (round + 1 >= kTuneMinRounds && (spent + last > budget || round + 1 >= kMaxRounds)) break;
   }
   for (size_t c = 0; c < cands.size(); ++c) {
-    TuneRow row{kernel, cands[c], {}, 0, false};
+    TuneRow row{kernel, cands[c], {}, 0, 0, 0, false};
     double log_sum = 0;
+    std::vector<double> round_log(t[c][0].size(), 0.0);  // per round: the sum of log rates over the shapes
     for (size_t w = 0; w < work.size(); ++w) {
-      auto& x = t[c][w];
+      auto x = t[c][w];
+      for (size_t i = 0; i < x.size(); ++i) round_log[i] += std::log(work[w].flops / x[i] * 1e-9);
       std::sort(x.begin(), x.end());
       row.gflops.push_back(work[w].flops / x[x.size() / 2] * 1e-9);
       log_sum += std::log(row.gflops.back());
     }
-    row.score = std::exp(log_sum / double(work.size()));
+    const double n = double(work.size());
+    row.score = std::exp(log_sum / n);
+    row.lo = std::exp(*std::min_element(round_log.begin(), round_log.end()) / n);
+    row.hi = std::exp(*std::max_element(round_log.begin(), round_log.end()) / n);
     r.rows.push_back(row);
   }
-}
-
-// The best row of `kernel` among the last n rows.
-TuneRow& best(TuneReport& r, size_t n) {
-  auto first = r.rows.end() - std::ptrdiff_t(n);
-  return *std::max_element(first, r.rows.end(), [](const TuneRow& a, const TuneRow& b) { return a.score < b.score; });
 }
 
 struct GemmOperands {
@@ -199,11 +206,13 @@ struct GemmOperands {
     for (float& x : a) x = u(gen);
     for (float& x : b) x = u(gen);
   }
+  double flops() const { return 2.0 * double(M * N * K); }
   void run() {
     gemm(ta, tb, M, N, K, 1.f, a.data(), ta ? M : K, b.data(), tb ? K : N, 0.f, c.data(), N);
   }
 };
 
+// The flash forward through the kernel interface (kernels/problem.h), not the attention layer's sdpa().
 struct FlashOperands {
   int64_t H, L, D;
   std::vector<float> q, k, v, o;
@@ -216,9 +225,10 @@ struct FlashOperands {
     }
     o.resize(size_t(H * L * D));
   }
+  double flops() const { return 4.0 * double(H * L * L * D); }
   void run() {
     const SdpaArgs<float> a{{q.data(), {1, H, L, D}}, {k.data(), {1, H, L, D}}, {v.data(), {1, H, L, D}}};
-    sdpa(a, SdpaOut<float>{{o.data(), {1, H, L, D}}, {}, {}}, {Backend::flash, false});
+    flash_forward(make_problem(a, SdpaOut<float>{{o.data(), {1, H, L, D}}, {}, {}}));
   }
 };
 
@@ -267,59 +277,121 @@ void clear_forced_tuning() {
   g_forced.reset();
 }
 
+bool clearly_faster(const TuneRow& a, const TuneRow& b) { return a.lo > b.hi; }
+
+TunePlan plan_tune(const std::vector<double>& gemm_run_s, double flash512_s, double seconds) {
+  ATTN_CHECK(!gemm_run_s.empty(), "Expected the time of at least one GEMM shape, but got none instead");
+  constexpr int kRuns = 1 + kTuneMinRounds;  // each candidate's warm-up and its rounds
+  const double gemm_share = seconds * kTuneGemmCandidates / (kTuneGemmCandidates + kTuneFlashCandidates);
+  TunePlan p;
+  double per_round = 0;  // one run of each chosen shape
+  for (size_t i = 0; i < gemm_run_s.size(); ++i) {
+    if (i > 0 && (per_round + gemm_run_s[i]) * kTuneGemmCandidates * kRuns > gemm_share) break;
+    per_round += gemm_run_s[i];
+    p.gemm_shapes = i + 1;
+  }
+  const double gemm_s = per_round * kTuneGemmCandidates * kRuns, flash_budget = seconds - gemm_s;
+  const auto flash_s = [&](int64_t L) {
+    return flash512_s * double(L * L) / (512.0 * 512.0) * kTuneFlashCandidates * kRuns;
+  };
+  p.flash_length = 64;
+  for (int64_t L : {1024, 512, 256, 128})
+    if (flash_s(L) <= flash_budget) {
+      p.flash_length = L;
+      break;
+    }
+  p.seconds = gemm_s + flash_s(p.flash_length);
+  return p;
+}
+
 TuneReport tune(const TuneOptions& o) {
+  const auto start = Clock::now();
   TuneReport r;
   r.key = tuning_key();
   r.path = tuning_path();
+  r.budget = o.seconds;
+  std::vector<std::string> notes;
   double load = 0;
   if (std::ifstream f("/proc/loadavg"); f >> load && load > double(max_threads()) * 0.75)
-    r.note = cat("the machine is busy (load average ", load, " on ", max_threads(),
-                 " CPUs): the rates are shared with other work; run attn tune again when it is quiet");
-  // The GEMM on the training shapes (M = B·T against N, K in {128, 512}; dW's K = B·T) and a large square.
+    notes.push_back(cat("the machine is busy (load average ", load, " on ", max_threads(),
+                        " CPUs): the rates are shared with other work; run attn tune again when it is quiet"));
+  // The GEMM on the training shapes (M = B·T against N, K in {128, 512}; dW's K = B·T: the TN shape) and
+  // the large ones, in the order the budget takes them (the cheapest first).
   std::vector<GemmOperands> g;
   if (o.quick) g = {{96, 80, 300, false, false}, {64, 64, 700, true, false}};
   else
-    g = {{1024, 1024, 1024, false, false}, {768, 512, 128, false, false}, {4096, 128, 512, false, true},
-         {512, 128, 4096, true, false},    {768, 128, 512, false, true},  {4096, 512, 512, false, true}};
+    g = {{768, 512, 128, false, false}, {512, 128, 4096, true, false}, {768, 128, 512, false, true},
+         {4096, 128, 512, false, true}, {1024, 1024, 1024, false, false}, {4096, 512, 512, false, true}};
+  // One run of each with the derived blocking (after a warm-up) says what the budget affords; the shapes
+  // after one that cannot fit are not tried. The plan takes kPlanned of the budget: the rest is for this,
+  // the warm-ups, saving, and rounds slower than the first (a busy machine).
+  constexpr double kPlanned = 0.8;
+  const double planned = o.seconds * kPlanned;
+  std::vector<double> cost;
+  double round = 0;
+  for (auto& x : g) {
+    x.run();
+    cost.push_back(seconds_of([&x] { x.run(); }));
+    round += cost.back();
+    if (round * kTuneGemmCandidates * (1 + kTuneMinRounds) > planned) break;
+  }
+  FlashOperands probe(8, o.quick ? 128 : 512, 64);
+  probe.run();
+  const double flash512 = seconds_of([&probe] { probe.run(); }) * (o.quick ? 16.0 : 1.0);
+  const TunePlan plan = plan_tune(cost, flash512, std::max(0.0, planned - seconds_since(start)));
+  if (plan.gemm_shapes < g.size())
+    notes.push_back(cat("a budget of ", o.seconds, " s measures ", plan.gemm_shapes, " of the ", g.size(),
+                        " GEMM shapes, the cheapest (a longer --seconds measures the larger ones too)"));
+  g.erase(g.begin() + std::ptrdiff_t(plan.gemm_shapes), g.end());
   std::vector<Work> gw;
+  bool transposed_a = false;
   for (auto& x : g) {
     r.gemm_shapes.push_back(cat(x.M, "x", x.N, "x", x.K, " ", x.ta ? "T" : "N", x.tb ? "T" : "N"));
-    gw.push_back({r.gemm_shapes.back(), 2.0 * double(x.M * x.N * x.K), [&x] { x.run(); }});
+    gw.push_back({r.gemm_shapes.back(), x.flops(), [&x] { x.run(); }});
+    transposed_a |= x.ta;
   }
   // Stages, each keeping the best of the ones before: K block, tile rows, tile columns, packing of A (read
-  // along its rows: the NN and NT shapes), packing of a transposed A (the TN shape); then the flash
-  // forward's query tile, with the GEMM as chosen.
-  const double stage = o.seconds * 0.17;
+  // along its rows: the NN and NT shapes), packing of a transposed A (the TN shape, where measured); then
+  // the flash forward's query tile, with the GEMM as chosen. Each stage's share of the time left is its
+  // share of the candidates.
   Tuning t;
-  auto run_stage = [&](const char* kernel, const std::vector<Work>& work, double budget,
-                       const std::vector<int64_t>& values, int64_t Tuning::*field) -> TuneRow& {
+  int left = kTuneGemmCandidates + kTuneFlashCandidates;
+  auto run_stage = [&](const char* kernel, const std::vector<Work>& work, const std::vector<int64_t>& values,
+                       int64_t Tuning::*field) -> TuneRow& {
     std::vector<Tuning> cands;
     for (int64_t v : values) {
       Tuning c = t;
       c.*field = v;
       cands.push_back(c);
     }
+    const double budget = (planned - seconds_since(start)) * double(values.size()) / double(left);
+    left -= int(values.size());
     measure(cands, work, kernel, budget, r);
-    // values[0] (derived) stays unless another beats it by kMargin: noise must not pick a blocking
-    TuneRow* b = &best(r, cands.size());
-    TuneRow& derived = r.rows[r.rows.size() - cands.size()];
-    if (b->score < derived.score * kMargin) b = &derived;
-    t.*field = b->t.*field;
-    return *b;
+    // values[0] (what the stages before kept) stays unless another is faster beyond the noise
+    TuneRow* keep = &r.rows[r.rows.size() - cands.size()];
+    for (size_t i = r.rows.size() - cands.size() + 1; i < r.rows.size(); ++i)
+      if (clearly_faster(r.rows[i], r.rows[r.rows.size() - cands.size()]) && r.rows[i].score > keep->score)
+        keep = &r.rows[i];
+    t.*field = keep->t.*field;
+    return *keep;
   };
-  run_stage("gemm", gw, stage, {0, 128, 192, 256, 384, 512, 768, 1024}, &Tuning::gemm_kc);
-  run_stage("gemm", gw, stage, {0, 48, 72, 192, 384}, &Tuning::gemm_mc);
-  run_stage("gemm", gw, stage, {0, 256, 1024, 4096}, &Tuning::gemm_nt);
-  run_stage("gemm", gw, stage, {0, 1, 2, 8, kNever}, &Tuning::gemm_pack_a);
-  run_stage("gemm", gw, stage, {0, 2, 4, kNever}, &Tuning::gemm_pack_at).chosen = true;
-  FlashOperands f(8, o.quick ? 128 : 1024, 64);
+  run_stage("gemm", gw, {0, 128, 192, 256, 384, 512, 768, 1024}, &Tuning::gemm_kc);
+  run_stage("gemm", gw, {0, 48, 72, 192, 384}, &Tuning::gemm_mc);
+  run_stage("gemm", gw, {0, 256, 1024, 4096}, &Tuning::gemm_nt);
+  TuneRow* gemm_choice = &run_stage("gemm", gw, {0, 1, 2, 8, kNever}, &Tuning::gemm_pack_a);
+  if (transposed_a) gemm_choice = &run_stage("gemm", gw, {0, 2, 4, kNever}, &Tuning::gemm_pack_at);
+  else left -= 4;  // no TN shape measured: packing a transposed A stays derived
+  gemm_choice->chosen = true;
+  FlashOperands f(8, o.quick ? 128 : plan.flash_length, 64);
   r.flash_shapes.push_back(cat("H ", f.H, ", L = S = ", f.L, ", D ", f.D));
-  const std::vector<Work> fw{{r.flash_shapes.back(), 4.0 * double(f.H * f.L * f.L * f.D), [&f] { f.run(); }}};
-  run_stage("flash", fw, o.seconds - 5 * stage, {0, 64, 128, 512}, &Tuning::flash_rows).chosen = true;
+  const std::vector<Work> fw{{r.flash_shapes.back(), f.flops(), [&f] { f.run(); }}};
+  run_stage("flash", fw, {0, 64, 128, 512}, &Tuning::flash_rows).chosen = true;
   t.measured = now_utc();
   r.chosen = t;
   save(r.key, t);
   reload_tuning();
+  for (const std::string& n : notes) r.note += (r.note.empty() ? "" : "; ") + n;
+  r.seconds = seconds_since(start);
   return r;
 }
 
@@ -334,10 +406,10 @@ std::string to_string(const TuneReport& r) {
   std::string s = cat("tuning for ", r.key, "\n", r.note.empty() ? "" : "note: " + r.note + "\n");
   for (const char* kernel : {"gemm", "flash"}) {
     const auto& shapes = std::string(kernel) == "gemm" ? r.gemm_shapes : r.flash_shapes;
-    s += cat("\n", kernel, " candidates, GFLOP/s (median of the rounds)\n");
+    s += cat("\n", kernel, " candidates, GFLOP/s (median of the rounds; the rounds' range: the noise)\n");
     s += std::string(kernel) == "gemm" ? "      kc      mc      nt  pack_a pack_at" : "    rows";
     for (const auto& n : shapes) s += cat(" | ", n);
-    s += " | geomean\n";
+    s += " | geomean |  rounds\n";
     for (const TuneRow& row : r.rows) {
       if (row.kernel != kernel) continue;
       char buf[64];
@@ -351,11 +423,18 @@ std::string to_string(const TuneReport& r) {
         std::snprintf(buf, sizeof buf, " | %*.1f", int(std::max<size_t>(6, shapes[i].size())), row.gflops[i]);
         s += buf;
       }
-      std::snprintf(buf, sizeof buf, " | %7.1f%s\n", row.score, row.chosen ? "  <- chosen" : "");
+      std::snprintf(buf, sizeof buf, " | %7.1f | %5.1f-%.1f%s\n", row.score, row.lo, row.hi,
+                    row.chosen ? "  <- chosen" : "");
       s += buf;
     }
   }
-  s += cat("\nsaved in ", r.path, "\n");
+  char took[160];
+  std::snprintf(took, sizeof took,
+                "\nmeasured in %.1f s (budget %g s); a candidate replaced the one kept before it only "
+                "where its slowest round beat that one's fastest\n",
+                r.seconds, r.budget);
+  s += took;
+  s += cat("saved in ", r.path, "\n");
   return s;
 }
 
@@ -368,8 +447,8 @@ std::string tuning_summary() {
   }
   const auto& v = value;
   return cat("gemm kc ", v(t->gemm_kc), ", mc ", v(t->gemm_mc), ", nt ", v(t->gemm_nt), ", pack A past ",
-             v(t->gemm_pack_a), " B panels (transposed A past ", v(t->gemm_pack_at), "); flash rows ",
-             v(t->flash_rows), t->measured.empty() ? " (forced)" : cat(" (measured ", t->measured, ", ", tuning_path(), ")"));
+             v(t->gemm_pack_a), " B panels (transposed A past ", v(t->gemm_pack_at), "); flash rows ", v(t->flash_rows),
+             t->measured.empty() ? " (forced)" : cat(" (measured ", t->measured, ", ", tuning_path(), ")"));
 }
 
 }  // namespace attn

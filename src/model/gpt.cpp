@@ -191,7 +191,8 @@ Gpt::Gpt(const GptConfig& config, uint64_t seed)
               mix64(seed ^ streams::kLmHead)),
       c_(check_gpt_config(config)) {
   h.reserve(size_t(c_.n_layer));
-  for (int64_t i = 0; i < c_.n_layer; ++i) h.emplace_back(block_options(c_, mix64(seed ^ (streams::kBlock0 + uint64_t(i)))));
+  for (int64_t i = 0; i < c_.n_layer; ++i)
+    h.emplace_back(block_options(c_, mix64(seed ^ (streams::kBlock0 + uint64_t(i)))));
   // nanoGPT's _init_weights and its scaled init of c_proj (our out_proj and linear2).
   Rng rng(mix64(seed ^ streams::kInit));
   const double std_resid = 0.02 / std::sqrt(2.0 * double(c_.n_layer));

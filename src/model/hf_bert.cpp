@@ -59,7 +59,8 @@ BertModel::BertModel(const std::string& dir) : BertModel(read_bert_config(dir), 
 BertModel::BertModel(const BertConfig& c, const HfWeights& w)
     : c_(c),
       word_(w.get(prefix_of(w) + "embeddings.word_embeddings.weight", {c.vocab_size, c.hidden_size})),
-      position_(w.get(prefix_of(w) + "embeddings.position_embeddings.weight", {c.max_position_embeddings, c.hidden_size})),
+      position_(
+          w.get(prefix_of(w) + "embeddings.position_embeddings.weight", {c.max_position_embeddings, c.hidden_size})),
       token_type_(w.get(prefix_of(w) + "embeddings.token_type_embeddings.weight", {c.type_vocab_size, c.hidden_size})),
       embed_norm_(w.get(prefix_of(w) + "embeddings.LayerNorm.weight", {c.hidden_size}),
                   w.get(prefix_of(w) + "embeddings.LayerNorm.bias", {c.hidden_size}), c.layer_norm_eps) {

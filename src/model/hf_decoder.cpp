@@ -68,7 +68,8 @@ Tensor PretrainedDecoder::run(const int64_t* ids, int64_t B, int64_t L, const in
     // each sequence over its own rows, causal (kept tokens in order: their positions' order)
     layer(i, x, p.pos.data(), [&](View<const float> q, View<const float> k, View<const float> v) {
       Tensor ctx = Tensor::uninitialized({T, H * D});  // every row written by its sequence's sdpa
-      hf::attend_packed(p, q, k, v, H, Hkv, D, Causal::top_left, ctx.view(), weights ? &(*weights)[size_t(i)] : nullptr);
+      hf::attend_packed(p, q, k, v, H, Hkv, D, Causal::top_left, ctx.view(),
+                        weights ? &(*weights)[size_t(i)] : nullptr);
       return ctx;
     });
   }

@@ -47,7 +47,8 @@ std::pair<DecoderConfig, double> read_llama_config(const std::string& dir) {
   for (const char* key : {"rope_parameters", "rope_scaling"}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
-    ATTN_CHECK(it->is_object(), "Expected \"", key, "\" in ", w, " to be an object, but got ", hf::brief(*it), " instead");
+    ATTN_CHECK(it->is_object(), "Expected \"", key, "\" in ", w, " to be an object, but got ", hf::brief(*it),
+               " instead");
     theta = hf::field_or<double>(*it, "rope_theta", w, theta);
     rope_type = hf::field_or<std::string>(*it, "rope_type", w, hf::field_or<std::string>(*it, "type", w, "default"));
   }

@@ -38,7 +38,8 @@ std::u32string nfd(const std::u32string& s) {
   utf8proc_int32_t tmp[32];
   int last_boundclass = 0;
   for (char32_t c : s) {
-    const utf8proc_ssize_t n = utf8proc_decompose_char(utf8proc_int32_t(c), tmp, 32, UTF8PROC_DECOMPOSE, &last_boundclass);
+    const utf8proc_ssize_t n =
+        utf8proc_decompose_char(utf8proc_int32_t(c), tmp, 32, UTF8PROC_DECOMPOSE, &last_boundclass);
     ATTN_CHECK(n >= 0 && n <= 32, "Expected a decomposable code point, but got U+", std::hex, uint32_t(c), " instead");
     for (utf8proc_ssize_t i = 0; i < n; ++i) out.push_back(char32_t(tmp[i]));
   }

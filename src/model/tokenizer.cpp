@@ -114,8 +114,9 @@ CharTokenizer::CharTokenizer(std::u32string vocab) : vocab_(std::move(vocab)) {
   for (size_t i = 0; i < vocab_.size(); ++i) {
     ATTN_CHECK(encodable(vocab_[i]), "Expected vocabulary entries that are Unicode scalar values, but got ",
                code_point_name(vocab_[i]), " at index ", i, " instead");
-    ATTN_CHECK(i == 0 || vocab_[i - 1] < vocab_[i], "Expected a vocabulary sorted by code point without repeats, but got ",
-               code_point_name(vocab_[i]), " after ", code_point_name(vocab_[i - 1]), " at index ", i, " instead");
+    ATTN_CHECK(i == 0 || vocab_[i - 1] < vocab_[i],
+               "Expected a vocabulary sorted by code point without repeats, but got ", code_point_name(vocab_[i]),
+               " after ", code_point_name(vocab_[i - 1]), " at index ", i, " instead");
   }
 }
 

@@ -138,7 +138,8 @@ Tensor Linear::backward(View<const float> dout) { return backward(dout, true); }
 
 Tensor Linear::backward(View<const float> dout, bool add_bias_grad) {
   check_saved(x_.data() != nullptr, "Linear");
-  ATTN_CHECK(layout == WeightLayout::out_in, "Expected a Linear weight (out, in) for backward, but got (in, out) instead");
+  ATTN_CHECK(layout == WeightLayout::out_in,
+             "Expected a Linear weight (out, in) for backward, but got (in, out) instead");
   const int64_t in = weight.size(1), out = weight.size(0), N = x_.numel() / in;
   check_dout(dout, with_last(x_.shape(), out), "Linear");
   Tensor storage;

@@ -198,7 +198,8 @@ Tensor TransformerDecoderLayer::forward(View<const float> tgt, View<const float>
     return dropout1.apply(attend(self_attn, x, x, a.tgt_mask, a.tgt_key_padding_mask, a.tgt_is_causal));
   };
   auto mha = [&](View<const float> x) {
-    return dropout2.apply(attend(multihead_attn, x, memory, a.memory_mask, a.memory_key_padding_mask, a.memory_is_causal));
+    return dropout2.apply(
+        attend(multihead_attn, x, memory, a.memory_mask, a.memory_key_padding_mask, a.memory_is_causal));
   };
   auto ffb = [&](View<const float> x) { return dropout3.apply(ff.forward(x)); };
   if (options.norm_first) {  // x += sa(norm1(x)); x += mha(norm2(x), memory); x += ff(norm3(x))

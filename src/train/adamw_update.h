@@ -17,7 +17,8 @@ struct AdamWScalars {
 };
 
 // θ, m, v updated in place from g, with torch's operation order (no fused multiply-adds):
-//   g ← g·grad_scale (in a register: the bits clip_grad_norm's in-place g *= c gave);  θ ← θ·decay;  m ← m + w1·(g − m);  v ← v·β2 + (w2·g)·g;  θ ← θ + (−step_size·m) / (sqrt(v)/bc2_sqrt + ε)
+//   g ← g·grad_scale (in a register: the bits clip_grad_norm's in-place g *= c gave);  θ ← θ·decay;
+//   m ← m + w1·(g − m);  v ← v·β2 + (w2·g)·g;  θ ← θ + (−step_size·m) / (sqrt(v)/bc2_sqrt + ε)
 void adamw_update(int64_t n, float* theta, const float* g, float* m, float* v, const AdamWScalars& s);
 
 }  // namespace attn

@@ -155,7 +155,8 @@ void write_checked(const fs::path& target, const StateDict& tensors, json config
 // or n_embd 2^40 is refused here, not in an allocation).
 void validate(const Contents& c, const std::string& where) {
   const json& j = c.config;
-  ATTN_CHECK(field<int64_t>(j, "step", where) >= 0, "Expected ", where, ".step >= 0, but got ", j["step"].dump(), " instead");
+  ATTN_CHECK(field<int64_t>(j, "step", where) >= 0, "Expected ", where, ".step >= 0, but got ", j["step"].dump(),
+             " instead");
   ATTN_CHECK(j.contains("model") && j.contains("tokenizer"), "Expected 'model' and 'tokenizer' in '", where,
              "', but got none instead");
   const GptConfig m = gpt_config_from(j["model"], where + " model");
@@ -199,7 +200,8 @@ fs::path prepare(const std::string& dir) {
   // A symbolic link is written through: the swap below replaces its target, never the link itself.
   std::error_code lec;
   for (int hops = 0; fs::is_symlink(target, lec); ++hops) {
-    ATTN_CHECK(hops < 40, "Expected the checkpoint directory '", dir, "' to resolve, but got a loop of symbolic links instead");
+    ATTN_CHECK(hops < 40, "Expected the checkpoint directory '", dir,
+               "' to resolve, but got a loop of symbolic links instead");
     const fs::path to = fs::read_symlink(target, lec);
     target = (to.is_absolute() ? to : target.parent_path() / to).lexically_normal();
     if (target.filename().empty()) target = target.parent_path();
@@ -210,8 +212,8 @@ fs::path prepare(const std::string& dir) {
   if (parent.empty()) parent = ".";
   std::error_code ec;
   fs::create_directories(parent, ec);
-  ATTN_CHECK(!ec && fs::is_directory(parent), "Expected to create the folder '", parent.string(), "' of checkpoint '", dir,
-             "', but got '", ec ? ec.message() : "not a directory", "' instead");
+  ATTN_CHECK(!ec && fs::is_directory(parent), "Expected to create the folder '", parent.string(), "' of checkpoint '",
+             dir, "', but got '", ec ? ec.message() : "not a directory", "' instead");
   check_replaceable(target);
   remove_stale_siblings(parent.string(), target.filename().string());
   // Writable: what the save will do first, tried now.
@@ -258,7 +260,8 @@ Contents read(const std::string& dir) {
     };
     try {
       Contents c;
-      const std::string text = named([&] { return read_regular_file(via + kConfigFile, "checkpoint config", kMaxConfigBytes); });
+      const std::string text =
+          named([&] { return read_regular_file(via + kConfigFile, "checkpoint config", kMaxConfigBytes); });
       c.config = json_io::parse(text, "checkpoint config", shown(kConfigFile));
       ATTN_CHECK(!c.config.is_discarded() && c.config.is_object(), "Expected a JSON object in '", shown(kConfigFile),
                  "', but got malformed or truncated JSON instead");
@@ -269,7 +272,8 @@ Contents read(const std::string& dir) {
                  kVersion, ", but got format ", format.dump(), " version ", version.dump(), " instead");
       const std::string want_config = field<std::string>(c.config, kConfigHash, where);
       ATTN_CHECK(config_hash(c.config) == want_config, "Expected '", where, "' with the FNV-1a ", want_config,
-                 " it records of its content, but got ", config_hash(c.config), " instead: the file was edited or is corrupt");
+                 " it records of its content, but got ", config_hash(c.config),
+                 " instead: the file was edited or is corrupt");
       const std::string id = field<std::string>(c.config, "checkpoint_id", where);
       ATTN_CHECK(c.config.contains("model_file") && c.config["model_file"].is_object(), "Expected 'model_file' in ",
                  where, ", but got none instead");
@@ -293,7 +297,8 @@ Contents read(const std::string& dir) {
       if (!retry) throw;
     } catch (const json::exception& e) {  // none expected after validate(); never let one escape
       ::close(dfd);
-      throw Error(cat("Expected a valid checkpoint config '", shown(kConfigFile), "', but got '", e.what(), "' instead"));
+      throw Error(
+          cat("Expected a valid checkpoint config '", shown(kConfigFile), "', but got '", e.what(), "' instead"));
     }
   }
 }
@@ -315,7 +320,7 @@ json fields_json(const S& s, const Fields& fields) {
 // Fields added after checkpoints were first written: absent means the default (what those runs did).
 bool added_later(const char* name) {
   const std::string_view n = name;
-  return n == "dtype" || n == "position" || n == "window";
+  return n == "dtype" || n == "log_every" || n == "position" || n == "window";
 }
 
 template <class S, class Fields>
@@ -364,5 +369,7 @@ StateDict take_prefixed(StateDict& all, const std::string& prefix) {
 
 namespace attn {
 void check_checkpoint_dir(const std::string& dir) { ckpt::prepare(dir); }
-std::shared_ptr<void> lock_checkpoint_dir(const std::string& dir) { return lock_writer(ckpt::prepare(dir).string(), "the checkpoint"); }
+std::shared_ptr<void> lock_checkpoint_dir(const std::string& dir) {
+  return lock_writer(ckpt::prepare(dir).string(), "the checkpoint");
+}
 }  // namespace attn

@@ -61,6 +61,7 @@ void check_options(const TrainOptions& o) {
   parse_precision(o.dtype);  // names anything but f32/bf16
   positive(o.batch, "batch");
   positive(o.eval_iters, "eval_iters");
+  positive(o.log_every, "log_every");
   non_negative(o.threads, "threads");
   ATTN_CHECK(o.lr > 0, "Expected lr > 0 (at lr 0 nothing trains), but got ", o.lr, " instead");
   non_negative(o.min_lr, "min_lr");
@@ -395,7 +396,8 @@ std::unique_ptr<Trainer> Trainer::resume(const std::string& dir, std::unique_ptr
     }
   }
   const json now = data_json(*data);
-  ATTN_CHECK(now.value("kind", "") == dj.value("kind", "") && now.value("bytes", uint64_t(0)) == dj.value("bytes", uint64_t(0)) &&
+  ATTN_CHECK(now.value("kind", "") == dj.value("kind", "") &&
+                 now.value("bytes", uint64_t(0)) == dj.value("bytes", uint64_t(0)) &&
                  now.value("fnv1a64", uint64_t(0)) == dj.value("fnv1a64", uint64_t(0)) &&
                  now.value("task_length", int64_t(0)) == dj.value("task_length", int64_t(0)),
              "Expected the data the checkpoint was trained on (", dj.dump(), "), but got ", now.dump(), " instead");

@@ -150,6 +150,8 @@ std::string render_html(const AttentionRecord& r, const HtmlOptions& opt) {
                self ? " (self-attention: no key_tokens given)" : "", ", but got ", to_string(w.shape), " instead");
   }
   ATTN_CHECK(opt.top_k >= -1, "Expected top_k >= -1 (-1: auto, 0: all), but got ", opt.top_k, " instead");
+  ATTN_CHECK(opt.scale == "row" || opt.scale == "absolute", "Expected scale \"row\" or \"absolute\", but got \"",
+             opt.scale, "\" instead");
   int64_t top_k = opt.top_k == -1 ? (S <= kAutoAllKeys ? 0 : kAutoTopK) : opt.top_k;
   if (top_k >= S) top_k = 0;
 
@@ -185,7 +187,23 @@ std::string render_html(const AttentionRecord& r, const HtmlOptions& opt) {
     }
     j += ']';
   }
-  j += "],\"top_k\":" + (top_k ? std::to_string(top_k) : "null") + ",\"kept_mass\":";
+  // Rollout, of self-attention only: every position's mix of the input tokens through layers 0..l.
+  j += "],\"rollout\":";
+  if (self) {
+    j += '[';
+    double unused = 0;
+    const std::vector<Tensor> rollout = attention_rollout(r.layers);
+    for (size_t l = 0; l < rollout.size(); ++l) {
+      if (l) j += ',';
+      put_head(j, rollout[l].view(), top_k, unused);
+    }
+    j += ']';
+  } else {
+    j += "null";
+  }
+  j += ",\"scale\":";
+  put_string(j, opt.scale);
+  j += ",\"top_k\":" + (top_k ? std::to_string(top_k) : "null") + ",\"kept_mass\":";
   if (top_k) put_number(j, static_cast<float>(kept_mass / rows));
   else j += "null";
   j += '}';

@@ -21,7 +21,8 @@ std::string vocab_sample(const CharTokenizer& tokenizer, size_t head = 12, size_
       out += " \u2026";  // …
       i = v.size() - tail;
     }
-    out += (out.empty() ? "" : " ") + display_token(utf8_encode(std::u32string(1, v[i])));
+    if (!out.empty()) out += ' ';  // (not "" or " " + the token: GCC 12's -Wrestrict misreads that)
+    out += display_token(utf8_encode(std::u32string(1, v[i])));
   }
   return out;
 }
@@ -65,11 +66,14 @@ ModelViews write_views(const std::string& dir, std::vector<Tensor> weights, std:
     const std::string title = cat("layer ", l, " \u00b7 ", w.size(0), " heads \u00b7 \"", display_token(text, 40), "\"",
                                   options.source.empty() ? "" : " \u00b7 ", options.source);
     out.pngs.push_back((std::filesystem::path(dir) / ("layer" + std::to_string(l) + ".png")).string());
-    write_heads_png(out.pngs.back(), w, out.tokens, {}, {.title = title, .max_px = options.png_max_px});
+    write_heads_png(out.pngs.back(), w, out.tokens, {},
+                    {.title = title, .vmax = options.scale == "absolute" ? 1.f : 0.f, .max_px = options.png_max_px});
   }
   out.html = (std::filesystem::path(dir) / "attention.html").string();
-  write_html(out.html, record, {.title = options.title.empty() ? "attention on \"" + text + "\"" : options.title,
-                                .top_k = options.top_k});
+  // the text cut as the PNG titles cut it: the page lists every token, its title need not repeat them
+  write_html(out.html, record,
+             {.title = options.title.empty() ? "attention on \"" + display_token(text, 40) + "\"" : options.title,
+              .top_k = options.top_k, .scale = options.scale});
   return out;
 }
 
@@ -97,9 +101,10 @@ ModelViews write_pretrained_views(const std::string& dir, Pretrained& model, con
 }
 
 double mean_row_entropy(View<const float> w, int64_t min_keys) {
-  ATTN_CHECK(w.rank() == 4 && w.size(2) == w.size(3), "Expected causal self-attention weights of shape (B, H, T, T), but got ",
-             to_string(w.shape), " instead");
-  ATTN_CHECK(min_keys >= 2, "Expected min_keys >= 2 (one key has no entropy to normalise), but got ", min_keys, " instead");
+  ATTN_CHECK(w.rank() == 4 && w.size(2) == w.size(3),
+             "Expected causal self-attention weights of shape (B, H, T, T), but got ", to_string(w.shape), " instead");
+  ATTN_CHECK(min_keys >= 2, "Expected min_keys >= 2 (one key has no entropy to normalise), but got ", min_keys,
+             " instead");
   ATTN_CHECK(w.size(3) >= min_keys, "Expected T >= min_keys = ", min_keys, " so that some row qualifies, but got ",
              to_string(w.shape), " instead");
   const int64_t B = w.size(0), H = w.size(1), T = w.size(2);

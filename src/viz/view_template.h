@@ -10,6 +10,10 @@
 //     top); a line is hidden when it has computed display:none (focus filter, head toggle)
 //   #model-grid .thumb[data-layer][data-head]   #notice (top-k)
 //   #matrix[data-layer][data-head][data-x0][data-y0][data-cell][data-pool] (geometry in CSS pixels)
+//   #scale-select (value row|absolute: the colour scale of every view), body[data-scale], .scale-note (the
+//     scale in words, in each view)
+//   #tab-rollout, #view-rollout, #rollout[data-layer][data-x0][data-y0][data-cell][data-pool] (hidden for
+//     cross-attention: rollout needs self-attention)
 //   body[data-ready="1"] once everything is drawn.
 #pragma once
 
@@ -60,9 +64,10 @@ main { padding: 16px 24px 32px; }
 #model-grid tr.current th { color: var(--accent); }
 .thumb { image-rendering: pixelated; border: 1px solid var(--line); cursor: pointer; display: block; margin: auto; }
 .thumb:hover { outline: 2px solid var(--accent); }
-#matrix-caption { color: var(--muted); }
-#matrix-wrap { position: relative; display: inline-block; }
-#matrix-tip { position: absolute; pointer-events: none; background: var(--ink); color: #fff; padding: 3px 7px;
+#matrix-caption, #rollout-caption { color: var(--muted); }
+#scale-control { padding-bottom: 6px; color: var(--muted); }
+.matrix-wrap { position: relative; display: inline-block; }
+.matrix-tip { position: absolute; pointer-events: none; background: var(--ink); color: #fff; padding: 3px 7px;
               border-radius: 4px; font-size: 12px; white-space: pre; }
 )attn";
 
@@ -75,7 +80,11 @@ inline constexpr const char* kViewBody = R"attn(
     <button class="tab" id="tab-head" data-view="head">Head view</button>
     <button class="tab" id="tab-model" data-view="model">Model view</button>
     <button class="tab" id="tab-matrix" data-view="matrix">Matrix view</button>
+    <button class="tab" id="tab-rollout" data-view="rollout">Rollout</button>
     <label id="layer-control">Layer <select id="layer-select"></select></label>
+    <label id="scale-control">Colour <select id="scale-select">
+      <option value="row">each row: 0 to its largest weight</option>
+      <option value="absolute">absolute: 0 to 1 (bertviz)</option></select></label>
   </nav>
 </header>
 <main>
@@ -83,10 +92,9 @@ inline constexpr const char* kViewBody = R"attn(
   <div class="toolbar"><span>Heads</span><span id="head-legend"></span>
     <button id="heads-all">all</button><button id="heads-none">none</button></div>
   <p class="hint">A line's colour is its head; it runs from white (weight 0) to the head's full colour
-    (its query's largest weight: every view draws each query row relative to its own largest weight), as in
-    each head's key above. Where lines cross, the larger weight is drawn on top, so every
-    head keeps its own colour. Hover a token to see only its lines; click it to pin (click again or press
-    Esc to release). Click a head to hide or show its lines.</p>
+    (<span class="scale-note"></span>), as in each head's key above. Where lines cross, the larger weight is
+    drawn on top, so every head keeps its own colour. Hover a token to see only its lines; click it to pin
+    (click again or press Esc to release). Click a head to hide or show its lines.</p>
   <div id="head-view">
     <div class="col-head q">queries</div><div></div><div class="col-head">keys</div>
     <div id="q-col"></div>
@@ -95,13 +103,21 @@ inline constexpr const char* kViewBody = R"attn(
   </div>
 </section>
 <section id="view-model" class="view" hidden>
-  <p class="hint">Every head of every layer (rows: queries, columns: keys; each row relative to its largest
-    weight). Click one to open it in the matrix view.</p>
+  <p class="hint">Every head of every layer (rows: queries, columns: keys; colour: <span class="scale-note"></span>).
+    Click one to open it in the matrix view.</p>
   <table id="model-grid"></table>
 </section>
 <section id="view-matrix" class="view" hidden>
   <div class="toolbar"><label>Head <select id="head-select"></select></label><span id="matrix-caption"></span></div>
-  <div id="matrix-wrap"><canvas id="matrix"></canvas><div id="matrix-tip" hidden></div></div>
+  <div class="matrix-wrap"><canvas id="matrix"></canvas><div class="matrix-tip" id="matrix-tip" hidden></div></div>
+</section>
+<section id="view-rollout" class="view" hidden>
+  <p class="hint">Attention rollout (Abnar &amp; Zuidema 2020): how much of each input token reaches each position
+    through every layer up to the one chosen, the residual connection counted: per layer the heads' mean with
+    the identity, 0.5·A + 0.5·I, rows renormalised, multiplied layer by layer. Row i is position i's mix of
+    the input tokens (each row sums to 1); colour: <span class="scale-note"></span>.</p>
+  <div class="toolbar"><span id="rollout-caption"></span></div>
+  <div class="matrix-wrap"><canvas id="rollout"></canvas><div class="matrix-tip" id="rollout-tip" hidden></div></div>
 </section>
 </main>
 )attn";
@@ -117,8 +133,15 @@ inline constexpr const char* kViewJs = R"attn(
                    [176, 122, 161], [255, 157, 167], [156, 117, 95], [186, 176, 172]];
   // on: per head of this layer; byQ/byK/byH: line records {el, h, q, k, w} by token and by head;
   // marked: lines now .on
+  // scale: "row" or "absolute", the colour scale of every view; geom: per canvas id, what paint() drew
   const st = { layer: 0, on: [], focus: null, pinned: false, head: 0, byQ: [], byK: [], byH: [], marked: [],
-               geom: null, modelBuilt: false };
+               geom: {}, modelBuilt: false, scale: D.scale };
+  // A weight's colour position on the scale shown: relative to its row's largest (top), or the weight itself.
+  const shade = (w, top) => (st.scale === "absolute" ? w : w / top);
+  const SCALE_WORDS = { row: "each query row relative to its own largest weight (100%), so a diffuse head looks as " +
+                             "strong as a sharp one",
+                        absolute: "absolute, weight 0 to 1 for every row (bertviz's scale): a diffuse head looks " +
+                                  "pale" };
 
   const nHeads = (l) => D.layers[l].length;
   // Head h of n as [r, g, b]: Tableau 10 up to 10 heads, hues a golden angle apart (HSL 62%, 46%) beyond.
@@ -257,7 +280,7 @@ inline constexpr const char* kViewJs = R"attn(
       for (let i = 0; i < L; ++i) {
         const [ks, ws] = row(l, h, i), top = ws.reduce((m, w) => (w > m ? w : m), 0);
         ws.forEach((w, t) => {  // zero (masked) and null (non-finite) draw nothing; tinted relative to the row
-          if (w > 0) all.push({ h, q: i, k: ks ? ks[t] : t, w, t: w / top });
+          if (w > 0) all.push({ h, q: i, k: ks ? ks[t] : t, w, t: shade(w, top) });
         });
       }
     }
@@ -282,27 +305,30 @@ inline constexpr const char* kViewJs = R"attn(
     applyFocus();
   }
 
-  // ---- rasters: model thumbnails and the matrix ------------------------------------------------
-  // Head (l, h) as at most maxSide x maxSide cells; a cell shows the max of its pool x pool block: v the
-  // weight, t its colour. The scale rule of every view (the PNGs' too): each query row is drawn relative
-  // to its own largest weight, so a causal view's first rows (one key, weight 1) do not pale the rest.
-  function raster(l, h, maxSide) {
+  // ---- rasters: model thumbnails, the matrix and the rollout ------------------------------------
+  // Rows i of an (L, S) matrix, as row() gives them: a head's, or the rollout through layer l.
+  const headRows = (l, h) => (i) => row(l, h, i);
+  const rolloutRows = (l) => (i) => { const r = D.rollout[l]; return [r.k ? r.k[i] : null, r.w[i]]; };
+  // At most maxSide x maxSide cells; a cell shows the max of its pool x pool block: v the weight, t its
+  // colour on the scale shown (st.scale: the row rule, so a causal view's first rows, one key of weight 1,
+  // do not pale the rest; or absolute, bertviz's).
+  function raster(rowOf, maxSide) {
     const pool = Math.max(1, Math.ceil(Math.max(L, S) / maxSide));
     const rows = Math.ceil(L / pool), cols = Math.ceil(S / pool);
     const v = new Float32Array(rows * cols), t = new Float32Array(rows * cols);
     for (let i = 0; i < L; ++i) {
-      const [ks, ws] = row(l, h, i), base = Math.floor(i / pool) * cols;
+      const [ks, ws] = rowOf(i), base = Math.floor(i / pool) * cols;
       const top = ws.reduce((m, w) => (w > m ? w : m), 0);
       ws.forEach((w, k) => {
         if (!(w > 0)) return;
         const p = base + Math.floor((ks ? ks[k] : k) / pool);
         v[p] = Math.max(v[p], w);
-        t[p] = Math.max(t[p], w / top);
+        t[p] = Math.max(t[p], shade(w, top));
       });
     }
-    return { l, h, pool, rows, cols, v, t };
+    return { pool, rows, cols, v, t };
   }
-  // One pixel per cell, coloured by t (0 .. the row's largest weight).
+  // One pixel per cell, coloured by t (0 .. 1 on the scale shown).
   function image(r) {
     const c = el("canvas", { width: r.cols, height: r.rows }), ctx = c.getContext("2d");
     const img = ctx.createImageData(r.cols, r.rows);
@@ -326,7 +352,7 @@ inline constexpr const char* kViewJs = R"attn(
       for (let h = 0; h < hmax; ++h) {
         const td = el("td");
         if (h < heads.length) {
-          const r = raster(l, h, BOX), c = image(r), scale = BOX / Math.max(r.rows, r.cols);
+          const r = raster(headRows(l, h), BOX), c = image(r), scale = BOX / Math.max(r.rows, r.cols);
           c.className = "thumb";
           Object.assign(c.dataset, { layer: l, head: h });
           c.title = `${D.layer_names[l]} · head ${h}`;
@@ -347,10 +373,27 @@ inline constexpr const char* kViewJs = R"attn(
   }
 
   function drawMatrix() {
-    const l = st.layer, h = Math.min(st.head, nHeads(l) - 1), r = raster(l, h, 800);
+    const l = st.layer, h = Math.min(st.head, nHeads(l) - 1), r = raster(headRows(l, h), 800);
     st.head = h;
     $("head-select").value = h;
-    const cv = $("matrix"), ctx = cv.getContext("2d");
+    paint($("matrix"), r);
+    Object.assign($("matrix").dataset, { layer: l, head: h });
+    $("matrix-caption").textContent = `${D.layer_names[l]} · head ${h} · rows: queries, columns: keys` +
+      ` · colour: ${SCALE_WORDS[st.scale]}` + (r.pool > 1 ? ` · each cell: max of ${r.pool}×${r.pool}` : "");
+  }
+  function drawRollout() {
+    const l = st.layer, r = raster(rolloutRows(l), 800);
+    paint($("rollout"), r);
+    $("rollout").dataset.layer = l;
+    $("rollout-caption").textContent = `rollout through ${D.layer_names[l]} (layers 0–${l}) · rows: positions,` +
+      ` columns: input tokens · colour: ${SCALE_WORDS[st.scale]}` +
+      (r.pool > 1 ? ` · each cell: max of ${r.pool}×${r.pool}` : "");
+  }
+
+  // Raster r on canvas cv with the token labels and a colour bar; cell (i, j) starts at (x0 + j * cell,
+  // y0 + i * cell), CSS pixels (cv's data-x0, data-y0, data-cell, data-pool).
+  function paint(cv, r) {
+    const ctx = cv.getContext("2d");
     const cell = Math.max(1, Math.min(36, Math.floor(800 / Math.max(r.rows, r.cols))));
     const per = cell / r.pool, size = Math.min(12, Math.max(8, per * 0.72)), step = Math.ceil((size + 2) / per);
     const label = (labels, i) => (step > 1 ? `${i} ` : "") + labels[i];
@@ -402,7 +445,7 @@ inline constexpr const char* kViewJs = R"attn(
       }
       ctx.restore();
     }
-    // colour bar: bottom = 0, top = each row's largest weight
+    // colour bar: bottom = 0, top = each row's largest weight, or 1 on the absolute scale
     const bx = x0 + w + 18, grad = ctx.createLinearGradient(0, y0 + barH, 0, y0);
     D.colours.forEach((c, k) => grad.addColorStop(k / (D.colours.length - 1), `rgb(${c})`));
     ctx.fillStyle = grad;
@@ -411,17 +454,18 @@ inline constexpr const char* kViewJs = R"attn(
     ctx.fillStyle = "#1f2328";
     ctx.textAlign = "left";
     ctx.font = `11px ${FONT}`;
-    for (const t of [0, 0.5, 1]) ctx.fillText(`${100 * t}%`, bx + 17, y0 + (1 - t) * barH);
-    // drawn cell (i, j) starts at (x0 + j * cell, y0 + i * cell), CSS pixels
-    Object.assign(cv.dataset, { layer: l, head: h, x0, y0, cell, pool: r.pool });
-    st.geom = { x0, y0, cell, r };
-    $("matrix-caption").textContent = `${D.layer_names[l]} · head ${h} · rows: queries, columns: keys` +
-      ` · colour: each row relative to its largest weight (100%)` +
-      (r.pool > 1 ? ` · each cell: max of ${r.pool}×${r.pool}` : "");
+    for (const t of [0, 0.5, 1])
+      ctx.fillText(st.scale === "absolute" ? `${t}` : `${100 * t}%`, bx + 17, y0 + (1 - t) * barH);
+    Object.assign(cv.dataset, { x0, y0, cell, pool: r.pool, scale: st.scale });
+    st.geom[cv.id] = { x0, y0, cell, r };
   }
 
-  $("matrix").addEventListener("mousemove", (e) => {
-    const g = st.geom, tip = $("matrix-tip"), box = e.target.getBoundingClientRect();
+  for (const id of ["matrix", "rollout"]) {
+    $(id).addEventListener("mousemove", (e) => tooltip(e, st.geom[id], $(id + "-tip")));
+    $(id).addEventListener("mouseleave", () => { $(id + "-tip").hidden = true; });
+  }
+  function tooltip(e, g, tip) {
+    const box = e.target.getBoundingClientRect();
     const x = e.clientX - box.left, y = e.clientY - box.top;
     const c = Math.floor((x - g.x0) / g.cell), q = Math.floor((y - g.y0) / g.cell), r = g.r;
     if (c < 0 || q < 0 || c >= r.cols || q >= r.rows) { tip.hidden = true; return; }
@@ -433,8 +477,7 @@ inline constexpr const char* kViewJs = R"attn(
     tip.hidden = false;
     tip.style.left = `${x + 14}px`;
     tip.style.top = `${y + 14}px`;
-  });
-  $("matrix").addEventListener("mouseleave", () => { $("matrix-tip").hidden = true; });
+  }
 
   // ---- navigation ----------------------------------------------------------------------------
   function fillHeadSelect() {
@@ -451,14 +494,32 @@ inline constexpr const char* kViewJs = R"attn(
     fillHeadSelect();
     markModelRow();
     if (!$("view-matrix").hidden) drawMatrix();
+    if (!$("view-rollout").hidden) drawRollout();
   }
   function showView(v) {
-    for (const name of ["head", "model", "matrix"]) {
+    for (const name of ["head", "model", "matrix", "rollout"]) {
       $("view-" + name).hidden = name !== v;
       $("tab-" + name).setAttribute("aria-selected", name === v);
     }
     if (v === "model") buildModel();
     if (v === "matrix") drawMatrix();
+    if (v === "rollout") drawRollout();
+  }
+  // Every view on scale s: its words, the lines, the thumbnails (drawn again when next shown), the rasters.
+  function sayScale(s) {
+    st.scale = s;
+    $("scale-select").value = s;
+    document.body.dataset.scale = s;
+    for (const n of document.querySelectorAll(".scale-note")) n.textContent = SCALE_WORDS[s];
+  }
+  function setScale(s) {
+    sayScale(s);
+    drawLines();
+    st.modelBuilt = false;
+    $("model-grid").replaceChildren();
+    if (!$("view-model").hidden) buildModel();
+    if (!$("view-matrix").hidden) drawMatrix();
+    if (!$("view-rollout").hidden) drawRollout();
   }
   function openMatrix(l, h) {
     st.head = h;
@@ -469,8 +530,11 @@ inline constexpr const char* kViewJs = R"attn(
   D.layer_names.forEach((name, l) => $("layer-select").append(el("option", { value: l }, name)));
   $("layer-select").addEventListener("change", (e) => setLayer(+e.target.value));
   $("head-select").addEventListener("change", (e) => { st.head = +e.target.value; drawMatrix(); });
+  $("scale-select").addEventListener("change", (e) => setScale(e.target.value));
+  $("tab-rollout").hidden = !D.rollout;  // cross-attention: nothing to roll out
   for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showView(b.dataset.view));
   buildTokens();
+  sayScale(st.scale);
   setLayer(0);
   showView("head");
   document.body.dataset.ready = "1";

@@ -19,6 +19,7 @@ TEST(Comm, WorldIsMpirunsWorld) {
 
 TEST(Comm, MpiErrorsBecomeAttnErrors) {
   float x = 0;  // a send to a rank that does not exist
-  std::string msg = test::error_of([&] { dist::check(MPI_Send(&x, 1, MPI_FLOAT, dist::size() + 7, 0, dist::world()), "MPI_Send"); });
+  std::string msg =
+      test::error_of([&] { dist::check(MPI_Send(&x, 1, MPI_FLOAT, dist::size() + 7, 0, dist::world()), "MPI_Send"); });
   EXPECT_NE(msg.find("MPI_Send: "), std::string::npos) << msg;
 }

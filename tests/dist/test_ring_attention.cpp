@@ -94,7 +94,8 @@ struct Ring {
       a.key_padding = Mask<float>::drop(pad.view());
     }
     ring_sdpa(a, SdpaOut<float>{local.out.view(), {}, local.lse.view()}, dist::world(), c.layout, &fwd);
-    ring_sdpa_backward(a, local.out.view(), local.lse.view(), dout.view(), local.grads(), dist::world(), c.layout, &bwd);
+    ring_sdpa_backward(a, local.out.view(), local.lse.view(), dout.view(), local.grads(), dist::world(), c.layout,
+                       &bwd);
   }
 };
 
@@ -143,7 +144,8 @@ void expect_ring_matches(const Config& c, uint64_t seed = 17) {
   const RingLayout lay = c.layout;
   const Shape o = {c.B, c.H, c.L, c.Dv}, l = {c.B, c.H, c.L}, q = {c.B, c.H, c.L, c.D}, k = {c.B, c.Hkv, c.L, c.D},
               v = {c.B, c.Hkv, c.L, c.Dv};
-  auto fwd = [&](const char* what, const Tensor& got, std::vector<double> Forward::*m, const Shape& shape, double atol) {
+  auto fwd = [&](const char* what, const Tensor& got, std::vector<double> Forward::*m, const Shape& shape,
+                 double atol) {
     expect_ring_close(what, widen(got), mine(flash.f.*m, shape, lay), mine(ref32.f.*m, shape, lay),
                       mine(truth.f.*m, shape, lay), atol);
   };
@@ -187,7 +189,8 @@ TEST_P(RingAttention, MatchesFlashAndFp64Reference) {
 
 std::string param_name(const testing::TestParamInfo<Param>& info) {
   auto [causal, layout, ratio, padding] = info.param;
-  return cat(causal == Causal::none ? "full" : "causal", "_", to_string(layout), "_gqa", ratio, padding ? "_padding" : "");
+  return cat(causal == Causal::none ? "full" : "causal", "_", to_string(layout), "_gqa", ratio,
+             padding ? "_padding" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, RingAttention,
@@ -230,7 +233,7 @@ TEST(RingAttention, SameBitsForOneAndTwoThreads) {
   set_num_threads(0);
   for (auto [a, b] : {std::pair{&one.local.out, &two.local.out}, {&one.local.lse, &two.local.lse},
                       {&one.local.dq, &two.local.dq}, {&one.local.dk, &two.local.dk}, {&one.local.dv, &two.local.dv}})
-    EXPECT_EQ(std::memcmp(a->data(), b->data(), sizeof(float) * size_t(a->numel())), 0);
+    EXPECT_TRUE(test::same_bits(*a, *b));
 }
 
 // What travels: the forward sends N − 1 K/V blocks (each rank's own first, then what it received); the
@@ -292,7 +295,7 @@ TEST(RingLayout, TakeAndPutRoundTrip) {
       }
       ring_put<float>(local, back, 2, p, n, layout);
     }
-  EXPECT_EQ(std::memcmp(full.data(), back.data(), sizeof(float) * size_t(full.numel())), 0);
+  EXPECT_TRUE(test::same_bits(full, back));
   Tensor wrong({2, 3, 4, 5});
   EXPECT_NE(test::error_of([&] { ring_take<float>(full, wrong, 2, r, n, RingLayout::zigzag); }).find("Expected"),
             std::string::npos);
@@ -352,7 +355,8 @@ TEST(RingAttentionErrors, RowsThatAreNotTheLayouts) {
   int64_t L = 1;
   auto differs = [&](int64_t len) {
     for (int r = 0; r < n; ++r)
-      if (ring_local_length(len, r, n, RingLayout::contiguous) != ring_local_length(len, r, n, RingLayout::zigzag)) return true;
+      if (ring_local_length(len, r, n, RingLayout::contiguous) != ring_local_length(len, r, n, RingLayout::zigzag))
+        return true;
     return false;
   };
   while (!differs(L)) ++L;
@@ -380,7 +384,8 @@ TEST(RingAttentionErrors, WhatTheRingDoesNotDo) {
   const int r = dist::rank(), n = dist::size();
   const int64_t Lr = ring_local_length(c.L, r, n, c.layout);
   Tensor q({c.B, c.H, Lr, c.D}), k({c.B, c.Hkv, Lr, c.D}), v({c.B, c.Hkv, Lr, c.Dv}), out({c.B, c.H, Lr, c.Dv}),
-      lse({c.B, c.H, Lr}), dq({c.B, c.H, Lr, r == 0 ? c.D + 1 : c.D}), dk({c.B, c.Hkv, Lr, c.D}), dv({c.B, c.Hkv, Lr, c.Dv});
+      lse({c.B, c.H, Lr}), dq({c.B, c.H, Lr, r == 0 ? c.D + 1 : c.D}), dk({c.B, c.Hkv, Lr, c.D}),
+      dv({c.B, c.Hkv, Lr, c.Dv});
   const std::string bwd = test::error_of([&] {
     ring_sdpa_backward({q, k, v}, out, lse, out, {dq, dk, dv}, dist::world(), c.layout);
   });

@@ -21,7 +21,8 @@ def run(*args):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["trian"], "unknown command 'trian' (did you mean 'train'?); the commands are demo, info, tune, bench, train, generate, viz, embed"),
+    (["trian"], "unknown command 'trian' (did you mean 'train'?); the commands are demo, info, tune, bench, train, "
+                "generate, viz, embed"),
     ([], "a command is required; the commands are demo, info, tune, bench, train, generate, viz, embed"),
     (["train", "--step", "10"], "attn train has no option --step (did you mean --steps?)"),
     (["generate", "--temprature", "1"], "(did you mean --temperature?)"),
@@ -29,6 +30,11 @@ def run(*args):
     (["generate", "--ckpt", "x", "--temperature", "-1"], "--temperature: Expected a number >= 0, but got -1 instead"),
     (["generate", "--prompt", "x"], "Expected exactly one of --ckpt DIR and --model DIR, but got neither instead"),
     (["--versoin"], "attn has no option --versoin (did you mean --version?)"),
+    # an empty path (a failed $(scripts/minilm-dir)) is an error, not the option's absence
+    (["viz", "--model", "", "--text", "x"], "--model: Expected a model directory, but got an empty string instead"),
+    (["viz", "--ckpt", "", "--text", "x"], "--ckpt: Expected a checkpoint directory, but got an empty string instead"),
+    (["generate", "--model", ""], "--model: Expected a model directory, but got an empty string instead"),
+    (["train", "--data", "", "--steps", "1"], "--data: Expected a text file, but got an empty string instead"),
 ])
 def test_errors_say_what_to_do(args, message):
     r = run(*args)
@@ -74,6 +80,17 @@ def test_resume_with_more_steps_replans_the_decay(tmp_path):
     assert r.returncode == 0 and "cosine decay to step 100)" in r.stdout, r.stdout + r.stderr
 
 
+def test_resume_keeps_the_runs_log_every(tmp_path):
+    # the help says --resume continues with the run's options: its progress lines too (not on a terminal here)
+    out = str(tmp_path / "ck")
+    steps = lambda r: re.findall(r"^step (\d+)/", r.stdout, re.M)
+    r = run("train", "--out", out, "--steps", "4", "--log-every", "2", "--eval-every", "0", "--eval-iters", "1")
+    assert r.returncode == 0 and steps(r) == ["2", "4"], r.stdout + r.stderr
+    r = run("train", "--out", out, "--resume", "--steps", "8")
+    assert r.returncode == 0 and steps(r) == ["6", "8"], r.stdout + r.stderr
+    r = run("train", "--out", out, "--resume", "--steps", "11", "--log-every", "3")  # or as said now
+    assert r.returncode == 0 and steps(r) == ["9", "11"], r.stdout + r.stderr
+
 
 def test_learning_rate_surprises_are_said_or_refused(tmp_path):
     # --lr 0 trains nothing: refused; a warmup longer than the run never reaches --lr: a warning with the
@@ -111,7 +128,8 @@ def test_bench_states_both_ceilings_and_backward_rows():
     ceilings = re.search(r"attn gemm 2048\^3: ([\d.]+) GFLOP/s .*FMA peak, measured: ([\d.]+) GFLOP/s", r.stdout)
     assert ceilings and float(ceilings[1]) > 0 and float(ceilings[2]) > 0, r.stdout
     assert re.search(r"%sgemm\s+%fma\s+extra MB\s+skipped", r.stdout), r.stdout
-    rows = re.findall(r"^(mha|causal)\s+128\s+128\s+8/8\s+64\s+(flash|flash-bwd)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+(\d+)%\s+([\d.]+)\s+\d+%$",
+    rows = re.findall(r"^(mha|causal)\s+128\s+128\s+8/8\s+64\s+(flash|flash-bwd)\s+([\d.]+)\s+([\d.]+)\s+(\d+)%\s+"
+                      r"(\d+)%\s+([\d.]+)\s+\d+%$",
                       r.stdout, re.M)
     assert [(c, b) for c, b, *_ in rows] == [("mha", "flash"), ("mha", "flash-bwd"), ("causal", "flash"),
                                              ("causal", "flash-bwd")], r.stdout
@@ -136,7 +154,8 @@ def test_bench_variants_rows_say_what_was_never_computed():
                                              for b in ("flash", "flash-bwd")], r.stdout
     skipped = {c: int(s.rstrip("%")) for c, b, _, _, s in rows if b == "flash"}
     assert skipped["alibi"] == skipped["softcap"] == skipped["causal"] < 60, r.stdout  # the causal triangle's
-    assert skipped["window"] >= 70 and skipped["docs x8"] >= 80, r.stdout  # ~256-row tiles x 256 keys: 2 of 8 per row tile
+    # ~256-row tiles x 256 keys: 2 of 8 per row tile
+    assert skipped["window"] >= 70 and skipped["docs x8"] >= 80, r.stdout
 
 
 def test_bench_backward_default_is_said_as_it_is():

@@ -84,7 +84,8 @@ def test_np2_follows_one_process_and_resumes_on_np1_and_np3(tmp_path):
 
     # A checkpoint of -np 2 at step 10 continues on 1 and on 3 processes along the uninterrupted run.
     half = tmp_path / "half"
-    train(2, "--out", str(half), "--eval-every", "0", "--lr-decay-steps", "20", *[a if a != "20" else "10" for a in TASK])
+    train(2, "--out", str(half), "--eval-every", "0", "--lr-decay-steps", "20",
+          *[a if a != "20" else "10" for a in TASK])
     for np_ in (1, 3):
         ck = tmp_path / f"resumed{np_}"
         shutil.copytree(half, ck)
@@ -143,8 +144,10 @@ def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(tmp_path, vic
     text.write_text("".join(f"line {i}: to be or not to be, that is the question\n" for i in range(300)))
     ck = tmp_path / "ck"
     p = subprocess.Popen([str(MPIRUN), "-np", "2", exe(), "train", "--data", str(text), "--config", "tiny",
-                          "--block", "32", "--batch", "4", "--steps", "1000000", "--eval-every", "3", "--eval-iters", "1",
-                          "--threads", "1", "--out", str(ck)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--block", "32", "--batch", "4", "--steps", "1000000", "--eval-every", "3",
+                          "--eval-iters", "1",
+                          "--threads", "1", "--out", str(ck)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
     try:
         deadline = time.time() + 120
         while not (ck / "config.json").exists():  # the first checkpoint

@@ -19,7 +19,7 @@ GPT_VALUES = dict(vocab_size=5, block_size=12, n_layer=3, n_head=2, n_kv_head=1,
 TRAIN_VALUES = dict(config="nanogpt-cpu", block_size=16, n_kv_head=2, tie_weights=False, steps=7, batch=3, lr=2e-3,
                     min_lr=2e-4, warmup=3, lr_decay_steps=5, weight_decay=0.05, beta1=0.8, beta2=0.95, eps=1e-7,
                     decay_embeddings=False, grad_clip=0.5, dropout=0.1, eval_every=2, eval_iters=1, seed=42,
-                    threads=1, dtype="bf16", position="alibi", window=5)
+                    threads=1, dtype="bf16", log_every=4, position="alibi", window=5)
 TEXT = "to be or not to be, " * 40
 
 

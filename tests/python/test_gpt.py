@@ -146,6 +146,9 @@ def test_training_step_save_load_and_generate(tmp_path):
     prompt = tok.encode("hello")
     a = model.generate(prompt, 20, temperature=0.8, top_k=5, seed=3)
     assert a == model.generate(prompt, 20, temperature=0.8, top_k=5, seed=3) and len(a) == 20
+    # the library's one sampling default (attn/sampling.h): greedy, whatever the seed; the CLI samples on purpose
+    assert model.generate(prompt, 20) == model.generate(prompt, 20, temperature=0) == \
+        model.generate(prompt, 20, seed=5)
     model.save(str(tmp_path / "model"), tok)
     again, _ = attn.GPT.load(str(tmp_path / "model"))
     assert again.generate(prompt, 20, temperature=0.8, top_k=5, seed=3) == a
@@ -195,7 +198,8 @@ def test_cli_ctrl_c_saves_a_checkpoint_that_resume_continues(tmp_path):
     u = subprocess.run([exe, "train", "--out", str(tmp_path / "whole"), "--steps", str(step + 2), "--lr-decay-steps",
                         "100000", "--threads", "1", "--log-every", "1", "--eval-every", "0"],
                        capture_output=True, text=True)
-    losses = [[line.split("  lr")[0] for line in run.stdout.splitlines() if line.startswith("step ") and "/" in line.split()[1]
+    losses = [[line.split("  lr")[0] for line in run.stdout.splitlines()
+               if line.startswith("step ") and "/" in line.split()[1]
                and int(line.split()[1].split("/")[0]) > step] for run in (r, u)]
     assert len(losses[0]) == 2 and losses[0] == losses[1], (losses, r.stdout, u.stdout)
     r = subprocess.run([exe, "train", "--out", out, "--resume", "--lr", "1"], capture_output=True, text=True)

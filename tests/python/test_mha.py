@@ -231,7 +231,8 @@ def test_gqa_equals_torch_with_repeated_kv_rows():
         t.load_state_dict({
             "in_proj_weight": torch.from_numpy(np.concatenate(
                 [sd["q_proj_weight"], repeat(sd["k_proj_weight"]), repeat(sd["v_proj_weight"])])),
-            "in_proj_bias": torch.from_numpy(np.concatenate([bq, repeat(bk[:, None])[:, 0], repeat(bv[:, None])[:, 0]])),
+            "in_proj_bias": torch.from_numpy(
+                np.concatenate([bq, repeat(bk[:, None])[:, 0], repeat(bv[:, None])[:, 0]])),
             "out_proj.weight": torch.from_numpy(sd["out_proj.weight"]),
             "out_proj.bias": torch.from_numpy(sd["out_proj.bias"])})
         rng = np.random.default_rng(hkv)

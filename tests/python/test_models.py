@@ -87,7 +87,8 @@ def test_last_hidden_state_matches_transformers(model):
     ours = model.forward(x, m)
     with torch.no_grad():
         want32 = ref(input_ids=torch.from_numpy(x), attention_mask=torch.from_numpy(m)).last_hidden_state.numpy()
-        want64 = ref.double()(input_ids=torch.from_numpy(x), attention_mask=torch.from_numpy(m)).last_hidden_state.numpy()
+        want64 = ref.double()(input_ids=torch.from_numpy(x),
+                              attention_mask=torch.from_numpy(m)).last_hidden_state.numpy()
     keep = m.astype(bool)
     assert (ours[~keep] == 0).all()  # padding: no work, zeros
     # Derived tolerance (docs/ARCHITECTURE.md): attn's error against float64 may be at most 2x that of

@@ -5,7 +5,8 @@ batch_first both ways, unbatched, bias=False, bool and float masks, key padding,
 
 Tolerance, derived as in docs/ARCHITECTURE.md's numerical policy: torch's float64 autograd is the oracle.
 Our float32 result may err against it by at most twice what PyTorch's own float32 computation errs, plus
-a floor of 32 float32 ulps of the result's scale (max(|oracle|, 1) · 2^-19 ≈ 2e-6): the rounding of one float32 dot product over the
+a floor of 32 float32 ulps of the result's scale (max(|oracle|, 1) · 2^-19 ≈ 2e-6): the rounding of one float32
+dot product over the
 ~32 unit-scale terms these shapes sum, for tensors where torch's float32 happens to be nearly exact. For
 unit-scale inputs both sides err by ~1e-6 (measured: 1e-7 .. 1.5e-6), so this is the "1e-5-ish" bound,
 derived per tensor; a wrong term (a missed residual, a transposed weight, a mask off by one) errs by O(0.1).

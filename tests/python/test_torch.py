@@ -217,7 +217,8 @@ def train_losses(attention, steps=50):
 
 def test_nanogpt_shaped_model_trains_the_same_on_attn_attention():
     ours, theirs = train_losses(attn.torch.scaled_dot_product_attention), train_losses(F.scaled_dot_product_attention)
-    assert theirs[-1] < theirs[0] - 0.5  # it learns (from ln 32 = 3.47 towards ln 8 = 2.08), so following it means something
+    # it learns (from ln 32 = 3.47 towards ln 8 = 2.08), so following it means something
+    assert theirs[-1] < theirs[0] - 0.5
     assert np.abs(ours - theirs).max() <= 1e-3, np.abs(ours - theirs)
 
 
@@ -421,6 +422,7 @@ def test_custom_ops_pass_torch_opcheck():
             True, 0)
     torch.library.opcheck(torch.ops.attn.sdpa.default, args)
     # with the variants (issue 37): a window, ALiBi, softcap and a relative bias table that learns
-    variants = ("top_left", 3, 0, torch.full((q.shape[-3],), 0.25), 2.0, torch.randn(8, q.shape[-3], requires_grad=True),
+    variants = ("top_left", 3, 0, torch.full((q.shape[-3],), 0.25), 2.0,
+                torch.randn(8, q.shape[-3], requires_grad=True),
                 False, 16, None, None, None)
     torch.library.opcheck(torch.ops.attn.sdpa.default, args + variants)

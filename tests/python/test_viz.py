@@ -203,7 +203,8 @@ def test_html_refuses_a_head_averaged_batch_and_wrong_ranks(tmp_path):
         attn.viz.html(tmp_path / "v.html", [w], list("hello"))
     with pytest.raises(attn.AttnError, match=r"Expected layer 1 of weights \(H, L, S\), but got shape \(5, 5\)"):
         attn.viz.html(tmp_path / "v.html", [np.ones((2, 5, 5)), np.ones((5, 5))], list("hello"))
-    with pytest.raises(attn.AttnError, match=r"Expected layers of shape \(num_layers, H, L, S\) or a list of \(H, L, S\) "
+    with pytest.raises(attn.AttnError, match=r"Expected layers of shape \(num_layers, H, L, S\) or a list of "
+                                             r"\(H, L, S\) "
                                              r"arrays, but got MultiheadAttention's head-averaged weights of shape "
                                              r"\(2, 5, 5\)"):
         attn.viz.html(tmp_path / "v.html", w, list("hello"))  # the batch itself, not in a list
@@ -219,7 +220,8 @@ def test_html_refuses_one_three_dimensional_array(tmp_path, kind):
     if kind == "torch":
         import torch  # a project dependency (install-deps.sh): no skip
         w = torch.from_numpy(w)
-    with pytest.raises(attn.AttnError, match=r"Expected layers of shape \(num_layers, H, L, S\) or a list of \(H, L, S\) "
+    with pytest.raises(attn.AttnError, match=r"Expected layers of shape \(num_layers, H, L, S\) or a list of "
+                                             r"\(H, L, S\) "
                                              r"arrays, but got one array of shape \(2, 5, 5\) instead: .*\(N, L, S\).*"
                                              r"pass \[w\]"):
         attn.viz.html(tmp_path / "b.html", w, list("hello"))

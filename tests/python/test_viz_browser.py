@@ -4,8 +4,10 @@ Checks what a user sees and does: heads, tokens, lines and layers are all there;
 clicking a token leaves only its lines; clicking a head hides its lines; the layer selector swaps
 the weights; a model-view thumbnail opens its head in the matrix view; the head view is as wide as
 the window; overlapping lines of several heads show one head's colour (read back from the screen),
-each line the colour the legend gives its head and weight; no console error and no request but the
-file itself. Saves screenshots in a fresh temp dir and prints their paths.
+each line the colour the legend gives its head and weight; the colour scale (each row relative to its
+largest weight, or absolute as bertviz's) switches every view and each says which it shows; the rollout view
+shows attention rollout (numpy's product below) for a page of weights, a trained and a pretrained model; no
+console error and no request but the file itself. Saves screenshots in a fresh temp dir and prints their paths.
 Never skips: without /usr/bin/chromium or playwright it fails and says what to install.
 """
 import os
@@ -88,6 +90,46 @@ class Page:
 
     def close(self):
         self.page.close()
+
+
+def rollout_np(layers):
+    """Attention rollout (Abnar & Zuidema 2020) in numpy, the oracle: per layer (H, T, T) the head mean with the
+    residual, 0.5 A + 0.5 I, rows renormalised, multiplied from the first layer up. One (T, T) per layer."""
+    out, r = [], None
+    for w in layers:
+        a = 0.5 * np.asarray(w, np.float64).mean(0) + 0.5 * np.eye(w.shape[-1])
+        a /= a.sum(-1, keepdims=True)
+        r = a if r is None else a @ r
+        out.append(r)
+    return out
+
+
+def check_rollout(page, r, layer, cells):
+    """The rollout view through `layer` shows r (T, T): the tooltip of each cell (i, j) gives r[i, j] to its
+    3 digits, and the strongest cell is darker than the weakest."""
+    p = page.page
+    p.click("#tab-rollout")
+    p.select_option("#layer-select", str(layer))
+    c = p.locator("#rollout")
+    assert p.is_visible("#view-rollout") and c.get_attribute("data-layer") == str(layer)
+    assert f"layers 0\u2013{layer}" in p.text_content("#rollout-caption")
+    x0, y0, cell = (float(c.get_attribute(a)) for a in ("data-x0", "data-y0", "data-cell"))
+    assert c.get_attribute("data-pool") == "1"
+    for i, j in cells:
+        c.hover(position={"x": x0 + (j + 0.5) * cell, "y": y0 + (i + 0.5) * cell})
+        tip = p.text_content("#rollout-tip")
+        shown = float(tip.rsplit(": ", 1)[1])
+        assert shown == pytest.approx(r[i, j], rel=5e-3, abs=5e-4), (i, j, tip, r[i, j])
+
+    def luma(i, j):
+        rgb = p.evaluate("""([x, y]) => {
+            const c = document.getElementById('rollout'), s = c.width / c.getBoundingClientRect().width;
+            return Array.from(c.getContext('2d').getImageData(x * s, y * s, 1, 1).data.slice(0, 3)); }""",
+                         [x0 + (j + 0.5) * cell, y0 + (i + 0.5) * cell])
+        return 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2]
+
+    hi, lo = np.unravel_index(np.argmax(r), r.shape), np.unravel_index(np.argmin(r), r.shape)
+    assert luma(*hi) < luma(*lo)
 
 
 def check_lines_match(page, w):
@@ -272,6 +314,55 @@ def test_heads_keep_their_colours_and_the_legend_says_which(browser, tmp_path):
         page.close()
 
 
+def test_absolute_scale_and_rollout(browser, tmp_path):
+    """A diffuse head (uniform rows) looks as dark as a sharp one on the row scale and pale on the absolute
+    scale (bertviz's); the control switches the lines, the matrix and the words of every view. The rollout
+    view shows numpy's rollout of the layers; a cross-attention page has none."""
+    L = 4
+    layers = softmax_rows((2, 2, L, L), 6)
+    layers[0, 0] = 1.0 / L  # layer 0, head 0: diffuse
+    path = attn.viz.html(tmp_path / "s.html", layers, "abcd")
+    page = Page(browser, path)
+    p = page.page
+    try:
+        assert p.get_attribute("body", "data-scale") == "row" and p.input_value("#scale-select") == "row"
+        assert "relative to its own largest weight" in p.text_content("#view-head .scale-note")
+        legend = [tuple(map(int, re.findall(r"\d+", p.evaluate(
+            f"() => getComputedStyle(document.querySelector(\".head-swatch[data-head='{h}'] .ramp\")).backgroundImage"
+        ))[-3:])) for h in range(2)]
+
+        def strokes(head):
+            return {p.evaluate("(l) => getComputedStyle(l).stroke", l.element_handle())
+                    for l in p.locator(f"#lines line[data-head='{head}']").all()}
+
+        assert strokes(0) == {"rgb({}, {}, {})".format(*legend[0])}  # every line at its row's largest: full colour
+        p.select_option("#scale-select", "absolute")
+        assert p.get_attribute("body", "data-scale") == "absolute"
+        assert "absolute, weight 0 to 1" in p.text_content("#view-head .scale-note")
+        pale = np.rint(255 - 0.25 * (255 - np.array(legend[0]))).astype(int)
+        assert strokes(0) == {"rgb({}, {}, {})".format(*pale)}  # weight 0.25 of 1
+        p.click("#tab-matrix")
+        assert "absolute" in p.text_content("#matrix-caption")
+        assert p.get_attribute("#matrix", "data-scale") == "absolute"
+        page.shot("matrix_absolute.png")
+        p.select_option("#scale-select", "row")
+        assert "relative to its own largest" in p.text_content("#matrix-caption")
+
+        r = rollout_np(layers)
+        check_rollout(page, r[1], 1, [(0, 0), (3, 1), (2, 3)])
+        check_rollout(page, r[0], 0, [(1, 2)])
+        page.shot("rollout_view.png")
+        page.assert_clean()
+    finally:
+        page.close()
+    cross = Page(browser, attn.viz.html(tmp_path / "x.html", [softmax_rows((2, 3, 5), 1)], "abc", "vwxyz"))
+    try:
+        assert not cross.page.is_visible("#tab-rollout")
+        cross.assert_clean()
+    finally:
+        cross.close()
+
+
 def test_long_input_keeps_top_k_and_says_so(browser, tmp_path):
     H, L = 2, 100
     w = softmax_rows((H, L, L), 1)
@@ -335,6 +426,11 @@ def test_trained_model_page_from_attn_viz(browser, tmp_path):
         p.click("#tab-model")
         assert page.count("#model-grid .thumb") == 2 * 4
         page.shot("trained_model_view.png")
+        # the rollout of the weights the page holds, through both layers
+        data = p.evaluate("() => JSON.parse(document.getElementById('attn-data').textContent).layers")
+        r = rollout_np([np.array([hd["w"] for hd in layer], np.float64) for layer in data])
+        check_rollout(page, r[1], 1, [(15, 0), (12, 3), (8, 8)])
+        page.shot("trained_rollout.png")
         page.assert_clean()
     finally:
         page.close()
@@ -350,7 +446,7 @@ def test_pretrained_model_page_from_attn_viz(browser, tmp_path):
                     "(scripts/install-deps.sh installs it)")
     exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
     assert exe.is_file(), f"no attn binary at {exe} (build the `attn` target, or set ATTN_BIN)"
-    text = "Tokenization: the cat sat on the mat."
+    text = "Tokenization: the cat sat on the mat, and the dog sat on the log."
     r = subprocess.run([str(exe), "viz", "--model", model_dir, "--text", text, "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -371,6 +467,12 @@ def test_pretrained_model_page_from_attn_viz(browser, tmp_path):
         p.click("#tab-model")
         assert page.count("#model-grid .thumb") == 6 * 12
         page.shot("minilm_model_view.png")
+        # the title names the text, cut (the tokens are all on the page): not the whole input
+        assert p.title() == f'attention on "{text[:40]}\u2026"' and p.text_content("#title") == p.title()
+        r = rollout_np([x[0] for x in w])  # each (1, H, T, T)
+        T = len(tokens)
+        check_rollout(page, r[5], 5, [(0, 0), (T - 1, 0), (3, 4)])
+        page.shot("minilm_rollout.png")
         page.assert_clean()
     finally:
         page.close()
