@@ -80,6 +80,7 @@ int run_train(TrainCli& cli);
 // `attn generate` (tools/generate.cpp).
 struct GenerateCli {
   std::string ckpt, model, prompt;  // exactly one of --ckpt and --model: no hidden default directory
+  std::string input;                // --model of an encoder-decoder: the source text
   int64_t n = 200;
   double temperature = 0.8;
   int64_t top_k = 200;
