@@ -108,6 +108,7 @@ int run_embed(const EmbedCli& cli);
 // model: a Hugging Face model directory instead.
 struct VizCli {
   std::string ckpt, model, text, out = "out/viz";
+  std::string target;      // --model of an encoder-decoder: the target text (empty: its greedy translation)
   bool builtin = false;
   int top_k = -1;          // HTML weights per query row; -1: all up to 64 keys, 16 beyond
   int png_max_px = 1024;

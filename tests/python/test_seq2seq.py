@@ -183,3 +183,48 @@ def test_unimplemented_fields_are_refused_by_name(tmp_path):
     (b / "config.json").write_text(json.dumps({**c, "normalize_before": True}))
     with pytest.raises(_attn.AttnError, match="normalize_before"):
         attn.models.from_pretrained(b)
+
+
+def embedded(page):
+    import json
+    import re
+    m = re.search(r'<script type="application/json" id="attn-data">(.*?)</script>', page, re.S)
+    return json.loads(m.group(1))
+
+
+def test_viz_shows_cross_attention_beside_each_sides_self_attention(tmp_path):
+    d = tmp_path / "t5"
+    tiny_decoders.t5(d, layers=2)
+    m = attn.models.from_pretrained(d)
+    text, target = "the man said that", "it was good"
+    out = tmp_path / "views"
+    r = run_cli("viz", "--model", str(d), "--text", text, "--target", target, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    pages = [out / "attention.html", out / "encoder.html", out / "decoder.html"]
+    pngs = [out / f"{kind}_layer{l}.png" for kind in ("cross", "encoder", "decoder") for l in range(2)]
+    assert r.stdout.decode().split() == [str(p) for p in pages + pngs]
+    assert all(p.exists() for p in pages + pngs)
+    src = m.tokenizer.encode(text)
+    tgt = [m.decoder_start_token_id] + m.tokenizer.encode(target, add_special_tokens=False)
+    w = m.all_attention_weights(src, tgt)
+    cross = embedded(pages[0].read_text(encoding="utf-8"))
+    assert cross["L"] == len(tgt) and cross["S"] == len(src)  # target tokens x source tokens
+    assert cross["key_tokens"] == m.tokenizer.tokenize(text) and len(cross["query_tokens"]) == len(tgt)
+    assert cross["layer_names"] == ["decoder 0 \u00b7 cross", "decoder 1 \u00b7 cross"]
+    assert np.allclose(np.array([h["w"] for h in cross["layers"][1]], np.float32), w["cross"][1][0])
+    enc = embedded(pages[1].read_text(encoding="utf-8"))
+    assert enc["L"] == enc["S"] == len(src)
+    assert np.allclose(np.array([h["w"] for h in enc["layers"][0]], np.float32), w["encoder"][0][0])
+    assert 'href="encoder.html"' in pages[0].read_text(encoding="utf-8")
+
+
+def test_viz_names_the_window_of_a_sliding_layer(tmp_path):
+    d = tmp_path / "gemma2"
+    tiny_decoders.gemma2(d, sliding_window=3, layers=2)
+    r = run_cli("viz", "--model", str(d), "--text", "the man said that it was good", "--out", str(tmp_path / "v"))
+    assert r.returncode == 0, r.stderr
+    data = embedded((tmp_path / "v" / "attention.html").read_text(encoding="utf-8"))
+    assert data["layer_names"] == ["layer 0 \u00b7 window 3", "layer 1"], data.get("layer_names")
+    w = np.array([h["w"] for h in data["layers"][0]])  # (H, T, T): 0 outside the window of 3 keys
+    T = w.shape[1]
+    assert (w[:, np.tril_indices(T, -3)[0], np.tril_indices(T, -3)[1]] == 0).all() and (w[:, -1, -3:] > 0).all()
