@@ -1,9 +1,11 @@
 """A GPT-2-small-shaped decoder (124M parameters, random weights saved by transformers' save_pretrained),
 attn against transformers' generate with its KV cache (PyTorch eager, SDPA attention, float32): tokens/s
 generating N tokens greedily after a short prompt, and the first-token latency of a long prompt (its
-prefill and one token). Same thread count on both sides, runs interleaved, medians.
+prefill and one token). Same thread count on both sides, runs interleaved, medians. --arch picks the
+architecture at the same size (E 768, 12 layers, 12 heads, V 50257; the gated MLPs 2048 wide, about GPT-2's
+parameters), --ref-attn transformers' attention ("sdpa", or "eager": its plain PyTorch attention).
 
-    .venv/bin/python bench/generate_vs_torch.py --threads 2 --repeats 3 [--bf16]
+    .venv/bin/python bench/generate_vs_torch.py --threads 2 --repeats 3 [--bf16] [--arch llama --ref-attn eager]
 
 --bf16 adds attn loaded with dtype="bfloat16" (bf16 weights, bf16 matmuls) and transformers under
 torch.autocast("cpu", dtype=torch.bfloat16), in the same interleaved rounds (greedy tokens may differ).
@@ -16,6 +18,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+
+
+# GPT-2 small's size for each architecture: 12 layers, 12 heads, E 768, V 50257, 1024 positions
+SMALL = dict(hidden_size=768, heads=12, layers=12, vocab_size=50257, max_positions=1024)
+GATED = dict(SMALL, kv_heads=12, intermediate=2048)
+ARCHS = {
+    "gpt2": (lambda t, d: t.gpt2(d, n_embd=768, n_head=12, n_layer=12, vocab_size=50257, n_positions=1024),
+             "GPT2LMHeadModel"),
+    "llama": (lambda t, d: t.llama(d, head_dim=64, **GATED), "LlamaForCausalLM"),
+    "mistral": (lambda t, d: t.mistral(d, head_dim=64, kv_heads=4, sliding_window=256,
+                                       **{k: v for k, v in GATED.items() if k != "kv_heads"}), "MistralForCausalLM"),
+    "qwen2": (lambda t, d: t.qwen2(d, **GATED), "Qwen2ForCausalLM"),
+    "gemma2": (lambda t, d: t.gemma2(d, head_dim=64, sliding_window=256, **GATED), "Gemma2ForCausalLM"),
+    "bloom": (lambda t, d: t.bloom(d, hidden_size=768, heads=12, layers=12, vocab_size=50257), "BloomForCausalLM"),
+}
 
 
 def timed(f):
@@ -33,6 +50,8 @@ def main():
     ap.add_argument("--long-prompt", type=int, default=512, help="prompt tokens of the first-token latency")
     ap.add_argument("--dir", help="a model directory to reuse (written there if empty)")
     ap.add_argument("--bf16", action="store_true", help="also both sides in bf16")
+    ap.add_argument("--arch", default="gpt2", choices=sorted(ARCHS))
+    ap.add_argument("--ref-attn", default="sdpa", help="transformers' attn_implementation (sdpa, eager)")
     a = ap.parse_args()
 
     import numpy as np
@@ -45,9 +64,11 @@ def main():
     set_threads(a.threads)
     print(f"transformers {transformers.__version__}")
     d = Path(a.dir or tempfile.mkdtemp())
-    if not (d / "config.json").exists():  # GPT-2 small: 12 layers, 12 heads, E 768, 1024 positions, V 50257
-        tiny_decoders.gpt2(d, n_embd=768, n_head=12, n_layer=12, vocab_size=50257, n_positions=1024)
-    ref = transformers.GPT2LMHeadModel.from_pretrained(d, attn_implementation="sdpa").eval()
+    build, cls = ARCHS[a.arch]
+    if not (d / "config.json").exists():
+        build(tiny_decoders, d)
+    ref = getattr(transformers, cls).from_pretrained(d, attn_implementation=a.ref_attn).eval()
+    print(f"{cls}, transformers' attention: {a.ref_attn}")
     ours = attn.models.from_pretrained(d)
     print(f"{sum(p.numel() for p in ref.parameters()) / 1e6:.1f}M parameters, {d}")
     rng = np.random.default_rng(0)

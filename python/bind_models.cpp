@@ -92,10 +92,17 @@ void bind_models(py::module_& m) {
           },
           py::arg("ids"), py::arg("attention_mask") = py::none())
       .def_property_readonly("is_decoder", [](const Pretrained& p) { return p.decoder() != nullptr; })
+      .def_property_readonly("is_seq2seq", [](const Pretrained& p) { return p.seq2seq() != nullptr; })
       .def_property_readonly("eos_token_ids",
                              [](const Pretrained& p) {
-                               return p.decoder() ? p.decoder()->decoder_config().eos_token_ids
-                                                  : std::vector<int64_t>{};
+                               return p.decoder()   ? p.decoder()->decoder_config().eos_token_ids
+                                      : p.seq2seq() ? p.seq2seq()->seq2seq_config().eos_token_ids
+                                                    : std::vector<int64_t>{};
+                             })
+      .def_property_readonly("decoder_start_token_id",
+                             [](const Pretrained& p) -> py::object {
+                               if (!p.seq2seq()) return py::none();
+                               return py::int_(p.seq2seq()->seq2seq_config().decoder_start_token_id);
                              })
       .def(
           "generate",
@@ -103,7 +110,8 @@ void bind_models(py::module_& m) {
              int64_t top_k, uint64_t seed, const std::string& kv_dtype,
              const std::optional<std::vector<int64_t>>& eos) {
             PretrainedDecoder* d = p.decoder();
-            ATTN_CHECK(d, "Expected a decoder (GPT2LMHeadModel, LlamaForCausalLM) for generate, but got ",
+            PretrainedSeq2Seq* s = p.seq2seq();
+            ATTN_CHECK(d || s, "Expected a decoder or an encoder-decoder for generate, but got ",
                        p.model->architecture(), " instead");
             SampleOptions o;
             o.max_new_tokens = max_new_tokens;
@@ -111,12 +119,50 @@ void bind_models(py::module_& m) {
             o.top_k = top_k;
             o.seed = seed;
             o.kv_dtype = parse_kv_dtype(kv_dtype.c_str());
-            o.eos_token_ids = eos ? *eos : d->decoder_config().eos_token_ids;
-            return py_util::locked(&p, [&] { return generate(*d, prompt, o); });
+            o.eos_token_ids = eos ? *eos : d ? d->decoder_config().eos_token_ids : s->seq2seq_config().eos_token_ids;
+            return py_util::locked(&p, [&] { return d ? generate(*d, prompt, o) : generate(*s, prompt, o); });
           },
           py::arg("prompt"), py::arg("max_new_tokens") = SampleOptions{}.max_new_tokens,
           py::arg("temperature") = SampleOptions{}.temperature, py::arg("top_k") = SampleOptions{}.top_k,
           py::arg("seed") = SampleOptions{}.seed, py::arg("kv_dtype") = "f32", py::arg("eos_token_ids") = py::none())
+      .def(
+          "seq2seq_logits",
+          [](Pretrained& p, const py::object& source, const py::object& target, const py::object& mask) {
+            PretrainedSeq2Seq* s = p.seq2seq();
+            ATTN_CHECK(s, "Expected an encoder-decoder for logits(source, target), but got ",
+                       p.model->architecture(), " instead");
+            auto [x, mk] = ids_and_mask(source, mask);
+            py_util::Ids y = py_util::int_array_2d(target, "target", "(B, T)");
+            ATTN_CHECK(y.shape(0) == x.shape(0), "Expected target ids of the source's batch ", x.shape(0),
+                       ", but got ", y.shape(0), " instead");
+            return py_util::run(&p, [&] {
+              return s->logits(x.data(), x.shape(0), x.shape(1), mask.is_none() ? nullptr : mk.data(), y.data(),
+                               y.shape(1));
+            });
+          },
+          py::arg("source"), py::arg("target"), py::arg("attention_mask") = py::none())
+      .def(
+          "seq2seq_attention_weights",
+          [](Pretrained& p, const std::vector<int64_t>& source, const std::vector<int64_t>& target) {
+            PretrainedSeq2Seq* s = p.seq2seq();
+            ATTN_CHECK(s, "Expected an encoder-decoder for its attention weights, but got ",
+                       p.model->architecture(), " instead");
+            ATTN_CHECK(!source.empty() && !target.empty(), "Expected a source and a target of at least one token, ",
+                       "but got ", source.size(), " and ", target.size(), " instead");
+            PretrainedSeq2Seq::Weights w = py_util::locked(&p, [&] {
+              return s->all_attention_weights(source.data(), int64_t(source.size()), target.data(),
+                                              int64_t(target.size()));
+            });
+            py::dict out;
+            for (auto [name, list] : {std::pair{"encoder", &w.encoder}, std::pair{"decoder", &w.decoder},
+                                      std::pair{"cross", &w.cross}}) {
+              py::list l;
+              for (Tensor& t : *list) l.append(to_numpy(std::move(t)));
+              out[name] = l;
+            }
+            return out;
+          },
+          py::arg("source"), py::arg("target"))
       .def(
           "embed",
           [](Pretrained& p, const std::vector<std::string>& texts, int64_t batch, int64_t max_length) {

@@ -12,6 +12,7 @@
 #include <functional>
 
 #include <nlohmann/json.hpp>
+#include <limits>
 
 #include "attn/hf.h"
 #include "attn/rng.h"
@@ -58,9 +59,11 @@ void write_gpt2(const TempDir& d, const std::string& skip = "", const std::strin
 }
 
 // Llama: vocab 23, E 12, 3 heads of D 6 over 1 key/value head (MQA), FFN 20, 2 layers, untied head.
+// `rope` ends the config (other fields may come before it); `arch` names the architecture.
 void write_llama(const TempDir& d, const std::string& skip = "", const std::string& reshape = "", Shape shape = {},
-                 const std::string& rope = R"("rope_parameters": {"rope_theta": 500.0, "rope_type": "default"})") {
-  write_text(d / "config.json", R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 23, "hidden_size": 12,
+                 const std::string& rope = R"("rope_parameters": {"rope_theta": 500.0, "rope_type": "default"})",
+                 const std::string& arch = "LlamaForCausalLM") {
+  write_text(d / "config.json", R"({"architectures": [")" + arch + R"("], "vocab_size": 23, "hidden_size": 12,
     "num_hidden_layers": 2, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 6,
     "intermediate_size": 20, "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "hidden_act": "silu",
     "tie_word_embeddings": false, )" + rope + "}");
@@ -87,9 +90,9 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 TEST(HfDecoder, UnknownArchitectureIsNamed) {
   TempDir d;
   write_gpt2(d);
-  write_text(d / "config.json", R"({"architectures": ["MistralForCausalLM"], "vocab_size": 20})");
+  write_text(d / "config.json", R"({"architectures": ["MixtralForCausalLM"], "vocab_size": 20})");
   const std::string e = error_of([&] { load_pretrained(d.dir.string()); });
-  EXPECT_TRUE(has(e, "MistralForCausalLM") && has(e, "GPT2LMHeadModel") && has(e, "LlamaForCausalLM")) << e;
+  EXPECT_TRUE(has(e, "MixtralForCausalLM") && has(e, "GPT2LMHeadModel") && has(e, "T5ForConditionalGeneration")) << e;
 }
 
 TEST(HfDecoder, MissingTensorIsNamedWithItsShape) {
@@ -162,6 +165,141 @@ TEST(HfDecoder, CachedStepsMatchTheFullForward) {
     EXPECT_EQ(dec->decoder_config().eos_token_ids, (arch == std::string("gpt2") ? std::vector<int64_t>{19}
                                                                                  : std::vector<int64_t>{}));
   }
+}
+
+// BLOOM: vocab 19, E 12, 3 heads (ALiBi), 2 layers; the fused query_key_value (3E, E).
+void write_bloom(const TempDir& d, const std::string& extra = "") {
+  write_text(d / "config.json", R"({"architectures": ["BloomForCausalLM"], "vocab_size": 19, "hidden_size": 12,
+    "n_layer": 2, "n_head": 3, "layer_norm_epsilon": 1e-5)" + extra + "}");
+  Rng rng(9);
+  StateDict sd;
+  auto ln = [&](const std::string& n) {
+    sd.emplace(n + ".weight", random({12}, rng)), sd.emplace(n + ".bias", random({12}, rng));
+  };
+  sd.emplace("transformer.word_embeddings.weight", random({19, 12}, rng));
+  ln("transformer.word_embeddings_layernorm");
+  ln("transformer.ln_f");
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = cat("transformer.h.", i, ".");
+    ln(p + "input_layernorm");
+    ln(p + "post_attention_layernorm");
+    const std::pair<const char*, Shape> lin[] = {{"self_attention.query_key_value", {36, 12}},
+                                                 {"self_attention.dense", {12, 12}},
+                                                 {"mlp.dense_h_to_4h", {48, 12}},
+                                                 {"mlp.dense_4h_to_h", {12, 48}}};
+    for (const auto& [n, sh] : lin)
+      sd.emplace(p + n + ".weight", random(sh, rng)), sd.emplace(p + n + ".bias", random({sh[0]}, rng));
+  }
+  save_safetensors(d / "model.safetensors", sd);
+}
+
+// forward_cached in steps (a prefill of P tokens, then `chunk` tokens at a time) against the full forward.
+void expect_steps_match_forward(PretrainedDecoder& dec, int64_t L, int64_t P, int64_t chunk, KvDtype kv, float tol,
+                                const std::string& what) {
+  const int64_t B = 2, V = dec.vocab_size();
+  std::vector<int64_t> ids(size_t(B * L));
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(i * 7 % size_t(V));
+  Tensor full = dec.forward(ids.data(), B, L);  // (B, L, V)
+  KVCache cache = dec.new_cache(B, L, kv);
+  for (int64_t t0 = 0; t0 < L;) {
+    const int64_t T = std::min(t0 == 0 ? P : chunk, L - t0);
+    std::vector<int64_t> step(size_t(B * T));
+    for (int64_t b = 0; b < B; ++b) std::copy_n(ids.begin() + b * L + t0, T, step.begin() + b * T);
+    Tensor got = dec.forward_cached(step.data(), B, T, cache);  // (B, T, V)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t v = 0; v < V; ++v)
+          ASSERT_NEAR(got.data()[(b * T + t) * V + v], full.data()[(b * L + t0 + t) * V + v], tol)
+              << what << " position " << t0 + t;
+    t0 += T;
+  }
+}
+
+// A Mistral-style model (every layer a window of 4 keys) and a Qwen2-style one (layer 1 of 2 sliding over 3):
+// the rolling cache, stepped one token or three at a time past the window, in fp32 and bf16, gives the
+// full forward's logits; a cache of every layer rolling decodes past its capacity.
+TEST(HfDecoder, SlidingWindowCacheMatchesTheFullForward) {
+  TempDir m, q;
+  write_llama(m, "", "", {}, R"("sliding_window": 4, "rope_parameters": {"rope_theta": 500.0})", "MistralForCausalLM");
+  write_llama(q, "", "", {}, R"("sliding_window": 3, "use_sliding_window": true, "max_window_layers": 1)",
+              "Qwen2ForCausalLM");
+  // Qwen2 has q/k/v biases: add them to the file
+  {
+    Rng rng(11);
+    MappedSafetensors f(q / "model.safetensors");
+    StateDict sd;
+    for (const std::string& n : f.names()) sd.emplace(n, Tensor::copy_of(f.get(n).view()));
+    for (int i = 0; i < 2; ++i)
+      for (auto [n, rows] : {std::pair{"q_proj", 18}, std::pair{"k_proj", 6}, std::pair{"v_proj", 6}})
+        sd.emplace(cat("model.layers.", i, ".self_attn.", n, ".bias"), random({rows}, rng));
+    save_safetensors(q / "model.safetensors", sd);
+  }
+  for (const TempDir* d : {&m, &q}) {
+    auto model = load_pretrained(d->dir.string());
+    auto* dec = dynamic_cast<PretrainedDecoder*>(model.get());
+    ASSERT_TRUE(dec);
+    const bool mistral = d == &m;
+    EXPECT_EQ(dec->architecture(), mistral ? "MistralForCausalLM" : "Qwen2ForCausalLM");
+    EXPECT_EQ(dec->attention(0).sliding_window, mistral ? 4 : 0);
+    EXPECT_EQ(dec->attention(1).sliding_window, mistral ? 4 : 3);
+    for (int64_t chunk : {1, 3}) {
+      expect_steps_match_forward(*dec, 13, 5, chunk, KvDtype::f32, 2e-5f,
+                                 cat(dec->architecture(), " f32 chunk ", chunk));
+      // bf16 K/V: |Δ logits| ~ 2^-8 relative (weights 0.3, E 12)
+      expect_steps_match_forward(*dec, 13, 5, chunk, KvDtype::bf16, 5e-2f,
+                                 cat(dec->architecture(), " bf16 chunk ", chunk));
+    }
+    KVCache small = dec->new_cache(1, 6);
+    EXPECT_EQ(small.max_length(), mistral ? std::numeric_limits<int64_t>::max() : 6);
+    for (int64_t t = 0; t < 9; ++t) {  // past the capacity of 6: fine only when every layer rolls
+      const int64_t tok = t % 23;
+      if (mistral || t < 6) dec->forward_cached(&tok, 1, 1, small);
+      else EXPECT_TRUE(has(error_of([&] { dec->forward_cached(&tok, 1, 1, small); }), "positions"));
+    }
+  }
+}
+
+// BLOOM's ALiBi over the KV cache (one token, then two at a time) gives the full forward's logits; its fused
+// query_key_value is read as heads of (q, k, v) triples (a wrong grouping changes the logits, so the match
+// with transformers in test_decoders.py checks it).
+TEST(HfDecoder, BloomCachedStepsMatchTheFullForward) {
+  TempDir d;
+  write_bloom(d);
+  auto model = load_pretrained(d.dir.string());
+  auto* dec = dynamic_cast<PretrainedDecoder*>(model.get());
+  ASSERT_TRUE(dec);
+  EXPECT_EQ(dec->max_positions(), 0);  // ALiBi: no position table
+  for (int64_t chunk : {1, 2}) expect_steps_match_forward(*dec, 10, 3, chunk, KvDtype::f32, 2e-5f, "bloom");
+  TempDir e;
+  write_bloom(e, R"(, "n_inner": 20)");
+  const std::string err = error_of([&] { load_pretrained(e.dir.string()); });
+  EXPECT_TRUE(has(err, "\"n_inner\"") && has(err, "20")) << err;
+}
+
+// A config.json field attn does not implement is refused by name, never ignored: one unknown anywhere, one of
+// another architecture of the family, a layer type, a rope scaling, a flag of BART's kin.
+TEST(HfDecoder, UnimplementedConfigFieldsAreRefusedByName) {
+  const std::pair<std::string, std::string> cases[] = {
+      {R"("chunked_attention_size": 8, "rope_theta": 500.0)", "\"chunked_attention_size\""},
+      {R"("query_pre_attn_scalar": 16, "rope_theta": 500.0)", "\"query_pre_attn_scalar\""},
+      {R"("sliding_window": 4, "rope_theta": 500.0)", "\"sliding_window\""},  // Llama has none
+      {R"("pretraining_tp": 2, "rope_theta": 500.0)", "pretraining_tp"},
+  };
+  for (const auto& [fields, name] : cases) {
+    TempDir d;
+    write_llama(d, "", "", {}, fields);
+    const std::string e = error_of([&] { load_pretrained(d.dir.string()); });
+    EXPECT_TRUE(has(e, name) && has(e, "LlamaForCausalLM")) << e;
+  }
+  TempDir g;
+  write_llama(g, "", "", {}, R"("layer_types": ["sliding_attention", "chunked_attention"], "sliding_window": 4)",
+              "Qwen2ForCausalLM");
+  std::string e = error_of([&] { load_pretrained(g.dir.string()); });
+  EXPECT_TRUE(has(e, "chunked_attention") && has(e, "layer 1")) << e;
+  TempDir b;
+  write_bloom(b, R"(, "alibi_bias_max": 8)");
+  e = error_of([&] { load_pretrained(b.dir.string()); });
+  EXPECT_TRUE(has(e, "\"alibi_bias_max\"") && has(e, "BloomForCausalLM")) << e;
 }
 
 // A right-padded row gives the logits of the sequence alone, and zeros at the padding; an unpadded row

@@ -843,6 +843,77 @@ TEST(KVCache, EncoderLayerIncrementalEqualsFullCausalForward) {
   }
 }
 
+// A rolling layer (a sliding window of W tokens) holds exactly the last W tokens appended, in position order,
+// as one strided view, whatever the appends' sizes (one token, several, more than W); in f32 and bf16; a
+// layer that keeps every token beside it is unchanged; MultiheadAttention refuses a rolling layer by name.
+TEST(KVCache, RollingLayerHoldsTheLastWindowInOrder) {
+  const int64_t B = 2, Hkv = 3, D = 5, W = 4, S_max = 9;
+  for (KvDtype dtype : {KvDtype::f32, KvDtype::bf16}) {
+    SCOPED_TRACE(to_string(dtype));
+    KVCache cache(2, B, Hkv, S_max, D, 0, dtype, {0, W});
+    EXPECT_EQ(cache.window(0), 0);
+    EXPECT_EQ(cache.window(1), W);
+    EXPECT_EQ(cache.max_length(), S_max);
+    // token p's K element (b, h, e) = p + 0.25·e (exact in bf16 for p < 64); V = -K
+    auto tokens = [&](int64_t p0, int64_t T) {
+      Tensor k({B, Hkv, T, D}), v({B, Hkv, T, D});
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hkv; ++h)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t e = 0; e < D; ++e) {
+              const int64_t i = ((b * Hkv + h) * T + t) * D + e;
+              k.data()[i] = float(p0 + t) + 0.25f * float(e) + float(b + h);
+              v.data()[i] = -k.data()[i];
+            }
+      return std::pair{std::move(k), std::move(v)};
+    };
+    int64_t n = 0;
+    for (int64_t T : {1, 2, 1, 3, 5, 1, 1}) {  // 14 tokens: past the window twice, and one append longer than W
+      auto [k, v] = tokens(n, T);
+      if (cache.length(0) + T <= S_max) cache.append(0, k.view(), v.view());
+      cache.append(1, k.view(), v.view());
+      n += T;
+      ASSERT_EQ(cache.length(1), n);
+      ASSERT_EQ(cache.stored(1), std::min(n, W));
+      std::vector<float> kk(static_cast<size_t>(D)), vv(static_cast<size_t>(D));
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < Hkv; ++h)
+          for (int64_t s = 0; s < cache.stored(1); ++s) {
+            const int64_t p = n - cache.stored(1) + s;  // the position slot s holds
+            if (dtype == KvDtype::f32) {
+              const View<const float> K = cache.keys(1), V = cache.values(1);
+              for (int64_t e = 0; e < D; ++e) {
+                kk[size_t(e)] = K.data[b * K.stride(0) + h * K.stride(1) + s * K.stride(2) + e];
+                vv[size_t(e)] = V.data[b * V.stride(0) + h * V.stride(1) + s * V.stride(2) + e];
+              }
+            } else {
+              const HalfKV kv = cache.half(1);
+              from_half(dtype, kv.k.data + b * kv.k.stride(0) + h * kv.k.stride(1) + s * kv.k.stride(2), D, kk.data());
+              from_half(dtype, kv.v.data + b * kv.v.stride(0) + h * kv.v.stride(1) + s * kv.v.stride(2), D, vv.data());
+            }
+            for (int64_t e = 0; e < D; ++e) {
+              const float want = float(p) + 0.25f * float(e) + float(b + h);
+              ASSERT_EQ(kk[size_t(e)], want) << "n " << n << " b " << b << " h " << h << " s " << s << " e " << e;
+              ASSERT_EQ(vv[size_t(e)], -want);
+            }
+          }
+    }
+    EXPECT_EQ(cache.length(0), 9);  // the layer keeping every token stops at S_max
+    EXPECT_THROW(cache.append(0, tokens(9, 1).first.view(), tokens(9, 1).second.view()), Error);
+    cache.clear();
+    EXPECT_EQ(cache.stored(1), 0);
+  }
+  KVCache rolling(1, 1, 1, 8, 4, 0, KvDtype::f32, {3});
+  EXPECT_EQ(rolling.max_length(), std::numeric_limits<int64_t>::max());  // every layer rolls: no limit
+  EXPECT_EQ(KVCache(1, 1, 1, 8, 4, 0, KvDtype::f32, {8}).window(0), 0);  // W >= S_max keeps every token
+  EXPECT_THROW(KVCache(2, 1, 1, 8, 4, 0, KvDtype::f32, {3}), Error);     // one window per layer
+  MultiheadAttention m(mha_opts(4, 1, 1));
+  m.eval();
+  Tensor x({1, 1, 4});
+  const std::string e = test::error_of([&] { m.forward_cached(x.view(), rolling, 0); });
+  EXPECT_NE(e.find("keeps every token"), std::string::npos) << e;
+}
+
 TEST(TransformerLayers, SameBitsForOneTwoAndThreeThreads) {
   // DESIGN: a reduction order that does not depend on how work was split (our row loops, the flash
   // kernels and gemm, which split output tiles, never the summed dimension).

@@ -83,6 +83,7 @@ int run_train(TrainCli& cli);
 // the command samples text to read, a library call reproduces transformers' greedy output. --help shows them.
 struct GenerateCli {
   std::string ckpt, model, prompt;  // exactly one of --ckpt and --model: no hidden default directory
+  std::string input;                // --model of an encoder-decoder: the source text
   int64_t n = 200;
   double temperature = 0.8;
   int64_t top_k = 200;
@@ -111,6 +112,7 @@ int run_embed(const EmbedCli& cli);
 // model: a Hugging Face model directory instead.
 struct VizCli {
   std::string ckpt, model, text, out = "out/viz";
+  std::string target;      // --model of an encoder-decoder: the target text (empty: its greedy translation)
   bool builtin = false;
   int top_k = -1;          // HTML weights per query row; -1: all up to 64 keys, 16 beyond
   std::string scale = "row";  // the colour scale: row or absolute (viz_model.h)

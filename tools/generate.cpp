@@ -1,6 +1,7 @@
 // `attn generate`: continue a prompt with a trained checkpoint (--ckpt) or a Hugging Face decoder directory
-// (--model: GPT-2, Llama; attn/hf.h), one token at a time through the KV cache (the flash decode path),
-// printing the text as it is drawn. Not a chat loop.
+// (--model: GPT-2, Llama, Mistral, Qwen2, Gemma 2, BLOOM; attn/hf.h), one token at a time through the KV cache
+// (the flash decode path), printing the text as it is drawn; or translate --input with an encoder-decoder
+// directory (--model: T5, BART): the source encoded once, the target printed as it is drawn. Not a chat loop.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -19,10 +20,14 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCli& cli) {
   // exactly one of --ckpt and --model (checked in run_generate, so that the message says so)
   auto* ckpt = cmd->add_option("--ckpt", cli.ckpt, "checkpoint directory (attn train --out); or --model")
                    ->check(not_empty("a checkpoint directory"));
-  cmd->add_option("--model", cli.model, "Hugging Face model directory (GPT2LMHeadModel, LlamaForCausalLM): "
-                  "config.json, model.safetensors, tokenizer.json; or --ckpt")
+  cmd->add_option("--model", cli.model, "Hugging Face model directory (a decoder: GPT-2, Llama, Mistral, Qwen2, "
+                  "Gemma 2, BLOOM; or an encoder-decoder: T5, BART): config.json, model.safetensors, tokenizer.json; "
+                  "or --ckpt")
       ->excludes(ckpt)->check(not_empty("a model directory"));
-  cmd->add_option("--prompt", cli.prompt, "text to continue (--ckpt default: a newline, or the first character)");
+  auto* prompt = cmd->add_option("--prompt", cli.prompt,
+                                 "text to continue (--ckpt default: a newline, or the first character)");
+  cmd->add_option("--input", cli.input, "--model of an encoder-decoder: the source text to translate")
+      ->excludes(prompt);
   cmd->add_option("-n,--tokens", cli.n, "tokens (characters for --ckpt) to generate")
       ->check(number_of<int64_t>())
       ->check(non_negative());
@@ -51,42 +56,52 @@ SampleOptions sample_options(const GenerateCli& cli) {
   return o;
 }
 
-// --model: the directory's tokenizer in and out, the text streamed as the decoded sequence grows.
+// Prints what the whole text of `ids` adds to what is shown (a token's text can depend on the ones before it:
+// WordPiece's ##, a UTF-8 character over several byte tokens); holds back while it does not extend `shown`.
+void show_text(const HfTokenizer& tok, const std::vector<int64_t>& ids, std::string& shown) {
+  const std::string text = tok.decode(ids);
+  if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+    std::fputs(text.c_str() + shown.size(), stdout);
+    std::fflush(stdout);
+    shown = text;
+  }
+}
+
+// --model: the directory's tokenizer in and out, the text streamed as the decoded sequence grows; a decoder
+// continues --prompt, an encoder-decoder translates --input (the target alone is printed).
 int run_generate_pretrained(const GenerateCli& cli) {
   Pretrained p = Pretrained::load(cli.model, dtype_of(cli.dtype, cli.strict));
   PretrainedDecoder* d = p.decoder();
-  ATTN_CHECK(d, "Expected a decoder model (GPT2LMHeadModel, LlamaForCausalLM) for generate, but got ",
-             p.model->architecture(), " in '", cli.model, "' instead");
-  std::vector<int64_t> ids = p.tokenizer.encode(cli.prompt).ids;  // special tokens only as the file adds them
-  ATTN_CHECK(!ids.empty(), "Expected a --prompt of at least one token, but got '", cli.prompt, "' instead");
-  const size_t n_prompt = ids.size();
+  PretrainedSeq2Seq* s2s = p.seq2seq();
+  ATTN_CHECK(d || s2s, "Expected a decoder (GPT-2, Llama, Mistral, Qwen2, Gemma 2, BLOOM) or an encoder-decoder ",
+             "(T5, BART) for generate, but got ", p.model->architecture(), " in '", cli.model, "' instead");
+  ATTN_CHECK(d || !cli.input.empty(), "Expected --input TEXT (the source) for the encoder-decoder ",
+             p.model->architecture(), " in '", cli.model, "', but got ", cli.prompt.empty() ? "none" : "--prompt",
+             " instead");
+  ATTN_CHECK(!d || cli.input.empty(), "Expected --prompt TEXT for the decoder ", p.model->architecture(),
+             " (--input is an encoder-decoder's source), but got --input instead");
+  const std::string& text = d ? cli.prompt : cli.input;
+  std::vector<int64_t> in = p.tokenizer.encode(text).ids;  // special tokens only as the file adds them
+  ATTN_CHECK(!in.empty(), "Expected ", d ? "a --prompt" : "an --input", " of at least one token, but got '", text,
+             "' instead");
+  // what is printed: the prompt and its continuation (a decoder), or the target alone
+  std::vector<int64_t> ids = d ? in : std::vector<int64_t>{};
   std::string shown = p.tokenizer.decode(ids);
   std::fputs(shown.c_str(), stdout);
   SampleOptions o = sample_options(cli);
-  o.eos_token_ids = d->decoder_config().eos_token_ids;
-  // Print what the whole sequence's text adds to what is shown (a token's text can depend on the ones
-  // before it: WordPiece's ##, a UTF-8 character over several byte tokens); hold back while it does not
-  // extend what was printed.
-  auto show = [&] {
-    const std::string text = p.tokenizer.decode(ids);
-    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
-      std::fputs(text.c_str() + shown.size(), stdout);
-      std::fflush(stdout);
-      shown = text;
-    }
-  };
+  o.eos_token_ids = d ? d->decoder_config().eos_token_ids : s2s->seq2seq_config().eos_token_ids;
   o.on_token = [&](int64_t tok) {
     ids.push_back(tok);
-    show();
+    show_text(p.tokenizer, ids, shown);
   };
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<int64_t> prompt(ids.begin(), ids.end());
-  const int64_t n = int64_t(generate(*d, prompt, o).size());
+  const int64_t n = int64_t((d ? generate(*d, in, o) : generate(*s2s, in, o)).size());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
   std::fflush(stdout);
-  std::fprintf(stderr, "(%lld tokens after a prompt of %zu in %.2f s, %.1f per second, %s)\n", (long long)n, n_prompt,
-               s, s > 0 ? double(n) / s : 0.0, p.model->architecture().c_str());
+  std::fprintf(stderr, "(%lld tokens after %s of %zu in %.2f s, %.1f per second, %s)\n", (long long)n,
+               d ? "a prompt" : "a source", in.size(), s, s > 0 ? double(n) / s : 0.0,
+               p.model->architecture().c_str());
   return 0;
 }
 
@@ -96,6 +111,8 @@ int run_generate(const GenerateCli& cli) {
   ATTN_CHECK(cli.ckpt.empty() != cli.model.empty(), "Expected exactly one of --ckpt DIR and --model DIR, but got ",
              cli.ckpt.empty() ? "neither" : "both", " instead");
   if (!cli.model.empty()) return run_generate_pretrained(cli);
+  ATTN_CHECK(cli.input.empty(), "Expected --prompt with --ckpt (--input is an encoder-decoder's source), but got ",
+             "--input instead");
   const Autocast autocast(dtype_of(cli.dtype, cli.strict));
   LoadedModel m = load_model(cli.ckpt);
   std::vector<int64_t> prompt;

@@ -52,6 +52,7 @@ std::string builtin_source(const Trainer& t) { return cat("built-in model, ", t.
 
 void print_views(const viz::ModelViews& v) {
   std::printf("%s\n", v.html.c_str());
+  for (const std::string& p : v.more_html) std::printf("%s\n", p.c_str());
   for (const std::string& p : v.pngs) std::printf("%s\n", p.c_str());
 }
 
@@ -90,6 +91,8 @@ CLI::App* add_viz_command(CLI::App& app, VizCli& cli) {
       ->check(CLI::IsMember({"row", "absolute"}));
   cmd->add_option("--png-max-px", cli.png_max_px, "longest side of one head's matrix in the PNGs, pixels")
       ->check(number_of<int>())->check(at_least(16, false));  // write_heatmap_png's smallest
+  cmd->add_option("--target", cli.target, "--model of an encoder-decoder: the target text whose attention to show "
+                  "(default: the model's greedy translation of --text)");
   cmd->add_option("--seconds", cli.seconds, "training time of the built-in model at most")
       ->check(number_of<double>())
       ->check(positive());
@@ -106,6 +109,7 @@ int run_viz(const VizCli& cli) {
     ATTN_CHECK(!cli.text.empty(), "Expected --text with --model (the text to tokenize and run), but got none instead");
     Pretrained m = Pretrained::load(cli.model);
     vo.source = cli.model;
+    vo.target = cli.target;
     print_views(viz::write_pretrained_views(cli.out, m, cli.text, vo));
     return 0;
   }

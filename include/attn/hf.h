@@ -1,15 +1,22 @@
 // Hugging Face model directories (config.json + model.safetensors, or shards listed in
 // model.safetensors.index.json) loaded onto attn's own layers (nn.h) and attention (sdpa.h), for
 // inference. Float32 weights are used in place from the mapped files (safetensors.h's MappedSafetensors);
-// other dtypes are converted once. Architectures: BertModel (BERT, MiniLM: post-LN encoder),
-// GPT2LMHeadModel (pre-LN decoder, hf_gpt2.cpp) and LlamaForCausalLM (RMSNorm, RoPE, SwiGLU, GQA,
-// hf_llama.cpp), the decoders with a KV cache and generate().
+// other dtypes are converted once. Architectures: BertModel (BERT, MiniLM: post-LN encoder); the decoders
+// GPT2LMHeadModel (hf_gpt2.cpp), LlamaForCausalLM and its kin MistralForCausalLM, Qwen2ForCausalLM,
+// Gemma2ForCausalLM (RMSNorm, RoPE, gated MLP, GQA, sliding windows, softcaps: hf_llama.cpp) and
+// BloomForCausalLM (ALiBi, hf_bloom.cpp), each with a KV cache and generate(); the encoder-decoders
+// T5ForConditionalGeneration (hf_t5.cpp) and BartForConditionalGeneration (hf_bart.cpp) on what they share
+// (hf_seq2seq.cpp: the encoder once, cross-attention K/V once, the decoder's KV cache). Attention variants
+// (windows, softcaps, ALiBi, T5's relative bias) run in the kernels (LayerAttention). A config.json field the
+// new loaders do not implement is refused by name.
 // Not a trainer (no backward here), not a hub client (a local directory only), and not a tokenizer
 // (hf_tokenizer.h).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -130,6 +137,17 @@ class BertModel : public PretrainedModel {
   std::vector<Layer> layers_;
 };
 
+// How one layer's attention differs from plain softmax(q·kᵀ/sqrt(D))·v, as the architecture's config says:
+// the SdpaArgs variants it sets (attn/kernels/problem.h), run inside the flash kernels, never as dense masks.
+struct LayerAttention {
+  std::optional<double> scale;        // default 1/sqrt(D); T5: 1; Gemma 2: query_pre_attn_scalar^-1/2
+  int64_t sliding_window = 0;         // > 0: a query sees its last sliding_window keys, itself included
+                                      // (Mistral's, Qwen2's, Gemma 2's sliding layers); the KV cache keeps those
+  double softcap = 0;                 // > 0: scores softcap·tanh(x/softcap) (Gemma 2's attn_logit_softcapping)
+  View<const float> alibi_slopes;     // (H): BLOOM's ALiBi
+  RelativeBias<float> relative_bias;  // T5's table (num_buckets, H)
+};
+
 // What every decoder's config.json gives (the names differ per architecture).
 struct DecoderConfig {
   int64_t vocab_size = 0;    // V
@@ -139,7 +157,7 @@ struct DecoderConfig {
   int64_t num_kv_heads = 0;  // Hkv (GQA when < H, MQA when 1)
   int64_t head_dim = 0;      // D
   int64_t intermediate_size = 0;
-  int64_t max_positions = 0;  // the position table (GPT-2) or max_position_embeddings (Llama)
+  int64_t max_positions = 0;  // the position table (GPT-2), max_position_embeddings (RoPE), 0: none (ALiBi)
   double norm_eps = 1e-5;
   bool tie_word_embeddings = true;
   std::vector<int64_t> eos_token_ids;  // generation_config.json's, else config.json's (none: no stop)
@@ -149,7 +167,8 @@ struct DecoderConfig {
 // KV cache (prefill, then a token per step), each layer's K/V appended and attended with bottom-right
 // causal alignment. With an attention_mask, forward packs the kept tokens as BertModel does (padding costs
 // nothing, its logits are 0); a kept token sees the kept tokens at or before its position, and positions
-// are 0..L-1 by index (transformers' default position ids). The architecture supplies the parts below.
+// are 0..L-1 by index (transformers' default position ids). The architecture supplies the parts below,
+// and each layer's attention variants (attention()): a sliding layer's cache keeps its last W tokens only.
 class PretrainedDecoder : public PretrainedModel {
  public:
   int64_t hidden_size() const override { return c_.hidden_size; }
@@ -168,8 +187,11 @@ class PretrainedDecoder : public PretrainedModel {
   // ids (B, T) at positions cache.length(0)...: appends their K/V to `cache` and returns their logits
   // (B, T, V), or only the last token's (B, 1, V) when last_only (a prefill's lm_head on one row).
   Tensor forward_cached(const int64_t* ids, int64_t B, int64_t T, KVCache& cache, bool last_only = false);
-  // num_layers layers of `capacity` tokens (0: max_positions), Hkv heads of D.
+  // num_layers layers of `capacity` tokens (0: max_positions, which must then be given), Hkv heads of D;
+  // a sliding layer keeps only its window (so a model whose every layer slides decodes past `capacity`).
   KVCache new_cache(int64_t B, int64_t capacity = 0, KvDtype dtype = KvDtype::f32) const;
+  // Layer i's attention variants.
+  virtual LayerAttention attention(int64_t layer) const { return {}; }
 
   // Attention of a layer's queries q (T, H·D) over keys k and values v (T, Hkv·D), rows of strided
   // matrices (unit column stride) -> ctx (T, H·D) contiguous. The decoder runs it per packed sequence or
@@ -224,20 +246,46 @@ class Gpt2Model : public PretrainedDecoder {
   Linear lm_head_;  // over wte (V, E), or lm_head.weight when untied
 };
 
-// transformers' LlamaForCausalLM: embed_tokens, per layer x += o_proj(attn(rope(q), rope(k), v)) over
-// input_layernorm(x) (RMSNorm), x += down_proj(silu(gate_proj(h)) · up_proj(h)) over
-// post_attention_layernorm(x); norm; lm_head (untied unless tie_word_embeddings). GQA through
-// num_key_value_heads; RoPE with rope_theta (rope_type "default" only).
+// What distinguishes the Llama family's members (read from config.json by hf_llama.cpp).
+struct LlamaVariant {
+  std::string architecture = "LlamaForCausalLM";
+  double rope_theta = 10000.0;
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;  // Qwen2: q/k/v biases; Llama: attention_bias, mlp_bias
+  Activation gate_act = Activation::gelu_tanh;  // Gemma 2's; silu (the others) when silu is true
+  bool silu = true;
+  bool gemma = false;          // Gemma 2: RMSNorm (1 + weight), post-attention and pre/post-feedforward norms
+  float embed_scale = 1.0f;    // Gemma 2: the embeddings times float32(sqrt(E))
+  double final_softcap = 0;    // Gemma 2's final_logit_softcapping of the logits
+  std::vector<LayerAttention> attention;  // per layer: scale, sliding window, softcap
+};
+
+// transformers' LlamaForCausalLM and the decoders built like it: embed_tokens, per layer
+// x += o_proj(attn(rope(q), rope(k), v)) over input_layernorm(x) (RMSNorm), x += down_proj(act(gate_proj(h)) ·
+// up_proj(h)) over post_attention_layernorm(x); norm; lm_head (untied unless tie_word_embeddings). GQA through
+// num_key_value_heads; RoPE with rope_theta (rope_type "default" only). The members:
+// - MistralForCausalLM: every layer a sliding window of sliding_window keys (its KV cache keeps only those);
+// - Qwen2ForCausalLM: q/k/v biases; sliding windows on the layers layer_types (or use_sliding_window and
+//   max_window_layers) name;
+// - Gemma2ForCausalLM: RMSNorm times (1 + weight), the attention output and the MLP each normed before the
+//   residual (post_attention_layernorm, pre_/post_feedforward_layernorm), GeGLU (gelu_pytorch_tanh), the
+//   embeddings scaled by sqrt(E), scores scaled by query_pre_attn_scalar^-1/2 and softcapped
+//   (attn_logit_softcapping), alternating sliding/global layers (layer_types), logits softcapped
+//   (final_logit_softcapping); head tied.
+// A config.json field outside what the loader reads and the fields no architecture's function depends on
+// (ids, dtype, dropout rates) is refused by name.
 class LlamaModel : public PretrainedDecoder {
  public:
   explicit LlamaModel(const std::string& dir);
-  std::string architecture() const override { return "LlamaForCausalLM"; }
+  std::string architecture() const override { return v_.architecture; }
+  LayerAttention attention(int64_t layer) const override { return v_.attention.at(size_t(layer)); }
+  const LlamaVariant& variant() const { return v_; }
 
   struct Layer {
     RMSNorm input_norm;
     Linear q_proj, k_proj, v_proj, o_proj;  // (H·D, E), (Hkv·D, E) x2, (E, H·D)
-    RMSNorm post_norm;
+    RMSNorm post_norm;                      // Gemma 2: post_attention_layernorm is after attention, before the add
     Linear gate_proj, up_proj, down_proj;   // (I, E) x2, (E, I)
+    std::vector<RMSNorm> ff_norms;          // Gemma 2: pre_feedforward_layernorm, post_feedforward_layernorm
   };
   std::vector<Linear*> linears() override;
 
@@ -248,12 +296,52 @@ class LlamaModel : public PretrainedDecoder {
   Tensor head(View<const float> x) override;
 
  private:
-  LlamaModel(const std::pair<DecoderConfig, double>& c, const HfWeights& w);
+  LlamaModel(const std::string& dir, const HfWeights& w);
+  LlamaModel(const std::pair<DecoderConfig, LlamaVariant>& c, const HfWeights& w);
+  LlamaVariant v_;
   Embedding embed_tokens_;
   std::vector<Layer> layers_;
   RMSNorm norm_;
   Linear lm_head_;
   Rope rope_;
+  ActivationLayer act_;
+};
+
+// transformers' BloomForCausalLM: word_embeddings and word_embeddings_layernorm, per layer the fused
+// query_key_value projection (heads of (q, k, v) triples), ALiBi (the slopes of _get_alibi_slopes, no
+// position embeddings, so no position limit), x += dense(attn(input_layernorm(x))), x += mlp(post_attention_
+// layernorm(x)) with BLOOM's tanh GELU (or the layer norms' outputs as the residuals when
+// apply_residual_connection_post_layernorm); ln_f; lm_head tied to word_embeddings.
+class BloomModel : public PretrainedDecoder {
+ public:
+  explicit BloomModel(const std::string& dir);
+  std::string architecture() const override { return "BloomForCausalLM"; }
+  LayerAttention attention(int64_t) const override;
+
+  struct Layer {
+    LayerNorm input_norm;
+    Linear qkv, dense;                     // (3E, E), (E, E)
+    LayerNorm post_norm;
+    Linear dense_h_to_4h, dense_4h_to_h;   // (4E, E), (E, 4E)
+  };
+  std::vector<Linear*> linears() override;
+
+ protected:
+  Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T) override;
+  void layer(int64_t i, Tensor& x, const int64_t* pos, const Attend& attend) override;
+  Tensor final_norm(View<const float> x) override;
+  Tensor head(View<const float> x) override;
+
+ private:
+  BloomModel(const std::pair<DecoderConfig, bool>& c, const HfWeights& w);
+  bool residual_post_ln_;
+  Embedding word_;
+  LayerNorm embed_norm_;
+  std::vector<Layer> layers_;
+  LayerNorm ln_f_;
+  Linear lm_head_;
+  ActivationLayer act_{Activation::gelu_tanh};
+  std::vector<float> slopes_;  // (H)
 };
 
 // Continues `prompt` through the decoder's KV cache with sampling.h's loop (a cache of prompt +
@@ -262,6 +350,191 @@ class LlamaModel : public PretrainedDecoder {
 std::vector<int64_t> generate(PretrainedDecoder& model, const std::vector<int64_t>& prompt,
                               const SampleOptions& options);
 
+// What an encoder-decoder's config.json (and generation_config.json) give.
+struct Seq2SeqConfig {
+  int64_t vocab_size = 0;       // V
+  int64_t hidden_size = 0;      // E
+  int64_t encoder_layers = 0, decoder_layers = 0;
+  int64_t num_heads = 0;        // H (both sides; Hkv = H)
+  int64_t head_dim = 0;         // D (T5's d_kv; H·D need not be E)
+  int64_t ffn_size = 0;
+  int64_t max_positions = 0;    // BART's position table; 0: none (T5's relative positions)
+  double norm_eps = 1e-5;
+  int64_t decoder_start_token_id = 0;  // the target's first token
+  std::vector<int64_t> eos_token_ids;
+  int64_t forced_bos_token_id = -1;    // generate: the first new token, when >= 0 (BART's)
+  int64_t forced_eos_token_id = -1;    // generate: the last new token at max_new_tokens, when >= 0 (BART's)
+};
+
+// An encoder-decoder (sequence-to-sequence) model on attn's layers: the encoder runs once over the source
+// (packed: padding costs nothing), each decoder layer's cross-attention K/V are projected from its output
+// once (encode()), and the decoder continues a self-attention KV cache over them a token at a time
+// (decode()), its queries cross-attending to their own source's tokens. forward() is the encoder's last
+// hidden state (B, S, E), attention_weights() its self-attention.
+class PretrainedSeq2Seq : public PretrainedModel {
+ public:
+  int64_t hidden_size() const override { return c_.hidden_size; }
+  int64_t vocab_size() const override { return c_.vocab_size; }
+  int64_t num_layers() const override { return c_.encoder_layers; }
+  int64_t num_heads() const override { return c_.num_heads; }
+  int64_t max_positions() const override { return c_.max_positions; }
+  const Seq2SeqConfig& seq2seq_config() const { return c_; }
+
+  // The source once: its packing, the encoder's output and every decoder layer's cross-attention K/V.
+  struct Encoded {
+    int64_t B = 0, S = 0;
+    std::vector<int64_t> off;               // (B + 1): source b is packed rows [off[b], off[b+1])
+    std::vector<int64_t> row_of;            // (B·S): the packed row of (b, s), or -1 (padding)
+    std::vector<int64_t> pos;               // (N): the source position of each packed row
+    Tensor states;                          // (N, E): the encoder's last hidden state, packed
+    std::vector<Tensor> cross_k, cross_v;   // per decoder layer (N, H·D)
+  };
+  // ids (B, S) and attention_mask (B, S) (null: every token).
+  Encoded encode(const int64_t* ids, int64_t B, int64_t S, const int64_t* attention_mask = nullptr,
+                 std::vector<Tensor>* weights = nullptr);
+  // Target ids (B, T) at positions cache.length(0)... after the encoded source: appends their self-attention
+  // K/V to `cache` and returns their logits (B, T, V) (last_only: (B, 1, V)). weights: null, or per decoder
+  // layer the self-attention (B, H, T, S_cache) and cross-attention (B, H, T, S) weights of this call.
+  Tensor decode(const Encoded& source, const int64_t* ids, int64_t B, int64_t T, KVCache& cache,
+                bool last_only = false, std::vector<Tensor>* self_weights = nullptr,
+                std::vector<Tensor>* cross_weights = nullptr);
+  // decoder_layers layers of `capacity` tokens (0: max_positions).
+  KVCache new_cache(int64_t B, int64_t capacity, KvDtype dtype = KvDtype::f32) const;
+  // Teacher-forced logits (B, T, V) of target ids (B, T) after source ids (B, S) (mask: null, every token).
+  Tensor logits(const int64_t* source, int64_t B, int64_t S, const int64_t* source_mask, const int64_t* target,
+                int64_t T);
+  // The three kinds of weights of one source (B = 1 of S tokens) and target (T tokens), per layer:
+  // encoder self (1, H, S, S), decoder self (1, H, T, T), cross (1, H, T, S).
+  struct Weights {
+    std::vector<Tensor> encoder, decoder, cross;
+  };
+  Weights all_attention_weights(const int64_t* source, int64_t S, const int64_t* target, int64_t T);
+
+  Tensor forward(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) override;
+  // The encoder's last hidden state: forward's.
+  Tensor hidden_states(const int64_t* ids, int64_t B, int64_t L, const int64_t* attention_mask = nullptr) override {
+    return forward(ids, B, L, attention_mask);
+  }
+  std::vector<Tensor> attention_weights(const int64_t* ids, int64_t B, int64_t L,
+                                        const int64_t* attention_mask = nullptr) override;
+  // Layer i's self-attention variants on each side (cross-attention: scale only, as the decoder's).
+  virtual LayerAttention encoder_attention(int64_t) const { return {}; }
+  virtual LayerAttention decoder_attention(int64_t) const { return {}; }
+
+  // Cross-attention of queries q (T, H·D) over the encoded source: ctx (T, H·D).
+  using CrossAttend = std::function<Tensor(View<const float> q)>;
+  using Attend = PretrainedDecoder::Attend;
+
+ protected:
+  explicit PretrainedSeq2Seq(const Seq2SeqConfig& c) : c_(c) {}
+  // Source or target embeddings (with positions where the architecture has them) -> (T, E).
+  virtual Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T, bool decoder) = 0;
+  virtual void encoder_layer(int64_t i, Tensor& x, const Attend& attend) = 0;
+  // The encoder's final norm over its last layer's output (in place).
+  virtual void encoder_end(Tensor& x) = 0;
+  // Decoder layer i's cross-attention K and V (N, H·D) from the encoder's output (N, E).
+  virtual std::pair<Tensor, Tensor> cross_kv(int64_t i, View<const float> states) = 0;
+  virtual void decoder_layer(int64_t i, Tensor& x, const Attend& self, const CrossAttend& cross) = 0;
+  // The decoder's final norm and the lm_head: x (N, E) -> logits (N, V).
+  virtual Tensor head(View<const float> x) = 0;
+  Seq2SeqConfig c_;
+};
+
+// transformers' T5ForConditionalGeneration: shared embeddings; per layer (pre-norm, T5LayerNorm = RMSNorm
+// without mean) x += o(attn(layer_norm(x))) with scores not scaled and the relative position bias of
+// layer 0's table on its side (bidirectional in the encoder, causal in the decoder: relative_bias in the
+// kernels), the decoder's x += o(cross(layer_norm(x))), x += wo(act(wi(h))) or (gated-gelu, v1.1)
+// wo(gelu_new(wi_0(h)) · wi_1(h)); final_layer_norm; the decoder's output times d_model^-1/2 when
+// scale_decoder_outputs (tied head), lm_head.
+class T5Model : public PretrainedSeq2Seq {
+ public:
+  explicit T5Model(const std::string& dir);
+  struct Options;  // what config.json says beyond Seq2SeqConfig (hf_t5.cpp)
+  std::string architecture() const override { return "T5ForConditionalGeneration"; }
+  LayerAttention encoder_attention(int64_t) const override;
+  LayerAttention decoder_attention(int64_t) const override;
+  std::vector<Linear*> linears() override;
+
+  struct Attention {
+    RMSNorm norm;
+    Linear q, k, v, o;  // (H·D, E) x3, (E, H·D)
+  };
+  struct Layer {
+    Attention self;
+    std::vector<Attention> cross;  // the decoder's (one)
+    RMSNorm ff_norm;
+    std::vector<Linear> wi;        // wi, or wi_0 and wi_1 (gated)
+    Linear wo;
+  };
+
+ protected:
+  Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T, bool decoder) override;
+  void encoder_layer(int64_t i, Tensor& x, const Attend& attend) override;
+  void encoder_end(Tensor& x) override;
+  std::pair<Tensor, Tensor> cross_kv(int64_t i, View<const float> states) override;
+  void decoder_layer(int64_t i, Tensor& x, const Attend& self, const CrossAttend& cross) override;
+  Tensor head(View<const float> x) override;
+
+ private:
+  T5Model(const Options& o, const HfWeights& w);
+  void feed_forward(Layer& l, Tensor& x);
+  int64_t num_buckets_, max_distance_;
+  Activation act_kind_;
+  bool gated_, scale_output_;
+  Embedding shared_;
+  std::vector<Layer> encoder_, decoder_;
+  Tensor encoder_table_, decoder_table_;  // (num_buckets, H): layer 0's relative_attention_bias
+  RMSNorm encoder_norm_, decoder_norm_;
+  Linear lm_head_;
+  ActivationLayer act_;
+};
+
+// transformers' BartForConditionalGeneration: shared embeddings times sqrt(E) when scale_embedding, learned
+// positions (offset 2), layernorm_embedding; post-norm layers x = LN(x + out_proj(attn(x))), the decoder's
+// x = LN(x + out_proj(cross(x))), x = LN(x + fc2(act(fc1(x)))); lm_head tied to shared, plus final_logits_bias.
+class BartModel : public PretrainedSeq2Seq {
+ public:
+  explicit BartModel(const std::string& dir);
+  struct Options;  // what config.json says beyond Seq2SeqConfig (hf_bart.cpp)
+  std::string architecture() const override { return "BartForConditionalGeneration"; }
+  std::vector<Linear*> linears() override;
+
+  struct Attention {
+    Linear q, k, v, out;  // (E, E) each, biased
+    LayerNorm norm;       // after the residual add
+  };
+  struct Layer {
+    Attention self;
+    std::vector<Attention> cross;  // the decoder's (one)
+    Linear fc1, fc2;
+    LayerNorm final_norm;
+  };
+
+ protected:
+  Tensor embed(const int64_t* tok, const int64_t* pos, int64_t T, bool decoder) override;
+  void encoder_layer(int64_t i, Tensor& x, const Attend& attend) override;
+  void encoder_end(Tensor&) override {}
+  std::pair<Tensor, Tensor> cross_kv(int64_t i, View<const float> states) override;
+  void decoder_layer(int64_t i, Tensor& x, const Attend& self, const CrossAttend& cross) override;
+  Tensor head(View<const float> x) override;
+
+ private:
+  BartModel(const Options& o, const HfWeights& w);
+  void feed_forward(Layer& l, Tensor& x);
+  float embed_scale_;
+  Embedding shared_, encoder_pos_, decoder_pos_;
+  LayerNorm encoder_embed_norm_, decoder_embed_norm_;
+  std::vector<Layer> encoder_, decoder_;
+  Linear lm_head_;  // shared (V, E) with final_logits_bias (V)
+  ActivationLayer act_;
+};
+
+// Translates: the target tokens after decoder_start_token_id for a source (B = 1), through the decoder's KV
+// cache with sampling.h's loop (greedy at temperature 0), the source encoded once. Stops at
+// options.eos_token_ids (pass the model's seq2seq_config().eos_token_ids to stop as transformers does);
+// forced_bos/eos_token_id as transformers' generate applies them. Returns only the new tokens.
+std::vector<int64_t> generate(PretrainedSeq2Seq& model, const std::vector<int64_t>& source,
+                              const SampleOptions& options);
 // Reads `dir`/config.json and builds the model its "architectures" names; an Error for any other.
 std::unique_ptr<PretrainedModel> load_pretrained(const std::string& dir);
 
@@ -290,6 +563,8 @@ struct Pretrained {
 
   // The model as a decoder, or null for an encoder.
   PretrainedDecoder* decoder() const { return dynamic_cast<PretrainedDecoder*>(model.get()); }
+  // The model as an encoder-decoder, or null.
+  PretrainedSeq2Seq* seq2seq() const { return dynamic_cast<PretrainedSeq2Seq*>(model.get()); }
   static Pretrained load(const std::string& dir, Precision precision = Precision::f32);
   // The longest token sequence embed() feeds the model: max_seq_length, else the tokenizer's truncation,
   // each capped by the position table.

@@ -24,6 +24,10 @@ struct ModelViewOptions {
   int top_k = -1;         // weights kept per query row in the HTML (HtmlOptions::top_k: -1 auto, 0 all)
   std::string scale = "row";  // the colour scale (HtmlOptions::scale); "absolute": the PNGs too, 0 to 1
   int png_max_px = 1024;  // longest side of one head's matrix in the PNGs (HeatmapOptions::max_px)
+  // An encoder-decoder's target text (its tokens after decoder_start_token_id); empty: the model's greedy
+  // translation of the text, at most max_target tokens.
+  std::string target;
+  int64_t max_target = 24;
 };
 
 struct ModelViews {
@@ -31,6 +35,9 @@ struct ModelViews {
   std::vector<std::string> tokens;  // T: the labels, as the tokenizer spells them
   std::string html;               // DIR/attention.html
   std::vector<std::string> pngs;  // DIR/layer<i>.png, one per layer
+  // An encoder-decoder's: attention.html is the cross-attention (target tokens x source tokens); these are
+  // DIR/encoder.html and DIR/decoder.html, each side's self-attention (each page links the other two).
+  std::vector<std::string> more_html;
 };
 
 // Computes every layer's attention for `text` and writes DIR/attention.html and DIR/layer<i>.png
@@ -42,7 +49,11 @@ ModelViews write_model_views(const std::string& dir, Gpt& model, const CharToken
 // The same files for a pretrained model (Pretrained::load): `text` tokenized as its tokenizer does, special
 // tokens included ([CLS] ... [SEP] for BERT), at most max_positions() tokens; the labels are the tokens as
 // the vocabulary spells them ("##ing", "Ġthe"), as bertviz shows them. The PNG titles name the source, or
-// the model's architecture when it is empty.
+// the model's architecture when it is empty; a sliding-window layer's name says its window ("layer 0 ·
+// window 4096"), outside which its weights are 0. An encoder-decoder (T5, BART): `text` is the source and
+// options.target the target; attention.html and DIR/cross_layer<i>.png show the cross-attention (target x
+// source), DIR/encoder.html, DIR/decoder.html and encoder_layer<i>.png, decoder_layer<i>.png each side's
+// self-attention.
 ModelViews write_pretrained_views(const std::string& dir, Pretrained& model, const std::string& text,
                                   const ModelViewOptions& options = {});
 

@@ -5,8 +5,10 @@
     ids = m.tokenizer.encode("Hello world")                       # the ids `tokenizers` gives, [CLS] ... [SEP]
     h = m.forward(np.array([ids]))                                 # (B, L, E): the last hidden state
     e = m.embed(["Hello world", "Goodbye"])                        # (N, E): sentence-transformers' pooling
-    g = attn.models.from_pretrained("path/to/gpt2")               # GPT2LMHeadModel or LlamaForCausalLM
+    g = attn.models.from_pretrained("path/to/gpt2")               # GPT-2, Llama, Mistral, Qwen2, Gemma 2, BLOOM
     new = g.generate(g.tokenizer.encode("Hello"), max_new_tokens=20)   # greedy through the KV cache
+    t = attn.models.from_pretrained("path/to/t5")                 # T5ForConditionalGeneration, BART
+    out = t.generate(t.tokenizer.encode("translate: Hello"), max_new_tokens=20)   # the target's ids
 
 Not a hub client: a local directory only.
 """
@@ -54,7 +56,8 @@ class PretrainedModel:
 
 
 class PretrainedDecoder(PretrainedModel):
-    """A loaded decoder (GPT2LMHeadModel, LlamaForCausalLM): forward gives logits, generate continues ids."""
+    """A loaded decoder (GPT-2, Llama, Mistral, Qwen2, Gemma 2, BLOOM): forward gives logits, generate continues
+    ids."""
 
     def forward(self, ids, attention_mask=None):
         """ids (B, L) int -> logits (B, L, V); attention_mask (B, L), 1 = token, 0 = padding (None: all tokens).
@@ -91,6 +94,40 @@ def _path(directory):
                               f"{type(directory).__name__} {directory!r} instead") from None
 
 
+class PretrainedSeq2Seq(PretrainedModel):
+    """A loaded encoder-decoder (T5ForConditionalGeneration, BartForConditionalGeneration): forward gives the
+    encoder's last hidden state, logits the decoder's (teacher forced), generate translates source ids."""
+
+    @property
+    def eos_token_ids(self):
+        """The ids generate() stops at by default: generation_config.json's, else config.json's."""
+        return self._p.eos_token_ids
+
+    @property
+    def decoder_start_token_id(self):
+        """The target's first token (generate's output starts after it)."""
+        return self._p.decoder_start_token_id
+
+    def logits(self, source_ids, target_ids, attention_mask=None):
+        """source (B, S) and target (B, T) ids -> the decoder's logits (B, T, V) (target_ids as transformers'
+        decoder_input_ids: the start token first); attention_mask (B, S) marks the source's tokens (None: all)."""
+        return self._p.seq2seq_logits(np.asarray(source_ids), np.asarray(target_ids),
+                                      None if attention_mask is None else np.asarray(attention_mask))
+
+    def all_attention_weights(self, source_ids, target_ids):
+        """One source and target (lists of ids): {"encoder": per layer (1, H, S, S), "decoder": (1, H, T, T),
+        "cross": (1, H, T, S)}: the target tokens' attention over the source's beside each side's own."""
+        return self._p.seq2seq_attention_weights([int(t) for t in source_ids], [int(t) for t in target_ids])
+
+    def generate(self, source_ids, max_new_tokens=100, temperature=0.0, top_k=0, seed=0, kv_dtype="f32",
+                 eos_token_ids=None):
+        """The target ids after decoder_start_token_id for source_ids (a list of ints): the source encoded once,
+        then one token at a time through the decoder's KV cache, greedy at temperature 0, else sampled; stops
+        as PretrainedDecoder.generate does (forced_bos/eos_token_id of the config applied as transformers does)."""
+        return self._p.generate([int(t) for t in source_ids], max_new_tokens, temperature, top_k, seed, kv_dtype,
+                                None if eos_token_ids is None else [int(t) for t in eos_token_ids])
+
+
 def _dtype_name(dtype):
     """"float32"/"bfloat16" (or "f32"/"bf16", numpy's float32, torch.float32/torch.bfloat16) as attn names it."""
     name = str(getattr(dtype, "__name__", dtype)).replace("torch.", "")
@@ -98,11 +135,15 @@ def _dtype_name(dtype):
 
 
 def from_pretrained(directory, dtype="float32"):
-    """The model in a Hugging Face model directory: BertModel (an encoder: PretrainedModel), GPT2LMHeadModel
-    or LlamaForCausalLM (decoders: PretrainedDecoder). dtype "bfloat16": its matmuls multiply bf16 products
+    """The model in a Hugging Face model directory: BertModel (an encoder: PretrainedModel), GPT2LMHeadModel,
+    LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM or BloomForCausalLM (decoders:
+    PretrainedDecoder), T5ForConditionalGeneration or BartForConditionalGeneration (encoder-decoders:
+    PretrainedSeq2Seq). dtype "bfloat16": its matmuls multiply bf16 products
     with fp32 sums (attn.info()["gemm_bf16"] says whether the CPU's instruction or its exact emulation runs);
     weights stay the mapped float32."""
     m = PretrainedModel(directory, dtype)
     if m._p.is_decoder:
         m.__class__ = PretrainedDecoder
+    elif m._p.is_seq2seq:
+        m.__class__ = PretrainedSeq2Seq
     return m

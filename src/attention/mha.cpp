@@ -563,6 +563,9 @@ Tensor MultiheadAttention::forward_cached(View<const float> x, KVCache& cache, i
                 D = head_dim(), KV = Hkv * D;
   ATTN_CHECK(xq.size(2) == E, "Expected x ", layout_name(batched, o_.batch_first), " with E = ", E, ", but got shape ",
              to_string(x.shape), " instead");
+  ATTN_CHECK(cache.window(layer) == 0, "Expected a KVCache layer that keeps every token for ",
+             "MultiheadAttention.forward_cached (it has no sliding window), but got layer ", layer,
+             " keeping the last ", cache.window(layer), " instead");
   const int64_t cached_b = cache.dtype() == KvDtype::f32 ? cache.keys(layer).size(0) : cache.half(layer).k.shape[0];
   ATTN_CHECK(cached_b == B && cache.heads() == Hkv && cache.head_dim() == D,
              "Expected a KVCache of (B, Hkv, S_max, D) = ", to_string({B, Hkv, cache.capacity(), D}), ", but got ",

@@ -1,7 +1,9 @@
-// What the pretrained decoders (hf_gpt2.cpp, hf_llama.cpp) share: forward over a packed batch, the KV
-// cache path, attention weights, eos ids, and generate() on sampling.h's loop. The architectures supply
-// embed(), layer() and head(); the attention between their projections is sdpa(), run here.
+// What the pretrained decoders (hf_gpt2.cpp, hf_llama.cpp, hf_bloom.cpp) share: forward over a packed batch,
+// the KV cache path (a sliding layer's cache rolling), attention weights, eos ids, and generate() on
+// sampling.h's loop. The architectures supply embed(), layer(), head() and each layer's attention variants;
+// the attention between their projections is sdpa(), run here (hf_model.cpp's attend_packed, attend_cached).
 #include <filesystem>
+#include <limits>
 
 #include "attn/hf.h"
 #include "attn/sdpa.h"
@@ -54,8 +56,8 @@ Tensor PretrainedDecoder::run(const int64_t* ids, int64_t B, int64_t L, const in
                               std::vector<Tensor>* weights, bool hidden) {
   const Autocast autocast(precision);
   const int64_t H = c_.num_heads, Hkv = c_.num_kv_heads, D = c_.head_dim;
-  ATTN_CHECK(L <= c_.max_positions, "Expected ids (B, L) with L <= ", c_.max_positions, " (the positions ",
-             architecture(), " has), but got (", B, ", ", L, ") instead");
+  ATTN_CHECK(c_.max_positions == 0 || L <= c_.max_positions, "Expected ids (B, L) with L <= ", c_.max_positions,
+             " (the positions ", architecture(), " has), but got (", B, ", ", L, ") instead");
   const hf::PackedBatch p = hf::pack_batch(ids, B, L, mask);
   const int64_t T = p.rows();
   if (weights) {
@@ -69,7 +71,7 @@ Tensor PretrainedDecoder::run(const int64_t* ids, int64_t B, int64_t L, const in
     layer(i, x, p.pos.data(), [&](View<const float> q, View<const float> k, View<const float> v) {
       Tensor ctx = Tensor::uninitialized({T, H * D});  // every row written by its sequence's sdpa
       hf::attend_packed(p, q, k, v, H, Hkv, D, Causal::top_left, ctx.view(),
-                        weights ? &(*weights)[size_t(i)] : nullptr);
+                        weights ? &(*weights)[size_t(i)] : nullptr, attention(i));
       return ctx;
     });
   }
@@ -79,8 +81,12 @@ Tensor PretrainedDecoder::run(const int64_t* ids, int64_t B, int64_t L, const in
 }
 
 KVCache PretrainedDecoder::new_cache(int64_t B, int64_t capacity, KvDtype dtype) const {
-  ATTN_CHECK(B > 0 && capacity >= 0, "Expected B > 0 and capacity >= 0, but got ", B, " and ", capacity, " instead");
-  return KVCache(c_.num_layers, B, c_.num_kv_heads, capacity ? capacity : c_.max_positions, c_.head_dim, 0, dtype);
+  ATTN_CHECK(B > 0 && capacity >= 0 && (capacity > 0 || c_.max_positions > 0), "Expected B > 0 and capacity >= 0 ",
+             "(> 0 for ", architecture(), ", which has no position limit), but got ", B, " and ", capacity, " instead");
+  std::vector<int64_t> windows(size_t(c_.num_layers));
+  for (int64_t i = 0; i < c_.num_layers; ++i) windows[size_t(i)] = attention(i).sliding_window;
+  return KVCache(c_.num_layers, B, c_.num_kv_heads, capacity ? capacity : c_.max_positions, c_.head_dim, 0, dtype,
+                 windows);
 }
 
 Tensor PretrainedDecoder::forward_cached(const int64_t* ids, int64_t B, int64_t T, KVCache& cache, bool last_only) {
@@ -91,31 +97,15 @@ Tensor PretrainedDecoder::forward_cached(const int64_t* ids, int64_t B, int64_t 
              "Expected a KV cache of ", c_.num_layers, " layers of ", Hkv, " heads of ", D, ", but got ",
              cache.layers(), " layers of ", cache.heads(), " heads of ", cache.head_dim(), " instead");
   const int64_t S0 = cache.length(0);
-  ATTN_CHECK(S0 + T <= cache.capacity() && S0 + T <= c_.max_positions, "Expected at most ",
-             std::min(cache.capacity(), c_.max_positions), " positions in the KV cache, but got ", S0 + T,
-             " instead");
+  const int64_t most = std::min(cache.max_length(), c_.max_positions ? c_.max_positions : cache.max_length());
+  ATTN_CHECK(S0 + T <= most, "Expected at most ", most, " positions in the KV cache, but got ", S0 + T, " instead");
   std::vector<int64_t> pos(size_t(B * T));  // (B, T): rows b-major
   for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = S0 + i % T;
   Tensor x = embed(ids, pos.data(), B * T);  // (B·T, E)
   for (int64_t i = 0; i < c_.num_layers; ++i) {
     layer(i, x, pos.data(), [&](View<const float> q, View<const float> k, View<const float> v) {
-      // rows (B·T, heads·D) as (B, heads, T, D)
-      auto heads = [&](auto m, int64_t h) {
-        return decltype(m){m.data, {B, h, T, D}, {T * m.stride(0), D, m.stride(0), 1}};
-      };
-      cache.append(i, heads(k, Hkv), heads(v, Hkv));
       Tensor ctx = Tensor::uninitialized({B * T, H * D});  // written by sdpa
-      SdpaArgs<float> args;
-      args.q = heads(q, H);
-      args.causal = Causal::bottom_right;  // query t sees the S0 cached keys and the new ones up to t
-      const SdpaOut<float> out{heads(ctx.view(), H), {}, {}};
-      if (cache.dtype() == KvDtype::f32) {
-        args.k = cache.keys(i);
-        args.v = cache.values(i);
-        sdpa(args, out);
-      } else {
-        sdpa(args, cache.half(i), out);
-      }
+      hf::attend_cached(cache, i, q, k, v, B, T, H, Hkv, D, attention(i), ctx.view());
       return ctx;
     });
   }
@@ -129,12 +119,14 @@ std::vector<int64_t> generate(PretrainedDecoder& model, const std::vector<int64_
   const int64_t V = model.vocab_size(), P = model.max_positions();
   ATTN_CHECK(o.max_new_tokens >= 0, "Expected max_new_tokens >= 0, but got ", o.max_new_tokens, " instead");
   // The cache holds prompt + max_new_tokens positions, at most P (saturating: -n 2^63-1 made a capacity of
-  // -2^63), allocated as they are reached: the prompt and kGrow more first, then doubling (a model that
-  // allows 2^62 positions asked for all of them at once).
+  // -2^63; P = 0, ALiBi's, is no limit), allocated as they are reached: the prompt and kGrow more first,
+  // then doubling (a model that allows 2^62 positions asked for all of them at once).
   constexpr int64_t kGrow = 256;
-  const int64_t np = int64_t(prompt.size());
-  const int64_t most = std::max<int64_t>(1, o.max_new_tokens >= P - np ? P : np + o.max_new_tokens);
-  KVCache cache = model.new_cache(1, std::min(most, np + kGrow), o.kv_dtype);
+  const int64_t np = int64_t(prompt.size()), limit = P > 0 ? P : std::numeric_limits<int64_t>::max();
+  const int64_t most = std::max<int64_t>(1, o.max_new_tokens >= limit - np ? limit : np + o.max_new_tokens);
+  int64_t widest = 0;  // a sliding layer's cache rolls (keeps W tokens) only when it is longer than W
+  for (int64_t i = 0; i < model.num_layers(); ++i) widest = std::max(widest, model.attention(i).sliding_window);
+  KVCache cache = model.new_cache(1, std::min(most, std::max(np + kGrow, widest + 1)), o.kv_dtype);
   Tensor logits;  // (1, 1, V) of the last step
   return sample_loop(prompt, o, V, P, [&](const int64_t* ids, int64_t n, bool restart) {
     if (restart) cache.clear();

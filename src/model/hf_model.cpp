@@ -6,6 +6,7 @@
 
 #include "attn/hf.h"
 #include "attn/sdpa.h"
+#include "hf_config.h"
 #include "hf_json.h"
 #include "hf_pack.h"
 
@@ -96,8 +97,16 @@ PackedBatch pack_batch(const int64_t* ids, int64_t B, int64_t L, const int64_t* 
   return p;
 }
 
+void set_variants(SdpaArgs<float>& args, const LayerAttention& a) {
+  args.scale = a.scale;
+  if (a.sliding_window > 0) args.window = Window{a.sliding_window - 1, -1};
+  args.softcap = a.softcap;
+  args.alibi_slopes = a.alibi_slopes;
+  args.relative_bias = a.relative_bias;
+}
+
 void attend_packed(const PackedBatch& p, View<const float> q, View<const float> k, View<const float> v, int64_t H,
-                   int64_t Hkv, int64_t D, Causal causal, View<float> ctx, Tensor* weights) {
+                   int64_t Hkv, int64_t D, Causal causal, View<float> ctx, Tensor* weights, const LayerAttention& a) {
   const int64_t L = p.L;
   for (int64_t b = 0; b < p.B; ++b) {
     const int64_t o = p.off[size_t(b)], n = p.off[size_t(b) + 1] - o;
@@ -108,6 +117,7 @@ void attend_packed(const PackedBatch& p, View<const float> q, View<const float> 
     };
     SdpaArgs<float> args{heads(q, H), heads(k, Hkv), heads(v, Hkv)};
     args.causal = causal;
+    set_variants(args, a);
     Tensor w;
     if (weights) w = Tensor::uninitialized({1, H, n, n});
     sdpa(args, SdpaOut<float>{heads(ctx, H), weights ? w.view() : View<float>{}, {}});
@@ -121,12 +131,118 @@ void attend_packed(const PackedBatch& p, View<const float> q, View<const float> 
   }
 }
 
+void attend_cached(KVCache& cache, int64_t layer, View<const float> q, View<const float> k, View<const float> v,
+                   int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, const LayerAttention& a, View<float> ctx,
+                   Tensor* weights) {
+  // rows (B·T, heads·D) as (B, heads, T, D)
+  auto heads = [&](auto m, int64_t h) {
+    return decltype(m){m.data, {B, h, T, D}, {T * m.stride(0), D, m.stride(0), 1}};
+  };
+  SdpaArgs<float> args;
+  args.q = heads(q, H);
+  args.causal = Causal::bottom_right;  // query t sees the cached keys and the new ones up to t
+  set_variants(args, a);
+  auto attend = [&](View<const float> keys, View<const float> values) {
+    args.k = keys;
+    args.v = values;
+    if (weights) *weights = Tensor({B, H, T, keys.size(2)});
+    sdpa(args, SdpaOut<float>{heads(ctx, H), weights ? weights->view() : View<float>{}, {}});
+  };
+  const int64_t held = cache.stored(layer);
+  if (cache.window(layer) > 0 && T > 1) {
+    // Several new tokens on a rolling layer (which may hold fewer than they see): attended over the cached
+    // window and themselves, joined (B, Hkv, held + T, D), or over themselves alone in place, then appended
+    // (which drops what leaves the window).
+    if (held == 0) {
+      attend(heads(k, Hkv), heads(v, Hkv));
+      cache.append(layer, heads(k, Hkv), heads(v, Hkv));
+      return;
+    }
+    const int64_t n = held + T;
+    Tensor kk({B, Hkv, n, D}), vv({B, Hkv, n, D});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t s = 0; s < n; ++s) {
+          float* dk = kk.data() + ((b * Hkv + h) * n + s) * D;
+          float* dv = vv.data() + ((b * Hkv + h) * n + s) * D;
+          if (s >= held) {  // new token s - held: row b·T + s - held, head h
+            const int64_t r = b * T + s - held;
+            std::copy_n(k.data + r * k.stride(0) + h * D, D, dk);
+            std::copy_n(v.data + r * v.stride(0) + h * D, D, dv);
+          } else if (cache.dtype() == KvDtype::f32) {
+            const View<const float> ck = cache.keys(layer), cv = cache.values(layer);
+            std::copy_n(ck.data + b * ck.stride(0) + h * ck.stride(1) + s * ck.stride(2), D, dk);
+            std::copy_n(cv.data + b * cv.stride(0) + h * cv.stride(1) + s * cv.stride(2), D, dv);
+          } else {
+            const HalfKV hk = cache.half(layer);
+            from_half(hk.dtype, hk.k.data + b * hk.k.stride(0) + h * hk.k.stride(1) + s * hk.k.stride(2), D, dk);
+            from_half(hk.dtype, hk.v.data + b * hk.v.stride(0) + h * hk.v.stride(1) + s * hk.v.stride(2), D, dv);
+          }
+        }
+    attend(kk.view(), vv.view());
+    cache.append(layer, heads(k, Hkv), heads(v, Hkv));
+    return;
+  }
+  cache.append(layer, heads(k, Hkv), heads(v, Hkv));
+  if (cache.dtype() == KvDtype::f32) {
+    attend(cache.keys(layer), cache.values(layer));
+  } else {
+    ATTN_CHECK(!weights, "Expected an f32 KV cache for attention weights, but got ", to_string(cache.dtype()),
+               " instead");
+    sdpa(args, cache.half(layer), SdpaOut<float>{heads(ctx, H), {}, {}});
+  }
+}
+
 Tensor unpack(const PackedBatch& p, View<const float> x) {
   const int64_t F = x.size(1);
   Tensor out({p.B, p.L, F});  // padded positions stay 0
   for (int64_t i = 0; i < p.B * p.L; ++i)
     if (p.row_of[size_t(i)] >= 0) std::copy_n(x.data + p.row_of[size_t(i)] * x.stride(0), F, out.data() + i * F);
   return out;
+}
+
+}  // namespace hf
+
+namespace hf {
+
+namespace {
+
+// Fields of a saved config that change nothing attn computes at inference: which class and library wrote
+// it, token ids (read where they matter: eos, decoder start), dtype (the file's tensors say it), dropout and
+// layer drop (eval mode), initialisation, labels of heads attn does not run, and generation defaults
+// (attn's generate is asked for greedy or sampling explicitly; forced_bos/eos_token_id are read where used).
+constexpr const char* kInertFields[] = {
+    "architectures", "model_type", "transformers_version", "_name_or_path", "dtype", "torch_dtype", "use_cache",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "unk_token_id",
+    "initializer_range", "initializer_factor", "init_std", "attention_dropout", "hidden_dropout", "dropout",
+    "dropout_rate", "activation_dropout", "classifier_dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop",
+    "encoder_layerdrop", "decoder_layerdrop", "id2label", "label2id", "num_labels", "problem_type",
+    "output_attentions", "output_hidden_states", "return_dict", "is_encoder_decoder", "task_specific_params",
+    "finetuning_task", "prefix", "forced_bos_token_id", "forced_eos_token_id", "num_beams", "no_repeat_ngram_size",
+    "early_stopping", "max_length", "min_length", "length_penalty", "gradient_checkpointing",
+    "bad_words_ids", "use_return_dict", "classif_dropout"};
+
+}  // namespace
+
+void check_fields(const json& j, const std::string& where, const std::string& architecture,
+                  std::initializer_list<const char*> read) {
+  for (const auto& [key, value] : j.items()) {
+    bool known = false;
+    for (const char* r : read) known = known || key == r;
+    for (const char* r : kInertFields) known = known || key == r;
+    ATTN_CHECK(known, "Expected only the config.json fields attn implements for ", architecture, " in ", where,
+               ", but got \"", key, "\" (", brief(value), ") instead");
+  }
+}
+
+int64_t generation_id(const std::string& dir, const json& config, const char* key, int64_t fallback) {
+  const fs::path gen = fs::path(dir) / "generation_config.json";
+  json g;
+  if (fs::exists(gen)) g = read_json(gen.string(), "generation_config.json");
+  const bool in_gen = g.contains(key);
+  const json& j = in_gen ? g : config;
+  const std::string where = cat("'", in_gen ? gen.string() : (fs::path(dir) / "config.json").string(), "'");
+  return field_or<int64_t>(j, key, where, fallback);
 }
 
 }  // namespace hf
@@ -139,10 +255,16 @@ std::unique_ptr<PretrainedModel> load_pretrained(const std::string& dir) {
     arch = (*a)[0].get<std::string>();
   if (arch == "BertModel") return std::make_unique<BertModel>(dir);
   if (arch == "GPT2LMHeadModel") return std::make_unique<Gpt2Model>(dir);
-  if (arch == "LlamaForCausalLM") return std::make_unique<LlamaModel>(dir);
-  ATTN_CHECK(false, "Expected \"architectures\" [\"BertModel\"], [\"GPT2LMHeadModel\"] or [\"LlamaForCausalLM\"] in '",
-             path, "', but got ", j.contains("architectures") ? hf::brief(j["architectures"]) : std::string("none"),
-             " instead");
+  if (arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM" ||
+      arch == "Gemma2ForCausalLM")
+    return std::make_unique<LlamaModel>(dir);
+  if (arch == "BloomForCausalLM") return std::make_unique<BloomModel>(dir);
+  if (arch == "T5ForConditionalGeneration") return std::make_unique<T5Model>(dir);
+  if (arch == "BartForConditionalGeneration") return std::make_unique<BartModel>(dir);
+  ATTN_CHECK(false, "Expected \"architectures\" [\"BertModel\"], [\"GPT2LMHeadModel\"], [\"LlamaForCausalLM\"], ",
+             "[\"MistralForCausalLM\"], [\"Qwen2ForCausalLM\"], [\"Gemma2ForCausalLM\"], [\"BloomForCausalLM\"], ",
+             "[\"T5ForConditionalGeneration\"] or [\"BartForConditionalGeneration\"] in '", path, "', but got ",
+             j.contains("architectures") ? hf::brief(j["architectures"]) : std::string("none"), " instead");
   return nullptr;
 }
 

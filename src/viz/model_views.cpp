@@ -48,32 +48,102 @@ std::vector<int64_t> model_tokens(const Gpt& model, const CharTokenizer& tokeniz
 
 namespace {
 
-// Every layer's weights (1, H, T, T) and the T token labels -> DIR/attention.html and DIR/layer<i>.png.
-ModelViews write_views(const std::string& dir, std::vector<Tensor> weights, std::vector<std::string> tokens,
-                       const std::string& text, const ModelViewOptions& options) {
+// One page's worth: every layer's weights (1, H, L, S), the labels of the L queries and (cross-attention) of the
+// S keys, and how the files and layers are named.
+struct Views {
+  std::vector<Tensor> weights;
+  std::vector<std::string> queries, keys;  // keys empty: self-attention
+  std::vector<std::string> names;          // per layer, or empty: "layer l"
+  std::string file = "attention", png = "layer";
+};
+
+void create_dir(const std::string& dir) {
   check_path(dir, "the output directory");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   ATTN_CHECK(!ec, "Expected to create the output directory '", dir, "', but got '", ec.message(), "' instead");
+}
 
-  ModelViews out;
-  out.weights = std::move(weights);
-  out.tokens = std::move(tokens);
-  AttentionRecord record{out.tokens, {}, {}, {}};
-  for (size_t l = 0; l < out.weights.size(); ++l) {
-    const View<const float> w = out.weights[l].view().select(0, 0);  // (H, T, T)
+// DIR/<file>.html and DIR/<png><i>.png of v; the page's path. links: other pages of the same text, by file name.
+std::string write_page(const std::string& dir, const Views& v, const std::string& text, const ModelViewOptions& options,
+                       std::vector<std::string>& pngs, const std::vector<std::string>& links = {}) {
+  AttentionRecord record{v.queries, v.keys, {}, v.names};
+  for (size_t l = 0; l < v.weights.size(); ++l) {
+    const View<const float> w = v.weights[l].view().select(0, 0);  // (H, L, S)
     record.layers.push_back(w);
-    const std::string title = cat("layer ", l, " \u00b7 ", w.size(0), " heads \u00b7 \"", display_token(text, 40), "\"",
+    const std::string name = v.names.empty() ? cat("layer ", l) : v.names[l];
+    const std::string title = cat(name, " \u00b7 ", w.size(0), " heads \u00b7 \"", display_token(text, 40), "\"",
                                   options.source.empty() ? "" : " \u00b7 ", options.source);
-    out.pngs.push_back((std::filesystem::path(dir) / ("layer" + std::to_string(l) + ".png")).string());
-    write_heads_png(out.pngs.back(), w, out.tokens, {},
+    pngs.push_back((std::filesystem::path(dir) / (v.png + std::to_string(l) + ".png")).string());
+    write_heads_png(pngs.back(), w, v.queries, v.keys,
                     {.title = title, .vmax = options.scale == "absolute" ? 1.f : 0.f, .max_px = options.png_max_px});
   }
-  out.html = (std::filesystem::path(dir) / "attention.html").string();
+  const std::string path = (std::filesystem::path(dir) / (v.file + ".html")).string();
   // the text cut as the PNG titles cut it: the page lists every token, its title need not repeat them
-  write_html(out.html, record,
-             {.title = options.title.empty() ? "attention on \"" + display_token(text, 40) + "\"" : options.title,
-              .top_k = options.top_k, .scale = options.scale});
+  const std::string title =
+      options.title.empty() ? "attention on \"" + display_token(text, 40) + "\"" : options.title;
+  std::string html = render_html(record, {.title = links.empty() ? title : cat(title, " \u00b7 ", v.file),
+                                          .top_k = options.top_k, .scale = options.scale});
+  if (!links.empty()) {  // a line of links to the other pages, first in the body
+    std::string nav = "<p style=\"font:14px sans-serif;margin:8px\">";
+    for (const std::string& l : links) nav += cat("<a href=\"", l, ".html\">", l, "</a> ");
+    nav += "</p>";
+    const size_t body = html.find("<body");
+    const size_t at = body == std::string::npos ? std::string::npos : html.find('>', body);
+    if (at != std::string::npos) html.insert(at + 1, nav);
+  }
+  check_path(path, "the HTML path");
+  write_file_atomic(path, "the HTML page", html);
+  return path;
+}
+
+// Every layer's weights (1, H, T, T) and the T token labels -> DIR/attention.html and DIR/layer<i>.png.
+ModelViews write_views(const std::string& dir, std::vector<Tensor> weights, std::vector<std::string> tokens,
+                       const std::string& text, const ModelViewOptions& options,
+                       std::vector<std::string> names = {}) {
+  create_dir(dir);
+  ModelViews out;
+  Views v{std::move(weights), std::move(tokens), {}, std::move(names)};
+  out.html = write_page(dir, v, text, options, out.pngs);
+  out.weights = std::move(v.weights);
+  out.tokens = std::move(v.queries);
+  return out;
+}
+
+// An encoder-decoder's three pages: the cross-attention (attention.html) and each side's self-attention.
+ModelViews write_seq2seq_views(const std::string& dir, Pretrained& model, PretrainedSeq2Seq& s, const Encoding& source,
+                               const std::string& text, const ModelViewOptions& options) {
+  std::vector<int64_t> target{s.seq2seq_config().decoder_start_token_id};
+  if (options.target.empty()) {
+    SampleOptions greedy;
+    greedy.temperature = 0;
+    greedy.max_new_tokens = options.max_target;
+    greedy.eos_token_ids = s.seq2seq_config().eos_token_ids;
+    for (int64_t t : generate(s, source.ids, greedy)) target.push_back(t);
+  } else {
+    for (int64_t t : model.tokenizer.encode(options.target, false, 0).ids) target.push_back(t);
+  }
+  std::vector<std::string> target_tokens;
+  for (int64_t t : target) target_tokens.push_back(model.tokenizer.id_to_token(t));
+  PretrainedSeq2Seq::Weights w =
+      s.all_attention_weights(source.ids.data(), int64_t(source.ids.size()), target.data(), int64_t(target.size()));
+  auto named = [](const char* side, size_t n, const char* what) {  // "decoder 1 · cross"
+    std::vector<std::string> names;
+    for (size_t l = 0; l < n; ++l) names.push_back(cat(side, " ", l, what));
+    return names;
+  };
+  create_dir(dir);
+  ModelViews out;
+  const size_t E = w.encoder.size(), D = w.decoder.size();
+  Views cross{std::move(w.cross), target_tokens, source.tokens, named("decoder", D, " \u00b7 cross"), "attention",
+              "cross_layer"};
+  Views enc{std::move(w.encoder), source.tokens, {}, named("encoder", E, ""), "encoder", "encoder_layer"};
+  Views dec{std::move(w.decoder), target_tokens, {}, named("decoder", D, " \u00b7 self"), "decoder", "decoder_layer"};
+  out.html = write_page(dir, cross, text, options, out.pngs, {"encoder", "decoder"});
+  out.more_html.push_back(write_page(dir, enc, text, options, out.pngs, {"attention", "decoder"}));
+  out.more_html.push_back(write_page(dir, dec, text, options, out.pngs, {"attention", "encoder"}));
+  out.weights = std::move(cross.weights);
+  out.tokens = std::move(target_tokens);
   return out;
 }
 
@@ -97,7 +167,14 @@ ModelViews write_pretrained_views(const std::string& dir, Pretrained& model, con
              " tokens instead");
   ModelViewOptions o = options;
   if (o.source.empty()) o.source = model.model->architecture();
-  return write_views(dir, model.model->attention_weights(enc.ids.data(), 1, T), enc.tokens, text, o);
+  if (PretrainedSeq2Seq* s = model.seq2seq()) return write_seq2seq_views(dir, model, *s, enc, text, o);
+  std::vector<std::string> names;  // a sliding layer says its window
+  if (PretrainedDecoder* d = model.decoder())
+    for (int64_t l = 0; l < d->num_layers(); ++l)
+      names.push_back(d->attention(l).sliding_window > 0
+                          ? cat("layer ", l, " \u00b7 window ", d->attention(l).sliding_window)
+                          : cat("layer ", l));
+  return write_views(dir, model.model->attention_weights(enc.ids.data(), 1, T), enc.tokens, text, o, std::move(names));
 }
 
 double mean_row_entropy(View<const float> w, int64_t min_keys) {

@@ -1,7 +1,8 @@
-"""attn.models' decoders (GPT2LMHeadModel, LlamaForCausalLM) against transformers on tiny random models
-that transformers builds and saves (tests/python/tiny_decoders.py): logits on a batch within a tolerance
-derived from float64, padded rows, greedy generation of 50 tokens identical to transformers' generate
-(eager attention, float32), eos stopping, and `attn generate --model`. Not the loader's errors on
+"""attn.models' decoders (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+Gemma2ForCausalLM, BloomForCausalLM) against transformers on tiny random models that transformers builds and
+saves (tests/python/tiny_decoders.py): logits on a batch within a tolerance derived from float64, padded rows,
+greedy generation of 50 tokens identical to transformers' generate (eager attention, float32; past the sliding
+windows, so the rolling KV caches wrap), eos stopping, and `attn generate --model`. Not the loader's errors on
 malformed files (tests/test_hf_decoder.cpp).
 """
 import os
@@ -30,6 +31,16 @@ CONFIGS = {
     "llama-mha-bias": lambda d: tiny_decoders.llama(d, hidden_size=32, heads=2, kv_heads=2, head_dim=16,
                                                     vocab_size=61, rope_theta=1000.0, attention_bias=True,
                                                     mlp_bias=True, seed=3),
+    # every layer a window of 8 keys: the 7-token prompt and 50 new tokens wrap the rolling cache
+    "mistral-window": lambda d: tiny_decoders.mistral(d, sliding_window=8, seed=4),
+    # q/k/v biases; layers 1 and 2 slide over 6 keys, layer 0 sees everything
+    "qwen2-window": lambda d: tiny_decoders.qwen2(d, layers=3, use_sliding_window=True, sliding_window=6,
+                                                  max_window_layers=1, seed=5),
+    # sliding, global, sliding; scores scaled by 16^-1/2 and both softcaps small enough to bite
+    "gemma2-caps": lambda d: tiny_decoders.gemma2(d, initializer_range=0.1, query_pre_attn_scalar=16,
+                                                  attn_logit_softcapping=2.0, final_logit_softcapping=3.0, seed=6),
+    # 6 heads: ALiBi's slopes past the power of two
+    "bloom-alibi": lambda d: tiny_decoders.bloom(d, heads=6, initializer_range=0.1, seed=7),
 }
 
 
