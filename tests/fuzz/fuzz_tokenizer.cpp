@@ -11,6 +11,7 @@
 #include <fstream>
 #include <string>
 
+#include "attn/check.h"
 #include "attn/hf_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
