@@ -10,7 +10,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -71,12 +70,7 @@ void expect_same_everywhere(const std::function<R()>& f, const std::function<voi
 
 template <typename T>
 void expect_bits(const std::vector<T>& want, const std::vector<T>& got, const char* what) {
-  ASSERT_EQ(want.size(), got.size()) << what;
-  size_t differ = 0, first = 0;
-  for (size_t i = 0; i < want.size(); ++i)
-    if (std::memcmp(&want[i], &got[i], sizeof(T)) != 0 && differ++ == 0) first = i;
-  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << want.size() << " elements differ, first at " << first
-                        << " (" << want[first] << " vs " << got[first] << ")";
+  EXPECT_TRUE(test::same_bits(want, got)) << what;
 }
 
 std::vector<float> uniform(size_t n, uint32_t seed, float lo = -1, float hi = 1) {

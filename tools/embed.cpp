@@ -30,7 +30,9 @@ namespace attn {
 
 CLI::App* add_embed_command(CLI::App& app, EmbedCli& cli) {
   auto* cmd = app.add_subcommand("embed", "sentence embeddings from a Hugging Face model directory (e.g. MiniLM)");
-  cmd->add_option("--model", cli.model, "model directory: config.json, model.safetensors, tokenizer.json")->required();
+  cmd->add_option("--model", cli.model, "model directory: config.json, model.safetensors, tokenizer.json")
+      ->required()
+      ->check(not_empty("a model directory"));
   cmd->add_option("--input", cli.input, "texts, one per line: a file, a pipe, or - (default: stdin)");
   cmd->add_option("--out", cli.out, "output: FILE.npy (float32 (N, E)) or FILE.jsonl (default: JSON lines on stdout)");
   cmd->add_option("--batch", cli.batch, "texts per forward (sorted by length, padded per batch)")

@@ -34,6 +34,7 @@ def run(*args):
     (["viz", "--model", "", "--text", "x"], "--model: Expected a model directory, but got an empty string instead"),
     (["viz", "--ckpt", "", "--text", "x"], "--ckpt: Expected a checkpoint directory, but got an empty string instead"),
     (["generate", "--model", ""], "--model: Expected a model directory, but got an empty string instead"),
+    (["embed", "--model", ""], "--model: Expected a model directory, but got an empty string instead"),
     (["train", "--data", "", "--steps", "1"], "--data: Expected a text file, but got an empty string instead"),
 ])
 def test_errors_say_what_to_do(args, message):
