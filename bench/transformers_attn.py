@@ -1,8 +1,9 @@
 """transformers' own models with attn_implementation="attn" (attn.transformers.register()) against the same
 models with "sdpa": (1) all-MiniLM-L6-v2 sentence embeddings of a padded batch (forward and mean pooling,
 inference), (2) a Llama-shaped causal LM's training step (forward, loss, backward; random weights, float32).
-Everything but attention is PyTorch's on both sides, so the gain is attention's share. Same thread count,
-runs interleaved, medians.
+Everything but attention is PyTorch's on both sides, so the gain is attention's share. A third model,
+"free", has attention cost nothing (its output is the query, as a view): sdpa / free bounds what any
+attention kernel can gain in this model. Same thread count, runs interleaved, medians.
 
     .venv/bin/python bench/transformers_attn.py --threads 2 --repeats 5
 """
@@ -36,7 +37,12 @@ def report(what, m):
     print(f"\n{what}")
     for k, v in m.items():
         print(f"  {k:6} {v * 1e3:9.1f} ms")
-    print(f"  attn / sdpa: {m['sdpa'] / m['attn']:.2f}x")
+    print(f"  attn / sdpa: {m['sdpa'] / m['attn']:.2f}x; the bound (attention free) / sdpa: {m['sdpa'] / m['free']:.2f}x")
+
+
+def free_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention that costs nothing: the query, (B, L, H, D) as a view (the bound of attention's share)."""
+    return query.transpose(1, 2), None
 
 
 def main():
@@ -57,6 +63,7 @@ def main():
 
     set_threads(a.threads)
     attn.transformers.register()
+    transformers.AttentionInterface.register("free", free_attention)
     print(f"transformers {transformers.__version__}")
 
     # (1) MiniLM embeddings: texts of 8 to 120 words, padded to the longest of the batch
@@ -68,7 +75,7 @@ def main():
         texts = [" ".join(rng.choice(words, int(n))) for n in rng.integers(8, 120, a.texts)]
         batch = tok(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
         models = {impl: transformers.AutoModel.from_pretrained(minilm, attn_implementation=impl).eval()
-                  for impl in ("attn", "sdpa")}
+                  for impl in ("attn", "sdpa", "free")}
 
         def embed(m):
             with torch.inference_mode():
@@ -90,7 +97,7 @@ def main():
                         intermediate=1408, max_positions=a.seq)
     x = torch.randint(0, 8000, (a.batch, a.seq), generator=torch.Generator().manual_seed(1))
     models = {impl: transformers.LlamaForCausalLM.from_pretrained(d, attn_implementation=impl).train()
-              for impl in ("attn", "sdpa")}
+              for impl in ("attn", "sdpa", "free")}
 
     def step(m):
         m.zero_grad(set_to_none=True)
@@ -98,6 +105,8 @@ def main():
     grads = {}
     for k, m in models.items():
         step(m)
+        if k == "free":
+            continue
         grads[k] = torch.cat([p.grad.flatten() for p in m.parameters()])
     print(f"\nLlama-shaped: E 512, 8 layers, 8 query heads over 2 KV heads of 64, V 8000; batch {a.batch} x {a.seq}; "
           f"max |gradient difference| {float((grads['attn'] - grads['sdpa']).abs().max()):.1e} "
