@@ -56,6 +56,14 @@ test-halves:
 test-cpp:
 	$(TEST_CPP)
 
+# The headline numbers, attn against PyTorch 2.13 (transformers, ONNX Runtime) on this machine, in one table:
+# bench/run.py says what it runs (at most 10 minutes on 2 cores; BENCH_ARGS=--threads 4 for another count).
+# The peers are the test set's Python packages; the build is the CLI and the module only, as make demo's.
+BENCH_ARGS ?=
+bench: deps
+	@$(MAKE) --no-print-directory build-demo
+	$(PY) bench/run.py $(BENCH_ARGS)
+
 test-python:
 	$(TEST_PYTHON)
 
