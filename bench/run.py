@@ -18,9 +18,10 @@ the full ones, more rounds, more contenders):
                                                                             bench/embed_vs_torch.py
   a training step at nanoGPT's CPU shape (4 layers, E 128, block 128, batch 32), against PyTorch eager
                                                                             bench/train_torch.py throughput
-About 4 minutes on 2 cores; it prints its wall time. --quick: tiny sizes and one round, a smoke run of every
-row (tests/python/test_bench_run.py). A peer that is not installed (transformers, onnxruntime) is skipped
-with a note; a row that fails says so in the table and the command exits 1.
+About 2 minutes on 2 free cores (111 s on a 2-vCPU AMD EPYC), well under 10 on a busy one; it prints its wall
+time. --quick: tiny sizes and one round, a smoke run of every row (tests/python/test_bench_run.py). A peer that
+is not installed (transformers, onnxruntime) is skipped with a note; a row that fails says so in the table and
+the command exits 1.
 """
 import argparse
 import importlib.util
