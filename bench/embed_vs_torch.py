@@ -8,7 +8,6 @@ transformers under torch.autocast("cpu", dtype=torch.bfloat16), in the same inte
     .venv/bin/python bench/embed_vs_torch.py --threads 2 --repeats 5 [--bf16]
 """
 import argparse
-import os
 import statistics
 import subprocess
 import sys

@@ -136,5 +136,6 @@ def main():
                 continue
             print(f"{label} {gf['attn']:8.1f} {gf['torch']:9.1f} {gf['attn'] / gf['torch']:9.2f}", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -37,7 +37,8 @@ def report(what, m):
     print(f"\n{what}")
     for k, v in m.items():
         print(f"  {k:6} {v * 1e3:9.1f} ms")
-    print(f"  attn / sdpa: {m['sdpa'] / m['attn']:.2f}x; the bound (attention free) / sdpa: {m['sdpa'] / m['free']:.2f}x")
+    print(f"  attn / sdpa: {m['sdpa'] / m['attn']:.2f}x; "
+          f"the bound (attention free) / sdpa: {m['sdpa'] / m['free']:.2f}x")
 
 
 def free_attention(module, query, key, value, attention_mask, **kwargs):

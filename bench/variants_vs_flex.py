@@ -44,7 +44,8 @@ def variants(L, H, W):
         "softcap": (dict(is_causal=True, softcap=50.0), lambda s, b, h, q, k: 50.0 * torch.tanh(s / 50.0),
                     lambda b, h, q, k: k <= q, None),  # softcap has no dense-mask form: no SDPA row
         "documents": (dict(is_causal=True, document_ids=docs[None]), None,
-                      lambda b, h, q, k: (k <= q) & (docs[q] == docs[k]), neg_inf(causal & (docs[:, None] == docs[None]))),
+                      lambda b, h, q, k: (k <= q) & (docs[q] == docs[k]),
+                      neg_inf(causal & (docs[:, None] == docs[None]))),
     }
 
 

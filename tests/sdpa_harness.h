@@ -81,7 +81,8 @@ struct Case {
     if (window.given()) v += cat(" window=(", window.left, ", ", window.right, ")");
     if (alibi) v += cat(" alibi=", alibi == 1 ? "(H)" : "(B, H)");
     if (softcap > 0) v += cat(" softcap=", softcap);
-    if (rel_buckets) v += cat(" t5=", rel_buckets, rel_bidirectional ? " bidirectional" : " causal", " max ", rel_max_distance);
+    if (rel_buckets)
+      v += cat(" t5=", rel_buckets, rel_bidirectional ? " bidirectional" : " causal", " max ", rel_max_distance);
     if (!docs.empty()) {
       v += docs_k.empty() ? " doc lengths=" : " varlen q=";
       for (int64_t d : docs) v += cat(d, ",");
@@ -166,13 +167,15 @@ struct Inputs {
     // ALiBi's geometric slopes 2^(-8(h+1)/H), times a batch factor for (B, H); the table: normal values
     if (c.alibi)
       for (int64_t b = 0; b < (c.alibi == 2 ? c.B : 1); ++b)
-        for (int64_t h = 0; h < c.H; ++h) slopes.push_back(float(std::exp2(-8.0 * double(h + 1) / double(c.H)) * (1 + 0.5 * double(b))));
+        for (int64_t h = 0; h < c.H; ++h)
+          slopes.push_back(float(std::exp2(-8.0 * double(h + 1) / double(c.H)) * (1 + 0.5 * double(b))));
     for (int64_t i = 0; i < c.rel_buckets * c.H; ++i) table.push_back(static_cast<float>(rng.normal()));
   }
   Inputs clone() const {
     Inputs in;
     in.c = c, in.mask = mask, in.padding = padding, in.slopes = slopes, in.table = table;
-    in.q = TensorD::copy_of(q), in.k = TensorD::copy_of(k), in.v = TensorD::copy_of(v), in.dout = TensorD::copy_of(dout);
+    in.q = TensorD::copy_of(q), in.k = TensorD::copy_of(k), in.v = TensorD::copy_of(v),
+    in.dout = TensorD::copy_of(dout);
     return in;
   }
 
@@ -192,7 +195,8 @@ struct Inputs {
     b.args.seed = c.dropout_seed;
     b.args.window = c.window;
     b.args.softcap = c.softcap;
-    if (c.alibi) b.args.alibi_slopes = (b.slopes = to_arr<T>(slopes.data(), c.alibi == 1 ? Shape{c.H} : Shape{c.B, c.H}, 0)).view;
+    if (c.alibi)
+      b.args.alibi_slopes = (b.slopes = to_arr<T>(slopes.data(), c.alibi == 1 ? Shape{c.H} : Shape{c.B, c.H}, 0)).view;
     if (c.rel_buckets) {
       b.args.relative_bias.table = (b.table = to_arr<T>(table.data(), {c.rel_buckets, c.H}, 0)).view;
       b.args.relative_bias.bidirectional = c.rel_bidirectional;
@@ -317,7 +321,9 @@ inline void expect_forward_close(ForwardKernel<float> kernel, const Inputs& in) 
   expect_close("out", got.out, ref32.out, truth.out, kAtolOut);
   expect_close("lse", got.lse, ref32.lse, truth.lse, kAtolLse);
 }
-inline void expect_forward_close(ForwardKernel<float> kernel, const Case& c) { expect_forward_close(kernel, Inputs(c)); }
+inline void expect_forward_close(ForwardKernel<float> kernel, const Case& c) {
+  expect_forward_close(kernel, Inputs(c));
+}
 
 // Backward atol: 1e-6 (~8 fp32 ulps) of the largest gradient of the problem, for gradients that are exact
 // cancellations, where the reference can round to exactly 0 and flash, whose D = rowsum(dO∘O) comes from
@@ -344,6 +350,8 @@ inline void expect_backward_close(BackwardKernel<float> kernel, const Inputs& in
     expect_close("drelative_bias", got.drel, ref32.drel, truth.drel, atol + 1e-6 * largest);
   }
 }
-inline void expect_backward_close(BackwardKernel<float> kernel, const Case& c) { expect_backward_close(kernel, Inputs(c)); }
+inline void expect_backward_close(BackwardKernel<float> kernel, const Case& c) {
+  expect_backward_close(kernel, Inputs(c));
+}
 
 }  // namespace attn::test

@@ -64,7 +64,8 @@ using Param = std::tuple<int /* mask */, Causal, int /* H / Hkv */, double /* dr
 
 std::string param_name(const testing::TestParamInfo<Param>& info) {
   auto [mask, causal, ratio, dropout, tall] = info.param;
-  return cat(kMasks[mask], "_causal_", name(causal), "_gqa", ratio, dropout > 0 ? "_dropout" : "", tall ? "_L7S5" : "_L5S7");
+  return cat(kMasks[mask], "_causal_", name(causal), "_gqa", ratio, dropout > 0 ? "_dropout" : "",
+             tall ? "_L7S5" : "_L5S7");
 }
 
 // Every mask, both alignments and none, GQA ratios 1, 2, 4, with and without dropout, L < S and L > S.

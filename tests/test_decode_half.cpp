@@ -67,7 +67,8 @@ TEST(HalfConvert, TiesToEvenInfNanAndOverflow) {
   // bf16: the same with 2^-8; a truncating conversion (Highway 1.0's DemoteTo) fails the last two
   EXPECT_EQ(value_of(KvDtype::bf16, bits_of(KvDtype::bf16, 1.f + std::ldexp(1.f, -8))), 1.f);
   EXPECT_EQ(value_of(KvDtype::bf16, bits_of(KvDtype::bf16, 1.f + 3 * std::ldexp(1.f, -8))), 1.f + std::ldexp(1.f, -6));
-  EXPECT_EQ(value_of(KvDtype::bf16, bits_of(KvDtype::bf16, 1.f + 0.75f * std::ldexp(1.f, -7))), 1.f + std::ldexp(1.f, -7));
+  EXPECT_EQ(value_of(KvDtype::bf16, bits_of(KvDtype::bf16, 1.f + 0.75f * std::ldexp(1.f, -7))),
+            1.f + std::ldexp(1.f, -7));
   for (KvDtype t : kHalves) {
     EXPECT_EQ(value_of(t, bits_of(t, inf)), inf);
     EXPECT_EQ(value_of(t, bits_of(t, -inf)), -inf);
@@ -240,7 +241,8 @@ TEST(DecodeHalf, ErrorsNameTheArgument) {
   DecodeRun r(c, KvDtype::f16);
   const Bound<float> b = r.in.bind<float>();
   SdpaArgs<float> a = b.args;
-  HalfKV kv{KvDtype::f16, View<const uint16_t>(r.k16.data(), {1, 2, 10, 64}), View<const uint16_t>(r.v16.data(), {1, 2, 10, 64})};
+  HalfKV kv{KvDtype::f16, View<const uint16_t>(r.k16.data(), {1, 2, 10, 64}),
+            View<const uint16_t>(r.v16.data(), {1, 2, 10, 64})};
   std::vector<float> out(64);
   SdpaOut<float> o{View<float>(out.data(), {1, 4, 1, 64}), {}, {}};
   EXPECT_NE(test::error_of([&] { sdpa(a, kv, o); }).find("args.k and args.v empty"), std::string::npos);

@@ -1,7 +1,8 @@
 // The flash forward kernel against the fp64 reference, with FlashAttention's derived tolerance: its
 // error may be at most 2x the error of the plain fp32 reference, plus a tiny atol. Also: bitwise the same
 // output for 1 and 2 threads, the zero policy on fully masked rows, every SIMD target compiled in,
-// forced small and large tile sizes, and sdpa()'s backend choice (explain, strict). Not a benchmark (bench/bench_kernels.cpp is).
+// forced small and large tile sizes, and sdpa()'s backend choice (explain, strict). Not a benchmark
+// (bench/bench_kernels.cpp is).
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -66,7 +67,8 @@ TEST(Flash, EveryMaskKindAndCombination) {
       for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right})
         for (auto [L, S] : {std::pair<int64_t, int64_t>{37, 300}, {300, 37}}) {
           Case c;
-          c.B = 2, c.L = L, c.S = S, c.mask = {mask, {}}, c.padding = {padding, {}}, c.causal = causal, c.masked_rows = 0.1;
+          c.B = 2, c.L = L, c.S = S, c.mask = {mask, {}}, c.padding = {padding, {}}, c.causal = causal,
+          c.masked_rows = 0.1;
           check_case(c);
         }
 }

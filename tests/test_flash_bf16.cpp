@@ -192,7 +192,9 @@ Grads grad_bound_of(const Inputs& in, const Truth& t, const Grads& truth) {
         const Row r = o.row(bb, h, l);
         if (r.m == -kInf) continue;  // fully masked: zero gradient, the slack only
         const int64_t row = (bb * c.H + h) * c.L + l, kvh = r.kvh;
-        const auto kv = [&](int64_t j, int64_t d, int64_t width) { return size_t(((bb * c.Hkv + kvh) * c.S + j) * width + d); };
+        const auto kv = [&](int64_t j, int64_t d, int64_t width) {
+          return size_t(((bb * c.Hkv + kvh) * c.S + j) * width + d);
+        };
         double D = 0, eD = 0;
         for (int64_t e = 0; e < c.Dv; ++e) {
           const double dout = in.dout.data()[size_t(row * c.Dv + e)];
@@ -210,7 +212,8 @@ Grads grad_bound_of(const Inputs& in, const Truth& t, const Grads& truth) {
           g[size_t(j)] = K * dP - D, eg[size_t(j)] = K * ((2 * u + u * u) * mag + 1e-6 * (1 + mag)) + eD;
           for (int64_t e = 0; e < c.Dv; ++e) {
             const double dout = std::abs(in.dout.data()[size_t(row * c.Dv + e)]), pj = P[size_t(j)];
-            bound.dv[kv(j, e, c.Dv)] += ((1 + u) * K * (u * pj + (1 + u) * eP[size_t(j)]) + u * K * pj) * dout + 1e-5 * K * pj * dout;
+            bound.dv[kv(j, e, c.Dv)] +=
+                ((1 + u) * K * (u * pj + (1 + u) * eP[size_t(j)]) + u * K * pj) * dout + 1e-5 * K * pj * dout;
           }
         }
         for (int64_t j = 0; j < r.end; ++j) {
@@ -285,7 +288,7 @@ std::vector<Case> bf16_cases() {
   c.causal = Causal::bottom_right, c.L = 51, cases.push_back(c);
   c = sized(61, 203, 64, 64), c.H = 8, c.Hkv = 2, c.causal = Causal::top_left, cases.push_back(c);  // GQA
   c = sized(60, 200, 32, 32), c.mask = additive(), c.padding = drop(), cases.push_back(c);           // masks
-  c.masked_rows = 0.3, c.mask = keep(), cases.push_back(c);                                           // fully masked rows
+  c.masked_rows = 0.3, c.mask = keep(), cases.push_back(c);  // fully masked rows
   c = sized(60, 301, 64, 64), c.in_layout = 2, c.out_layout = 1, cases.push_back(c);                 // strided views
   c = sized(50, 201, 64, 64), c.dropout_p = 0.2, c.causal = Causal::top_left, cases.push_back(c);
   c = sized(20, 80, 64, 64), c.scale = 0.9, cases.push_back(c);                                       // large scores

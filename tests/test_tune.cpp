@@ -122,8 +122,9 @@ TEST(Tune, PlanFitsTheBudget) {
     const double flash = 0.012 * double(p.flash_length * p.flash_length) / (512.0 * 512) * kTuneFlashCandidates * kRuns;
     EXPECT_NEAR(p.seconds, round * kTuneGemmCandidates * kRuns + flash, 1e-12);
     EXPECT_LE(p.seconds, budget) << budget << " s: " << p.gemm_shapes << " shapes, flash L " << p.flash_length;
-    if (p.gemm_shapes < cost.size())  // the next shape would not have fitted
+    if (p.gemm_shapes < cost.size()) {  // the next shape would not have fitted
       EXPECT_GT((round + cost[p.gemm_shapes]) * kTuneGemmCandidates * kRuns, budget * 26 / 30) << budget;
+    }
   }
   EXPECT_EQ(plan_tune(cost, 0.012, 2.0).gemm_shapes, 3u);  // the budget the README gives: the training shapes
   EXPECT_EQ(plan_tune(cost, 0.012, 30.0).gemm_shapes, 6u);

@@ -82,14 +82,16 @@ TEST(Variants, KeyRangesAreTheDefinitionAndQueriesTheirInverse) {
       Range prev{0, 0};
       for (int64_t l = 0; l < c.L; ++l) {
         const Range r = p.keys(bb, l);
-        for (int64_t s = 0; s < c.S; ++s) ASSERT_EQ(s >= r.begin && s < r.end, sees(c, l, s)) << "l " << l << " s " << s;
+        for (int64_t s = 0; s < c.S; ++s)
+          ASSERT_EQ(s >= r.begin && s < r.end, sees(c, l, s)) << "l " << l << " s " << s;
         EXPECT_GE(r.begin, prev.begin) << "keys() must not decrease, l " << l;
         EXPECT_GE(r.end, prev.end) << "keys() must not decrease, l " << l;
         prev = r;
       }
       for (int64_t s = 0; s < c.S; ++s) {
         const Range r = p.queries(bb, s);
-        for (int64_t l = 0; l < c.L; ++l) ASSERT_EQ(l >= r.begin && l < r.end, sees(c, l, s)) << "l " << l << " s " << s;
+        for (int64_t l = 0; l < c.L; ++l)
+          ASSERT_EQ(l >= r.begin && l < r.end, sees(c, l, s)) << "l " << l << " s " << s;
       }
     }
   }
@@ -145,7 +147,8 @@ std::vector<double> formula(const Inputs& in) {
           const int64_t dist = s - l - (k1 - q1);
           if (c.alibi) v += -in.slopes[size_t((c.alibi == 2 ? b * c.H : 0) + h)] * double(std::abs(dist));
           if (c.rel_buckets)
-            v += in.table[size_t(relative_position_bucket(dist, c.rel_bidirectional, c.rel_buckets, c.rel_max_distance) * c.H + h)];
+            v += in.table[size_t(
+                relative_position_bucket(dist, c.rel_bidirectional, c.rel_buckets, c.rel_max_distance) * c.H + h)];
           x[size_t(s)] = v, m = std::max(m, v);
         }
         double sum = 0;
@@ -153,7 +156,8 @@ std::vector<double> formula(const Inputs& in) {
         for (int64_t e = 0; e < c.Dv; ++e) {
           double o = 0;
           for (int64_t s = 0; s < c.S; ++s)
-            o += x[size_t(s)] / (m == -kInf ? 1 : sum) * in.v.data()[((b * c.Hkv + h / (c.H / c.Hkv)) * c.S + s) * c.Dv + e];
+            o += x[size_t(s)] / (m == -kInf ? 1 : sum) *
+                 in.v.data()[((b * c.Hkv + h / (c.H / c.Hkv)) * c.S + s) * c.Dv + e];
           out.push_back(o);
         }
       }
@@ -280,7 +284,8 @@ TEST(Variants, SkippedTilesGiveTheBitsOfTheDenseMask) {
     cs.push_back(c);
   }
   Case d;
-  d.B = 2, d.H = 2, d.Hkv = 2, d.L = d.S = 1000, d.D = d.Dv = 32, d.docs = {300, 1, 399, 300}, d.causal = Causal::top_left;
+  d.B = 2, d.H = 2, d.Hkv = 2, d.L = d.S = 1000, d.D = d.Dv = 32, d.docs = {300, 1, 399, 300},
+  d.causal = Causal::top_left;
   cs.push_back(d);
   Case v;
   v.H = 2, v.Hkv = 1, v.L = 500, v.S = 800, v.D = v.Dv = 64, v.docs = {200, 300}, v.docs_k = {350, 450};
@@ -316,7 +321,8 @@ TEST(Variants, KeysNoQuerySeesAreNeverRead) {
     for (int64_t h = 0; h < c.H; ++h)
       for (int64_t l = 2048; l < c.L; ++l)
         for (int64_t e = 0; e < c.Dv; ++e)
-          ASSERT_FALSE(std::isnan(f.out[size_t((h * c.L + l) * c.Dv + e)])) << (k == bf16_forward ? "bf16 " : "fp32 ") << l;
+          ASSERT_FALSE(std::isnan(f.out[size_t((h * c.L + l) * c.Dv + e)]))
+              << (k == bf16_forward ? "bf16 " : "fp32 ") << l;
   }
   for (BackwardKernel<float> k : {BackwardKernel<float>(flash_backward), BackwardKernel<float>(bf16_backward)}) {
     const Grads g = backward<float>(k, in);
@@ -346,7 +352,8 @@ TEST(Variants, TheGoldenBitsOnEveryCpu) {
     for (const auto* x : {&f.out, &f.lse, &g.dq, &g.dk, &g.dv, &g.drel}) all.insert(all.end(), x->begin(), x->end());
     const uint64_t h = fnv1a64(all.data(), all.size() * sizeof(float));
     if (std::getenv("ATTN_PRINT_GOLDEN")) std::printf("%s 0x%016llxull\n", bf ? "bf16" : "fp32", (unsigned long long)h);
-    EXPECT_EQ(h, bf ? 0x2631d6de96db0a61ull : 0xb19f07278dc00ae7ull) << (bf ? "bf16" : "fp32") << " flash bits of the variants";
+    EXPECT_EQ(h, bf ? 0x2631d6de96db0a61ull : 0xb19f07278dc00ae7ull)
+        << (bf ? "bf16" : "fp32") << " flash bits of the variants";
   }
 }
 
@@ -381,8 +388,9 @@ TEST(Variants, BadArgumentsAreRefusedByName) {
   expect_refused(c, [](SdpaArgs<float>& a) { a.documents.ids = View<const int64_t>(ids, {2, 5}); },
                  "Expected document_ids of shape (B, L) = (2, 6), but got (2, 5) instead");
   static int64_t cu[3] = {0, 2, 6};
-  expect_refused(c, [](SdpaArgs<float>& a) { a.documents.cu_seqlens_q = a.documents.cu_seqlens_k = View<const int64_t>(cu, {3}); },
-                 "Expected batch B = 1 with cu_seqlens");
+  expect_refused(
+      c, [](SdpaArgs<float>& a) { a.documents.cu_seqlens_q = a.documents.cu_seqlens_k = View<const int64_t>(cu, {3}); },
+      "Expected batch B = 1 with cu_seqlens");
   Case one = c;
   one.B = 1;
   static int64_t cu_short[3] = {0, 2, 5};

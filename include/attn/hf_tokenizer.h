@@ -5,11 +5,11 @@
 // unk_token, continuing_subword_prefix, end_of_word_suffix); the normalizers BertNormalizer, NFC, NFD,
 // NFKC, NFKD, Lowercase, StripAccents, Strip, Prepend, Replace, ByteLevel; the pre-tokenizers
 // BertPreTokenizer, ByteLevel, Split (a regular expression or a string, every behavior, invert),
-// Metaspace, Whitespace, WhitespaceSplit, Digits, Punctuation and CharDelimiterSplit; the post-processors BertProcessing, RobertaProcessing, TemplateProcessing and ByteLevel; the
-// decoders WordPiece, ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, BPEDecoder; and Sequence
-// of each. Unicode data from utf8proc, regular expressions from PCRE2. Not a trainer, no offsets, and
-// not every component: one the file names that is not supported is an Error naming it, never a silent
-// difference.
+// Metaspace, Whitespace, WhitespaceSplit, Digits, Punctuation and CharDelimiterSplit; the post-processors
+// BertProcessing, RobertaProcessing, TemplateProcessing and ByteLevel; the decoders WordPiece, ByteLevel,
+// Metaspace, ByteFallback, Fuse, Strip, Replace, BPEDecoder; and Sequence of each. Unicode data from
+// utf8proc, regular expressions from PCRE2. Not a trainer, no offsets, and not every component: one the file
+// names that is not supported is an Error naming it, never a silent difference.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -19,7 +19,8 @@ Backend parse_backend(const std::string& s);   // the inverse; an Error naming t
 
 struct SdpaOptions {
   Backend backend = Backend::automatic;
-  bool strict = false;  // an automatic choice that is not the fastest backend, or a SIMD fallback (simd.h), becomes an error
+  bool strict =
+      false;  // an automatic choice that is not the fastest backend, or a SIMD fallback (simd.h), becomes an error
   // What the flash kernels' products multiply in (attn/precision.h): the thread's Autocast, as linear()
   // follows it. bf16 applies to float32 without weights on the flash kernels (flash_forward, and
   // flash_backward for a bf16 forward's out and LSE); weights, the reference and decoding shapes stay fp32;

@@ -167,7 +167,8 @@ def _variants(dtype, window, alibi_slopes, softcap, relative_bias, bidirectional
     """The variants as _attn.sdpa's `variants` dict; folded batch dims as _as4 folds them."""
     v = {}
     if cu_seqlens is not None:
-        v["cu_seqlens_q"], v["cu_seqlens_k"] = (_int64(c, n) for c, n in zip(cu_seqlens, ("cu_seqlens_q", "cu_seqlens_k")))
+        v["cu_seqlens_q"], v["cu_seqlens_k"] = (_int64(c, n)
+                                                for c, n in zip(cu_seqlens, ("cu_seqlens_q", "cu_seqlens_k")))
     if window is not None and tuple(window) != (-1, -1):
         v["window"] = (int(window[0]), int(window[1]))
     if alibi_slopes is not None:

@@ -18,7 +18,8 @@ void fill_zero(View<T> v) {
   for (int64_t a = 0; a < v.shape[0]; ++a)
     for (int64_t b = 0; b < v.shape[1]; ++b)
       for (int64_t c = 0; c < v.shape[2]; ++c)
-        for (int64_t d = 0; d < v.shape[3]; ++d) v.data[a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3]] = 0;
+        for (int64_t d = 0; d < v.shape[3]; ++d)
+          v.data[a * v.strides[0] + b * v.strides[1] + c * v.strides[2] + d * v.strides[3]] = 0;
 }
 
 // No query head in any batch (B or H is 0): out, weights and lse are empty, and the kernels (which
@@ -60,7 +61,8 @@ BackendChoice choose(const SdpaProblem<T>& p, const SdpaOptions& options) {
   const bool weights = !p.out.weights.empty(), strided = weights && !weights_by_gemm(p);
   if (options.backend == Backend::reference) return {Backend::reference, "reference requested"};
   if (options.backend == Backend::flash) {
-    ATTN_CHECK(!fp64, "Expected float32 inputs for backend flash, but got float64 instead (fp64 runs on the reference)");
+    ATTN_CHECK(!fp64,
+               "Expected float32 inputs for backend flash, but got float64 instead (fp64 runs on the reference)");
     ATTN_CHECK(!strided, "Expected query, key and weights with unit column stride for backend flash with weights ",
                "(the weights come from one GEMM per head), but got strides ", to_string(p.args.q.strides), ", ",
                to_string(p.args.k.strides), " and ", to_string(p.out.weights.strides), " instead");

@@ -79,7 +79,7 @@ struct QHead {
   float* dot;         // (n/N, Dv, N) dOᵀ panels
   float* lse2;        // (n) LSE·log2e; +inf on a fully masked row and past l_end, so P = exp2(x − lse2) = 0 there
   float* dsum;        // (n) D = rowsum(dO∘O); 0 past l_end
-  const float* q;     // (rows, Dp) Q rows from l_begin, unscaled, row stride ldq: the caller's when they fit, else packed
+  const float* q;  // (rows, Dp) Q rows from l_begin, unscaled, row stride ldq: the caller's when they fit, else packed
   const float* dout;  // (rows, Dvp) dO rows from l_begin, row stride lddo: likewise
   float* dq;          // (rows, Dp) this chunk's dQ partial / scale
   int64_t ldq, lddo, h, l_begin, l_end;
@@ -97,11 +97,11 @@ struct Plan {
   const SdpaGrads<float>& g;
   int64_t N, Br, Bc, Dp, Dvp, nkv, C;  // lanes; queries per tile, keys per block; padded D, Dv; KV blocks, chunks
   bool q_in_place, dout_in_place;      // Q and dO rows read where they are
-  bool bf16, amx, dp;                  // products over bf16 pairs: AMX tiles or VDPBF16PS (uint32_t pairs), else FMAs (float)
-  int64_t Bcp;                         // rows of the key side's buffers: Bc, or for AMX's 32-row blocks rounded up to them
+  bool bf16, amx, dp;  // products over bf16 pairs: AMX tiles or VDPBF16PS (uint32_t pairs), else FMAs (float)
+  int64_t Bcp;         // rows of the key side's buffers: Bc, or for AMX's 32-row blocks rounded up to them
   int64_t D2, Dv2, Dw, Dvw, Bw;        // bf16: pairs along D, Dv (whole groups); per row of K, V; of (Bc, Br) tiles
   int64_t Ls, nseg;                    // query rows per segment (a multiple of Br), segments per head
-  int64_t units, per_phase;            // units G·nseg (unit u: head u / nseg of the group, segment u % nseg); per phase
+  int64_t units, per_phase;  // units G·nseg (unit u: head u / nseg of the group, segment u % nseg); per phase
   int64_t pw;                          // elements per pair: 1 (a pair word), 2 (floats)
   int64_t per_row, per_row16;          // floats (and bf16: pair elements) packed per query row
   // From the call's Scratch (Backward), of the sizes n_*:
@@ -117,7 +117,8 @@ struct Plan {
     // VDPBF16PS runs at half the FMA rate on the CPUs with AMX (Intel's): the FMAs' emulation there
     bf16 = precision == Precision::bf16, amx = bf16 && kDpTarget && cpu_info().amx, dp = bf16 && UseDp() && !amx;
     pw = bf16 && !amx && !dp ? 2 : 1;
-    Br = round_up(t.rows, bf16 ? 2 * kGroupPairs : N), Bc = t.keys;  // bf16: tiles of whole groups (rows change no bits)
+    Br = round_up(t.rows, bf16 ? 2 * kGroupPairs : N),
+    Bc = t.keys;  // bf16: tiles of whole groups (rows change no bits)
     Dp = round_up(p.D, N), Dvp = round_up(p.Dv, N);
     nkv = (p.S + Bc - 1) / Bc, Bcp = amx ? round_up(Bc, 32) : Bc;
     // chunks per KV head: a function of the sizes only, never of the thread count
@@ -432,7 +433,8 @@ void RelativeGrad(const Plan& pl, const Block<E>& k, const QHead<E>& r, int64_t 
   const auto& p = pl.p;
   const int64_t lg = r.l_begin + l0;
   for (int64_t s = 0; s < k.bc; ++s)
-    for (int64_t l = k.hid[s]; l < k.vend[s]; ++l) acc[p.distance(k.b, lg + l, k.s0 + s) + p.S - 1] += ds[s * pl.Br + l];
+    for (int64_t l = k.hid[s]; l < k.vend[s]; ++l)
+      acc[p.distance(k.b, lg + l, k.s0 + s) + p.S - 1] += ds[s * pl.Br + l];
 }
 
 // dPᵀ = V_j·dO_iᵀ; dSᵀ = Pᵀ ∘ (dPᵀ∘keep/(1-p) − D), and Pᵀ ← Pᵀ∘keep/(1-p) for dV. The keep tile is
@@ -482,7 +484,8 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
     if (cap)  // through x' = c·tanh(x/c): dx = dS·(1 − tanh²)
       for (int64_t s = 0; s < k.bc; ++s)
         for (int64_t q = k.hid[s] / N * N; q < w; q += N)
-          hn::StoreU(hn::Mul(hn::LoadU(df, k.dpt + s * ld + q), hn::LoadU(df, k.dcap + s * ld + q)), df, k.dpt + s * ld + q);
+          hn::StoreU(hn::Mul(hn::LoadU(df, k.dpt + s * ld + q), hn::LoadU(df, k.dcap + s * ld + q)), df,
+                     k.dpt + s * ld + q);
     return;
   }
   // bf16: two key rows by 2N queries at a time, straight to the pairs (no fp32 tile written): rows s and
@@ -491,7 +494,8 @@ void GradScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int
   const int64_t wg = 2 * GroupPairs(br), kg = GroupPairs(k.bc);
   const bool ne = UseNe();  // P and dS: computed under FTZ
   for (int64_t s = 0; s < k.bc; s += 2) {
-    const int64_t rows = std::min<int64_t>(2, k.bc - s), ha[2] = {k.hid[s] / N * N, rows == 2 ? k.hid[s + 1] / N * N : w};
+    const int64_t rows = std::min<int64_t>(2, k.bc - s),
+                  ha[2] = {k.hid[s] / N * N, rows == 2 ? k.hid[s + 1] / N * N : w};
     for (int64_t l = 0; l < wg; l += 2 * N) {
       VF ds[2][2], pd[2][2];
       for (int i = 0; i < 2; ++i)
@@ -564,8 +568,10 @@ void Products(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_
         const int64_t q0 = k.hid[s] / even * even, rows = std::min<int64_t>(32, k.bc - s);
         if (q0 >= br) continue;
         const int64_t n = GroupPairs(br) - q0 / 2;
-        PVAmx(k.pt16 + s * pl.Bw + q0 / 2, rows, pl.Bw, r.do2 + (l0 + q0) / 2 * pl.Dvp, n, k.dv + s * pl.Dvp, pl.Dvp, nullptr);
-        PVAmx(k.dst16 + s * pl.Bw + q0 / 2, rows, pl.Bw, r.q2 + (l0 + q0) / 2 * pl.Dp, n, k.dk + s * pl.Dp, pl.Dp, nullptr);
+        PVAmx(k.pt16 + s * pl.Bw + q0 / 2, rows, pl.Bw, r.do2 + (l0 + q0) / 2 * pl.Dvp, n, k.dv + s * pl.Dvp, pl.Dvp,
+              nullptr);
+        PVAmx(k.dst16 + s * pl.Bw + q0 / 2, rows, pl.Bw, r.q2 + (l0 + q0) / 2 * pl.Dp, n, k.dk + s * pl.Dp, pl.Dp,
+              nullptr);
       }
       for (int64_t l = 0; l < br; l += 32) {
         const int64_t mr = std::min<int64_t>(32, br - l), n = VisibleKeys(p, k.b, lg + l + mr - 1, k.s0, k.bc).end;

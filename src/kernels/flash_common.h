@@ -156,7 +156,8 @@ HWY_INLINE void PairRow(const float* x, int64_t n, E* out, int64_t pairs) {
   const DF d;
   const int64_t N = hn::Lanes(d), pw = kPairWidth<E>;
   const auto part = [&](int64_t j) {
-    return LoadFirst(d, x + std::min(j, std::max<int64_t>(n - 1, 0)), static_cast<size_t>(std::clamp<int64_t>(n - j, 0, N)));
+    return LoadFirst(d, x + std::min(j, std::max<int64_t>(n - 1, 0)),
+                     static_cast<size_t>(std::clamp<int64_t>(n - j, 0, N)));
   };
   for (int64_t j = 0; j < 2 * pairs; j += 2 * N) StorePairs(part(j), part(j + N), out + pw * j / 2);
 }
@@ -221,7 +222,10 @@ HWY_NOINLINE void QKBlock(const float* HWY_RESTRICT q, int64_t ldq, const float*
   const bool scaled = scale != 1.f;
   ForBlock<MR, NV>([&](int r, int j) {
     float* dst = s + r * lds + j * N;
-    hn::StoreU(add ? hn::MulAdd(acc[r][j], vs, hn::LoadU(d, dst)) : scaled ? hn::Mul(acc[r][j], vs) : acc[r][j], d, dst);
+    hn::StoreU(add      ? hn::MulAdd(acc[r][j], vs, hn::LoadU(d, dst))
+               : scaled ? hn::Mul(acc[r][j], vs)
+                        : acc[r][j],
+               d, dst);
   });
 }
 
@@ -421,7 +425,8 @@ HWY_INLINE void QK16Tile(Bf16Kernel kernel, const E* q, int64_t rows, int64_t n,
 #endif
   (void)kernel;
   ForTile<kNV16<E>>(rows, np, [&](int64_t r, int64_t j, int64_t mr, int64_t nv) {
-    RunBlock<QK16Op, kMR, kNV16<E>>(mr, nv, q + r * n, n, kt + j * n * N, n * N, n, qscale, s + r * lds + j * N, lds, add);
+    RunBlock<QK16Op, kMR, kNV16<E>>(mr, nv, q + r * n, n, kt + j * n * N, n * N, n, qscale, s + r * lds + j * N, lds,
+                                    add);
   });
 }
 

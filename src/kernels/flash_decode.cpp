@@ -7,8 +7,9 @@
 // row_position(r), head row_head(kvh, r), as in flash_forward.cpp) all read the chunk's K and V rows, converted to
 // fp32 in registers (never through memory) and met by a block of rows there: 4 keys x kQR rows of dot
 // products folded to N sums at once (no horizontal reduction per key), P·V with a kMR x kNV block of O
-// in registers (flash_common.h's PVTile). K and V rows are prefetched kAhead keys on, so the reads overlap the arithmetic and
-// the step runs at the speed of reading K/V. Per item, in the log2 domain (Q pre-scaled by scale·log2e):
+// in registers (flash_common.h's PVTile). K and V rows are prefetched kAhead keys on, so the reads overlap
+// the arithmetic and the step runs at the speed of reading K/V. Per item, in the log2 domain (Q pre-scaled
+// by scale·log2e):
 //   S (rows, n) = Q·Kᵀ + log2e·mask, -inf past each row's causal edge
 //   m = rowmax(S); P = 2^(S − m); l = rowsum(P); O (rows, Dv) = P·V
 // The items' (m, l, O) are merged per row in chunk order (softmax.h), so any thread count gives the
@@ -170,7 +171,8 @@ HWY_INLINE V Fold4(D d, V a0, V a1, V a2, V a3) {
   const V t01 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
   const V t23 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
   const auto w01 = hn::BitCast(d64, t01), w23 = hn::BitCast(d64, t23);
-  return hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)), hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
+  return hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, w01, w23)),
+                 hn::BitCast(d, hn::InterleaveUpper(d64, w01, w23)));
 }
 // FoldBlocks: the Fold4 vectors of keys [0, 4), [4, 8), ... (u[g], N/4 of them) to one vector, lane j
 // the sum for key j: the blocks of each u[g] are added and u[g]'s sum lands in block g.

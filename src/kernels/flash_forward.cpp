@@ -95,7 +95,8 @@ Plan MakePlan(const SdpaProblem<float>& p, Precision precision) {
   // lq·G about tiles.rows and a multiple of kMR (AMX: of its 32-row blocks) where it can be, so no
   // microkernel runs short.
   const int64_t unit = pl.kernel == Bf16Kernel::amx ? 32 : kMR, step = unit / std::gcd<int64_t>(p.G, unit);
-  pl.lq = pl.decode ? p.L : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(tiles.rows) / double(step * p.G))));
+  pl.lq = pl.decode ? p.L
+                    : std::min(p.L, step * std::max<int64_t>(1, std::llround(double(tiles.rows) / double(step * p.G))));
   pl.Br = pl.lq * p.G;
   pl.D2 = GroupPairs(p.D);
   pl.Dq = !pl.bf16 ? p.D : pl.words ? pl.D2 : 2 * pl.D2;
@@ -369,7 +370,8 @@ void ForwardTiles(const Plan& pl) {
   const int64_t batch = std::clamp<int64_t>(kPackBudget / std::max<int64_t>(1, per_pair * 4), 1, heads);
   // One Scratch for the call: the packed K/V, and a Tile per worker.
   const int64_t T = num_threads(), tf = Tile::floats(pl), tw = Tile::words(pl);
-  Scratch scratch(Scratch::bytes_of<E>(batch * per_pair) + T * (Scratch::bytes_of<float>(tf) + Scratch::bytes_of<uint32_t>(tw)));
+  Scratch scratch(Scratch::bytes_of<E>(batch * per_pair) +
+                  T * (Scratch::bytes_of<float>(tf) + Scratch::bytes_of<uint32_t>(tw)));
   E* pack = scratch.take<E>(batch * per_pair);
   std::vector<Tile> tiles;
   for (int64_t w = 0; w < T; ++w) tiles.emplace_back(pl, scratch.take<float>(tf), scratch.take<uint32_t>(tw));

@@ -134,7 +134,8 @@ inline void Widen(const uint32_t* HWY_RESTRICT words, int64_t b, int64_t e, int6
 // words[j] = the pair of lo[j] and hi[j] (PairAcross) for j < valid, 0 for valid <= j < n (hi null: a zero
 // row); n <= kRun, words kRun long.
 template <typename S>
-void AcrossRows(const S* HWY_RESTRICT lo, const S* HWY_RESTRICT hi, int64_t valid, int64_t n, uint32_t* HWY_RESTRICT words) {
+void AcrossRows(const S* HWY_RESTRICT lo, const S* HWY_RESTRICT hi, int64_t valid, int64_t n,
+                uint32_t* HWY_RESTRICT words) {
   const int64_t lanes = hn::Lanes(DU());
   for (int64_t j = 0; j < n; j += lanes) {  // kRun is a multiple of the lanes: the last store stays in words
     const size_t v = static_cast<size_t>(std::clamp<int64_t>(valid - j, 0, lanes));
@@ -244,8 +245,8 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
         for (int64_t t = 0; t < kGroup; ++t) {
           const int64_t k = k0 + 2 * (q + t);
           const S* lo = A + std::min(k, g.K - 1) * g.lda + std::min(i, g.M - 1);  // never past A
-          hn::StoreU(k < g.K && valid ? PairAcross(lo, k + 1 < g.K ? lo + g.lda : nullptr, valid) : hn::Zero(DU()), DU(),
-                     block + t * 16);
+          hn::StoreU(k < g.K && valid ? PairAcross(lo, k + 1 < g.K ? lo + g.lda : nullptr, valid) : hn::Zero(DU()),
+                     DU(), block + t * 16);
         }
         Transpose16(reinterpret_cast<const float*>(block), 16, 16, 16, 1.f,
                     reinterpret_cast<float*>(dst + i / rows * ps + AWord(kernel, rows, q, i % rows)));
@@ -278,7 +279,8 @@ void PackA(const Bf16Args& g, Kernel kernel, int64_t b, int64_t e, int64_t q0, i
     for (int64_t r = 0; r < valid; ++r) {
       const S* row = A + (p * rows + r) * g.lda + k0;
       if (kernel == Kernel::amx) {  // a group's pairs of a row lie together: made in registers
-        for (int64_t q = 0; q < kc; q += kGroup) GroupWords(row + 2 * q, g.K - k0 - 2 * q, d + AWord(kernel, rows, q, r));
+        for (int64_t q = 0; q < kc; q += kGroup)
+          GroupWords(row + 2 * q, g.K - k0 - 2 * q, d + AWord(kernel, rows, q, r));
         continue;
       }
       for (int64_t q0r = 0; q0r < kc; q0r += kRun / 2) {
@@ -400,8 +402,9 @@ HWY_INLINE void Block(Kernel kernel, const void* a, amx::ATiles at, const void* 
   const auto* bw = static_cast<const uint32_t*>(b);
   if (kernel == Kernel::amx) {
     if (rows == kAmx && cols == kAmx) return MicroAmx(at, bw, kc, c, ldc, zero);
-    return EdgeThroughCopy<float, kAmx * kAmx>(c, ldc, rows, cols, kAmx, kAmx, zero ? Start::zero : Start::c,
-                                               [&](float* tile, int64_t ldt) { MicroAmx(at, bw, kc, tile, ldt, zero); });
+    return EdgeThroughCopy<float, kAmx * kAmx>(
+        c, ldc, rows, cols, kAmx, kAmx, zero ? Start::zero : Start::c,
+        [&](float* tile, int64_t ldt) { MicroAmx(at, bw, kc, tile, ldt, zero); });
   }
   if (kernel == Kernel::dp) return MicroCols<kNVDp>(cols, aw, bw, PanelCols(kernel), kc, c, ldc, rows, zero);
 #endif
@@ -463,7 +466,8 @@ void GemmBf16(const Bf16Args& g) {
     const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc * 2;
     parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
       const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
-      [[maybe_unused]] const std::optional<amx::Tiles> tiles = kernel == Kernel::amx ? std::make_optional<amx::Tiles>() : std::nullopt;
+      [[maybe_unused]] const std::optional<amx::Tiles> tiles =
+          kernel == Kernel::amx ? std::make_optional<amx::Tiles>() : std::nullopt;
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
         const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
@@ -472,10 +476,11 @@ void GemmBf16(const Bf16Args& g) {
             const int64_t cols = std::min(nr, j1 - j), rows = std::min(mr, i1 - i);
             const void* a = wa ? static_cast<const void*>(wa + i / mr * kpw) : ap + i / mr * PanelStride(kc, mr);
             const void* b = wb ? static_cast<const void*>(wb + j * 2 * kc) : bp + j * kc;
-            const amx::ATiles at =
-                i / mr < pa ? amx::ATiles{reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(g.A) + i * g.lda + 2 * q0),
-                                          g.lda / 2, kGroup}
-                            : ATilesOf(static_cast<const uint32_t*>(a));
+            const amx::ATiles at = i / mr < pa
+                                       ? amx::ATiles{reinterpret_cast<const uint32_t*>(
+                                                         static_cast<const uint16_t*>(g.A) + i * g.lda + 2 * q0),
+                                                     g.lda / 2, kGroup}
+                                       : ATilesOf(static_cast<const uint32_t*>(a));
             Block(kernel, a, at, b, kc, g.C + i * g.ldc + j, g.ldc, rows, cols, zero);
           }
       }

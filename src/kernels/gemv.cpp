@@ -149,8 +149,8 @@ void rows_of(View<const float> x, View<const W> w, WeightLayout layout, View<con
              " and ", to_string(w.shape), " instead");
   const int64_t M = x.size(0), K = x.size(1), N = io ? w.size(1) : w.size(0);
   ATTN_CHECK((io ? w.size(0) : w.size(1)) == K, "Expected weight of shape ",
-             io ? to_string({K, N}) + " (in, out)" : to_string({N, K}) + " (out, in)", " for input ", to_string(x.shape),
-             ", but got ", to_string(w.shape), " instead");
+             io ? to_string({K, N}) + " (in, out)" : to_string({N, K}) + " (out, in)", " for input ",
+             to_string(x.shape), ", but got ", to_string(w.shape), " instead");
   ATTN_CHECK(y.rank() == 2 && y.size(0) == M && y.size(1) == N, "Expected output of shape ", to_string({M, N}),
              ", but got ", to_string(y.shape), " instead");
   ATTN_CHECK(bias.empty() || (bias.shape == Shape{N} && bias.is_contiguous()), "Expected bias of shape ",

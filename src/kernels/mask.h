@@ -1,8 +1,8 @@
 // The masks of the flash kernels, forward and backward: one row of the log2-domain score tile gets
-// log2(e)·(attn_mask + key_padding) and -inf outside the row's keys (causal, window, documents). Internal to src/kernels; the
-// semantics (which keys a query sees, what a mask adds) are SdpaProblem's (attn/kernels/problem.h) and
-// are only called here, never restated. Not SIMD and not the causal tile skipping (that is each
-// kernel's loop structure, and not the score modifications: score_mod.h).
+// log2(e)·(attn_mask + key_padding) and -inf outside the row's keys (causal, window, documents). Internal
+// to src/kernels; the semantics (which keys a query sees, what a mask adds) are SdpaProblem's
+// (attn/kernels/problem.h) and are only called here, never restated. Not SIMD and not the causal tile
+// skipping (that is each kernel's loop structure), and not the score modifications (score_mod.h).
 //
 // A row is (b, h, l) over keys [s0, s0 + n), element j at row[j·stride]: stride 1 for the forward's
 // (queries, keys) tiles, the tile width for the backward's transposed (keys, queries) tiles.

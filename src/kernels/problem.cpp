@@ -76,8 +76,9 @@ void resolve_documents(SdpaProblem<T>& p) {
     std::fill(p.k_segment.begin() + b * p.S + g.k0, p.k_segment.begin() + b * p.S + g.k1, i);
   };
   if (ids) {
-    ATTN_CHECK(p.L == p.S, "Expected document_ids for self-attention (L == S), but got query ", to_string(p.args.q.shape),
-               " and key ", to_string(p.args.k.shape), " instead (cu_seqlens_q/_k give documents of other lengths)");
+    ATTN_CHECK(p.L == p.S, "Expected document_ids for self-attention (L == S), but got query ",
+               to_string(p.args.q.shape), " and key ", to_string(p.args.k.shape),
+               " instead (cu_seqlens_q/_k give documents of other lengths)");
     ATTN_CHECK(d.ids.shape == Shape({p.B, p.L}), "Expected document_ids of shape ", dims_str("(B, L)", {p.B, p.L}),
                ", but got ", to_string(d.ids.shape), " instead");
     const auto id = [&](int64_t b, int64_t l) { return d.ids.data[b * d.ids.strides[0] + l * d.ids.strides[1]]; };
@@ -136,10 +137,12 @@ void resolve_position_biases(SdpaProblem<T>& p) {
     p.relative_bucket.resize(size_t(std::max<int64_t>(n, 0)));
     p.relative.resize(size_t(p.H * std::max<int64_t>(n, 0)));
     for (int64_t i = 0; i < n; ++i)
-      p.relative_bucket[size_t(i)] = int32_t(relative_position_bucket(i - (p.S - 1), rb.bidirectional, nb, rb.max_distance));
+      p.relative_bucket[size_t(i)] =
+          int32_t(relative_position_bucket(i - (p.S - 1), rb.bidirectional, nb, rb.max_distance));
     for (int64_t h = 0; h < p.H; ++h)
       for (int64_t i = 0; i < n; ++i)
-        p.relative[size_t(h * n + i)] = rb.table.data[p.relative_bucket[size_t(i)] * rb.table.strides[0] + h * rb.table.strides[1]];
+        p.relative[size_t(h * n + i)] =
+            rb.table.data[p.relative_bucket[size_t(i)] * rb.table.strides[0] + h * rb.table.strides[1]];
   }
 }
 

@@ -38,7 +38,8 @@ inline void MergeChunks(const float* m, const float* l, const float* o, int64_t 
 
 // out row (b, h, l) = o·keep_scale/lsum; LSE = m·ln2 + ln(lsum). A fully masked row (lsum = 0, m = -inf):
 // out 0, LSE -inf. A NaN score leaves lsum NaN, so the row is NaN, never taken for fully masked.
-inline void WriteRow(const SdpaProblem<float>& p, int64_t b, int64_t h, int64_t l, const float* o, float m, float lsum) {
+inline void WriteRow(const SdpaProblem<float>& p, int64_t b, int64_t h, int64_t l, const float* o, float m,
+                     float lsum) {
   const auto& O = p.out.out;
   float* dst = O.data + b * O.strides[0] + h * O.strides[1] + l * O.strides[2];
   const bool empty = lsum == 0.f;

@@ -29,8 +29,12 @@ HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   }
-  auto lo = [](__m512 x, __m512 y) { return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))); };
-  auto hi = [](__m512 x, __m512 y) { return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y))); };
+  auto lo = [](__m512 x, __m512 y) {
+    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+  };
+  auto hi = [](__m512 x, __m512 y) {
+    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(x), _mm512_castps_pd(y)));
+  };
   for (int i = 0; i < 4; ++i) {  // r[4i + k], lane L: rows 4i..4i+3 of column 4L + k
     r[4 * i] = lo(t[4 * i], t[4 * i + 2]), r[4 * i + 1] = hi(t[4 * i], t[4 * i + 2]);
     r[4 * i + 2] = lo(t[4 * i + 1], t[4 * i + 3]), r[4 * i + 3] = hi(t[4 * i + 1], t[4 * i + 3]);

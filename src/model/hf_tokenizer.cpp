@@ -159,8 +159,10 @@ HfTokenizer HfTokenizer::from_file(const std::string& path) {
   for (auto* set : {&t->added_raw, &t->added_normalized})
     std::stable_sort(set->begin(), set->end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-  for (const auto& [tok, id] : t->before) ATTN_CHECK(id >= 0 && id < size, "Expected the id of '", tok, "' in [0, ", size, "), but got ", id, " instead");
-  for (const auto& [tok, id] : t->after) ATTN_CHECK(id >= 0 && id < size, "Expected the id of '", tok, "' in [0, ", size, "), but got ", id, " instead");
+  for (const auto& [tok, id] : t->before)
+    ATTN_CHECK(id >= 0 && id < size, "Expected the id of '", tok, "' in [0, ", size, "), but got ", id, " instead");
+  for (const auto& [tok, id] : t->after)
+    ATTN_CHECK(id >= 0 && id < size, "Expected the id of '", tok, "' in [0, ", size, "), but got ", id, " instead");
 
   // truncation and padding
   if (const json& tr = part("truncation"); tr.is_object()) {

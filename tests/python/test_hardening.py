@@ -51,8 +51,10 @@ def test_transformer_layers_with_empty_inputs(shape):
     assert y.shape == (2, 3, 8) and dec.backward(np.ones_like(y))[1].shape == (2, 0, 8)
 
 
-@pytest.mark.parametrize("q,k,v", [((0, 2, 3, 8), (0, 2, 4, 8), (0, 2, 4, 8)), ((2, 2, 0, 8), (2, 2, 4, 8), (2, 2, 4, 8)),
-                                   ((2, 2, 3, 8), (2, 2, 0, 8), (2, 2, 0, 8)), ((2, 2, 3, 8), (2, 2, 4, 8), (2, 2, 4, 0))])
+@pytest.mark.parametrize("q,k,v", [((0, 2, 3, 8), (0, 2, 4, 8), (0, 2, 4, 8)),
+                                   ((2, 2, 0, 8), (2, 2, 4, 8), (2, 2, 4, 8)),
+                                   ((2, 2, 3, 8), (2, 2, 0, 8), (2, 2, 0, 8)),
+                                   ((2, 2, 3, 8), (2, 2, 4, 8), (2, 2, 4, 0))])
 def test_sdpa_empty_dims_forward_and_backward(q, k, v):
     q, k, v = np.ones(q, np.float32), np.ones(k, np.float32), np.ones(v, np.float32)
     out, lse = attn.scaled_dot_product_attention(q, k, v, return_lse=True)
@@ -143,7 +145,8 @@ def test_nul_in_path_is_refused(tmp_path):
 
 def test_fifo_is_refused_not_waited_on(tmp_path):
     os.mkfifo(tmp_path / "fifo")
-    code = f"import attn\ntry:\n  attn.load_safetensors({str(tmp_path / 'fifo')!r})\nexcept attn.AttnError as e:\n  print(e)"
+    code = (f"import attn\ntry:\n  attn.load_safetensors({str(tmp_path / 'fifo')!r})\n"
+            "except attn.AttnError as e:\n  print(e)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "a FIFO" in r.stdout, r.stdout + r.stderr
 
@@ -450,7 +453,8 @@ def test_a_default_thread_count_that_cant_start_leaves_set_num_threads_working()
     # ATTN_NUM_THREADS beyond what the address space allows made every call fail, set_num_threads(1) too.
     code = ("import numpy as np, attn\n"
             "q = np.ones((1, 1, 64, 8), np.float32)\n"
-            "try:\n    attn.scaled_dot_product_attention(q, q, q)\nexcept attn.AttnError as e:\n    print('refused:', e)\n"
+            "try:\n    attn.scaled_dot_product_attention(q, q, q)\n"
+            "except attn.AttnError as e:\n    print('refused:', e)\n"
             "attn.set_num_threads(1)\n"
             "print('ok', attn.scaled_dot_product_attention(q, q, q).shape)\n")
     env = dict(os.environ, ATTN_NUM_THREADS="64")

@@ -172,7 +172,8 @@ def test_relative_bias_is_transformers_t5_compute_bias():
         bias = t5.compute_bias(L, S).detach()[0]  # (H, L, S)
         table = t5.relative_attention_bias.weight.detach()  # (num_buckets, H)
         q = torch.zeros(1, 4, L, 8)
-        _, w = attn.scaled_dot_product_attention(q, q, q, relative_bias=table, relative_bias_bidirectional=not is_decoder,
+        _, w = attn.scaled_dot_product_attention(q, q, q, relative_bias=table,
+                                                 relative_bias_bidirectional=not is_decoder,
                                                  relative_bias_max_distance=128, return_weights=True)
         torch.testing.assert_close(w[0], torch.softmax(bias, -1), atol=1e-6, rtol=1e-5)
 
@@ -182,7 +183,8 @@ def test_varlen_equals_one_sdpa_per_sequence():
     lq, lk = [5, 0, 40, 17], [9, 3, 40, 30]
     cq, ck = np.cumsum([0] + lq), np.cumsum([0] + lk)
     g = torch.Generator().manual_seed(3)
-    q, k, v = torch.randn(cq[-1], H, D, generator=g), torch.randn(ck[-1], Hkv, D, generator=g), torch.randn(ck[-1], Hkv, D, generator=g)
+    q = torch.randn(cq[-1], H, D, generator=g)
+    k, v = torch.randn(ck[-1], Hkv, D, generator=g), torch.randn(ck[-1], Hkv, D, generator=g)
     for causal in (False, True):
         out = attn.varlen_attention(q.numpy(), k.numpy(), v.numpy(), cq, ck, causal=causal)
         assert out.shape == (cq[-1], H, D)
@@ -207,8 +209,8 @@ def test_varlen_equals_one_sdpa_per_sequence():
         qi = q[cq[i]:cq[i + 1]].clone().requires_grad_()
         ki, vi = k[ck[i]:ck[i + 1]], v[ck[i]:ck[i + 1]]
         mask = torch.ones(lq[i], lk[i], dtype=torch.bool).tril(lk[i] - lq[i])
-        oi = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None],
-                                            attn_mask=mask, enable_gqa=True)
+        oi = F.scaled_dot_product_attention(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None],
+                                            vi.transpose(0, 1)[None], attn_mask=mask, enable_gqa=True)
         oi.square().sum().backward()
         dq[cq[i]:cq[i + 1]] = qi.grad
     torch.testing.assert_close(qt.grad, dq, atol=1e-5, rtol=1e-4)
@@ -275,4 +277,5 @@ def test_layers_pass_the_variants_to_their_attention():
     enc.eval()
     np.testing.assert_allclose(enc(x, is_causal=True, window=(8, 0)), enc(x, src_mask=hidden), atol=2e-5)
     with pytest.raises(attn.AttnError, match="relative_bias"):
-        mha._native.forward(x, x, x, None, False, None, True, False, False, {"relative_bias": np.ones((4, H), np.float32)})
+        mha._native.forward(x, x, x, None, False, None, True, False, False,
+                            {"relative_bias": np.ones((4, H), np.float32)})
