@@ -137,6 +137,10 @@ TEST(Bits, GemmIsOneFmaChainPerElementOnEveryConfiguration) {
       expect_gemm_is_the_chain<float>({65, 129, 700, ta, tb, 1, 1});
       expect_gemm_is_the_chain<float>({13, 200, 2100, ta, tb, 0.5, 0.25});
       expect_gemm_is_the_chain<double>({19, 33, 1300, ta, tb, -2, 0});
+      // few rows under a transposed B: computed as Cᵀ, from C (a linear's bias), beta·C, and in double
+      expect_gemm_is_the_chain<float>({48, 300, 1100, ta, tb, 1, 1});
+      expect_gemm_is_the_chain<float>({9, 100, 500, ta, tb, 1, 0.5});
+      expect_gemm_is_the_chain<double>({19, 33, 1300, ta, tb, 1, -1});
     }
   expect_gemm_is_the_chain<float>({1, 1, 1, false, false, 1, 0});
   expect_gemm_is_the_chain<float>({130, 67, 900, false, true, 1, -1});

@@ -236,7 +236,36 @@ void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* 
 }
 
 template <typename T>
+void Gemm(const Args<T>& g);
+
+// Rows up to which a product with a transposed B is computed transposed (GemmTransposed). Measured on a
+// Zen 3 (BENCHMARKS.md, issue 40), x·Wᵀ with W 384x384, 1536x384, 384x1536: 1.4-10x faster at M 4-48,
+// 0.8-1.3x at 64, slower on some shapes from 96 rows.
+constexpr int64_t kTransposedRows = 48;
+
+// C = op(A)·Bᵀ with few rows (linear's x·Wᵀ over one sentence, M ≈ 10): packing Bᵀ moves all K·N weights,
+// one at a time, on every call, more work than the product itself. Computed as Cᵀ (N, M) = B·op(A)ᵀ into
+// scratch instead: B read in place as the A operand (pack_a stays off: it meets one or two panels), op(A)'s
+// M rows packed as the B panels, then Cᵀ stored back into C. Every element is the same FMA chain from the
+// same start with its factors swapped, fma(b, a, c) = fma(a, b, c): not a bit changes. alpha = 1 only
+// (alpha scales the A operand's factor).
+template <typename T>
+bool GemmTransposed(const Args<T>& g) {
+  const int64_t M = g.M, N = g.N;
+  if (!g.tb || g.alpha != T(1) || M > kTransposedRows || N <= M) return false;
+  T* ct = static_cast<T*>(scratch(3, static_cast<size_t>(M * N) * sizeof(T)));  // Cᵀ (N, M)
+  if (g.beta != T(0))
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) ct[j * M + i] = g.C[i * g.ldc + j];
+  Gemm(Args<T>{false, !g.ta, N, M, g.K, T(1), g.B, g.ldb, g.A, g.lda, g.beta, ct, M});
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) g.C[i * g.ldc + j] = ct[j * M + i];
+  return true;
+}
+
+template <typename T>
 void Gemm(const Args<T>& g) {
+  if (GemmTransposed(g)) return;
   const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T>();
   const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T), tuned_for(HWY_TARGET), g.ta);
   const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B

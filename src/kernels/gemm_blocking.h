@@ -79,14 +79,14 @@ inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr
 
 // Grow-only, 64-byte aligned scratch per calling thread (a gemm inside a parallel_for body runs
 // serially on that worker, so it never shares a buffer). which: 0 = packed A, 1 = packed B, 2 = the
-// bf16 emulation's widened B.
+// bf16 emulation's widened B, 3 = Cᵀ of a product computed transposed.
 inline void* scratch(int which, size_t bytes) {
   struct Buf {
     void* p = nullptr;
     size_t n = 0;
     ~Buf() { std::free(p); }
   };
-  thread_local Buf bufs[3];
+  thread_local Buf bufs[4];
   Buf& b = bufs[which];
   if (b.n < bytes) {
     std::free(b.p);
