@@ -18,6 +18,7 @@
 // the bits are those of the scalar loop `c = fma(alpha·a, b, c)`; tests/test_bits.cpp checks it under
 // forced targets and forced cache sizes. Edge tiles run the same code on zero-padded panels (extra
 // zero products leave the sum unchanged) and on a copy of their part of C (MicroTile).
+// Few rows under a transposed B (x·Wᵀ of one sentence) run as Cᵀ = B·op(A)ᵀ: see GemmTransposed.
 // Blocking as measured on this CPU (attn tune: attn/tune.h) or, where nothing was measured, from cpu_info()
 // at run time: an A panel (kc x MR) fills at most 1/4 of L1d, the B panels of one tile (kc x NT) at most
 // 1/2 of L2, tiles of about 128 rows.
@@ -245,7 +246,7 @@ constexpr int64_t kTransposedRows = 48;
 
 // C = op(A)·Bᵀ with few rows (linear's x·Wᵀ over one sentence, M ≈ 10): packing Bᵀ moves all K·N weights,
 // one at a time, on every call, more work than the product itself. Computed as Cᵀ (N, M) = B·op(A)ᵀ into
-// scratch instead: B read in place as the A operand (pack_a stays off: it meets one or two panels), op(A)'s
+// scratch instead: B read in place as the A operand (pack_a stays off: it meets at most three panels), op(A)'s
 // M rows packed as the B panels, then Cᵀ stored back into C. Every element is the same FMA chain from the
 // same start with its factors swapped, fma(b, a, c) = fma(a, b, c): not a bit changes. alpha = 1 only
 // (alpha scales the A operand's factor).
