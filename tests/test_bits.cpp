@@ -13,6 +13,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attn/cpu.h"
@@ -119,11 +120,22 @@ void expect_gemm_is_the_chain(const GemmCase& g) {
   const std::vector<T> b = cast(uniform(size_t((g.tb ? g.N : g.K) * ldb), 2));
   const std::vector<T> c0 = cast(uniform(size_t(g.M * ldc), 3));
   const std::vector<T> want = chain<T>(g, a, lda, b, ldb, c0, ldc);
+  // float: B packed once here (under the CPU's own target) and again under each configuration; on a forced
+  // target of another panel width the first packs B per call, as gemm() does
+  PackedB once;
+  if constexpr (std::is_same_v<T, float>) once = pack_b(g.tb, g.K, g.N, b.data(), ldb);
   expect_same_everywhere<std::vector<T>>(
       [&] {
         std::vector<T> c = c0;
         gemm(g.ta, g.tb, g.M, g.N, g.K, T(g.alpha), a.data(), lda, b.data(), ldb, T(g.beta), c.data(), ldc);
         expect_bits(want, c, "gemm against the scalar fma chain");
+        if constexpr (std::is_same_v<T, float>) {
+          for (const PackedB& p : {once, pack_b(g.tb, g.K, g.N, b.data(), ldb)}) {
+            std::vector<float> cp = c0;
+            gemm(g.ta, g.M, float(g.alpha), a.data(), lda, p, float(g.beta), cp.data(), ldc);
+            expect_bits(want, cp, "gemm over packed B against the scalar fma chain");
+          }
+        }
         return c;
       },
       [](const std::vector<T>& x, const std::vector<T>& y) { expect_bits(x, y, "gemm"); });

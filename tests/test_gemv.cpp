@@ -111,5 +111,32 @@ TEST(LinearRows, Bf16WeightsReadAsTheirWidenedFp32) {
   }
 }
 
+// A Linear whose weight is packed once (an encoder's): the bits of the one that packs per call, for few rows
+// (linear_rows, unchanged), the few-row one-pass product, many rows, either thread count, and under a bf16
+// Autocast (which multiplies in bf16 and leaves the panels alone); panels of another matrix are refused.
+TEST(LinearRows, PackedWeightKeepsTheBits) {
+  Rng rng(17);
+  const int64_t in = 700, out = 300;  // K 700: several K blocks at every L1d
+  Tensor w = random({out, in}, rng), b = random({out}, rng);
+  Linear plain(Tensor::copy_of(w.view()), Tensor::copy_of(b.view())),
+      packed(Tensor::copy_of(w.view()), Tensor::copy_of(b.view()));
+  packed.pack_weight();
+  for (const int64_t n : {int64_t(1), kGemvRows, kGemvRows + 1, int64_t(8), int64_t(48), int64_t(49), int64_t(200)})
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      Tensor x = random({n, in}, rng);
+      EXPECT_TRUE(test::same_bits(packed.forward(x.view()), plain.forward(x.view()))) << n << " rows, " << threads;
+      const Autocast scope(Precision::bf16);
+      EXPECT_TRUE(test::same_bits(packed.forward(x.view()), plain.forward(x.view()))) << n << " rows, bf16";
+    }
+  set_num_threads(0);
+  const Tensor w2 = Tensor::copy_of(w.view());
+  const PackedB other = pack_b(true, in, out, w2.data(), in);  // the same values, another matrix
+  Tensor x = random({8, in}, rng), y({8, out});
+  EXPECT_THROW(linear(x.view(), w.view(), other, View<const float>{}, y.view()), Error);
+  Linear conv1d(random({in, out}, rng), Tensor(), WeightLayout::in_out);
+  EXPECT_THROW(conv1d.pack_weight(), Error);
+}
+
 }  // namespace
 }  // namespace attn

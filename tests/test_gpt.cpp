@@ -201,7 +201,9 @@ TEST(Gpt, RopeAndAlibiRunPastTheBlockAndWindowsHideTheKeysBefore) {
     for (int64_t h = 0; h < 4 && pos.window > 0; ++h)
       for (int64_t l = 0; l < 20; ++l)
         for (int64_t s = 0; s < 20; ++s)
-          if (s > l || s < l - pos.window) EXPECT_EQ(w[0].data()[(h * 20 + l) * 20 + s], 0.0f) << l << " " << s;
+          if (s > l || s < l - pos.window) {
+            EXPECT_EQ(w[0].data()[(h * 20 + l) * 20 + s], 0.0f) << l << " " << s;
+          }
     const StateDict sd = m.state_dict();
     EXPECT_EQ(sd.count("transformer.wpe.weight"), 0u);
     Gpt again(c, 99);

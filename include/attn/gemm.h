@@ -3,6 +3,7 @@
 // any thread count. Not for the attention inner loops: those use the flash kernel's own microkernels.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "attn/gemv.h"  // WeightLayout
@@ -17,6 +18,25 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+// op(B) (K, N) packed once as the GEMM's B panels, for many products with the same B (a pretrained
+// encoder's weights: x·Wᵀ then neither transposes nor copies W per call; ONNX Runtime packs its weights
+// when a session starts). gemm() over it gives the bits of gemm() over B: the panels only decide where the
+// values are read from. They are cut for the SIMD target and K block of packing time; a product under
+// another target (a test forcing one) packs from B itself, so B must outlive the PackedB. Immutable once
+// made: share it between threads.
+struct PackedB {
+  bool trans_b = false;
+  int64_t K = 0, N = 0;
+  const float* B = nullptr;  // op(B)'s source, row-major, rows ldb apart
+  int64_t ldb = 0;
+  int64_t kc = 0, nr = 0;    // the K block and the panel width they were cut at (0: nothing packed)
+  std::shared_ptr<const float> panels;  // K·ceil(N / nr)·nr floats; the block at k = pc from pc·ceil(N / nr)·nr
+};
+PackedB pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb);
+// C (M, N) = alpha · op(A) (M, K) · op(B) (K, N) + beta · C with op(B) packed: gemm()'s bits.
+void gemm(bool trans_a, int64_t M, float alpha, const float* A, int64_t lda, const PackedB& B, float beta, float* C,
+          int64_t ldc);
 
 // bf16 products. A bf16 number is stored as the upper 16 bits of an fp32 (attn/kernels/half_kv.h's
 // to_half converts). C (M, N) = op(A) (M, K) · op(B) (K, N) + beta · C, fp32 C, in the arithmetic of
@@ -63,6 +83,11 @@ void linear(View<const T> x, View<const T> weight, View<const T> bias, View<T> y
 // thread's precision, the bits of the float overload under Autocast(bf16) on the widened weight.
 void linear(View<const float> x, View<const uint16_t> weight, View<const float> bias, View<float> y,
             WeightLayout layout = WeightLayout::out_in);
+
+// The same over W (out, in) and its panels packed once (pack_b(true, in, out, W, in)), which fp32 products read
+// instead of packing W per call: the bits of the overloads above.
+void linear(View<const float> x, View<const float> weight, const PackedB& packed, View<const float> bias,
+            View<float> y);
 
 // Backward of linear: dx (N, in) = dy · W (overwritten; skipped if empty), dw (out, in) += dyᵀ · x,
 // db (out) += column sums of dy (skipped if empty). Rows of x, dy and dx may be strided.

@@ -64,6 +64,11 @@ class Linear : public Layer {
   // Autocast is alive: the same bits as rounding it in every product, half the bytes (a decode step's
   // linear_rows reads it too). For inference over weights that no longer change.
   void use_bf16_weights();
+  // Packs the weight (out, in) once as the GEMM's B panels (gemm.h PackedB), which products of more than
+  // kGemvRows rows read instead of packing it on every call: one sentence's few rows spent most of their time
+  // there. The same bits, a second copy of the weight in memory. For an encoder's weights, which no longer
+  // change; use_bf16_weights() drops it.
+  void pack_weight();
 
   Tensor weight, bias;            // (out, in) (or (in, out): layout), (out) or empty
   Tensor weight_grad, bias_grad;  // same shapes
@@ -74,6 +79,7 @@ class Linear : public Layer {
   Tensor x_;  // (N, in): the saved input
   bool given_ = false;  // over given weights (inference): few rows take linear_rows()
   std::vector<uint16_t> weight16_;  // use_bf16_weights(): the weight's shape, or empty
+  PackedB packed_;                   // pack_weight(), or empty
 };
 
 class LayerNorm : public Layer {

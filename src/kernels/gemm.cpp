@@ -18,7 +18,8 @@
 // the bits are those of the scalar loop `c = fma(alpha·a, b, c)`; tests/test_bits.cpp checks it under
 // forced targets and forced cache sizes. Edge tiles run the same code on zero-padded panels (extra
 // zero products leave the sum unchanged) and on a copy of their part of C (MicroTile).
-// Few rows under a transposed B (x·Wᵀ of one sentence) run as Cᵀ = B·op(A)ᵀ: see GemmTransposed.
+// op(B) may come packed once (PackedB: an encoder's weights), its panels read instead of made; few rows
+// under a transposed B that is not packed run as Cᵀ = B·op(A)ᵀ (GemmTransposed).
 // Blocking as measured on this CPU (attn tune: attn/tune.h) or, where nothing was measured, from cpu_info()
 // at run time: an A panel (kc x MR) fills at most 1/4 of L1d, the B panels of one tile (kc x NT) at most
 // 1/2 of L2, tiles of about 128 rows.
@@ -27,10 +28,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <type_traits>
 
+#include "attn/check.h"
 #include "attn/cpu.h"
 #include "attn/threads.h"
 #include "attn/tune.h"
@@ -53,6 +56,8 @@ struct Args {
   T beta;
   T* C;
   int64_t ldc;
+  const T* packed;  // op(B) as panels cut at (packed_kc, packed_nr) (PackedB), or null: pack B per call
+  int64_t packed_kc, packed_nr;
 };
 
 }  // namespace attn::gemm_detail
@@ -239,10 +244,11 @@ void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* 
 template <typename T>
 void Gemm(const Args<T>& g);
 
-// Rows up to which a product with a transposed B is computed transposed (GemmTransposed). Measured on a
-// Zen 3 (BENCHMARKS.md, issue 40), x·Wᵀ with W 384x384, 1536x384, 384x1536: 1.4-10x faster at M 4-48,
-// 0.8-1.3x at 64, slower on some shapes from 96 rows.
-constexpr int64_t kTransposedRows = 48;
+// Few rows: up to this many, a product with a transposed B is computed transposed (GemmTransposed), or with
+// B packed once (PackedB) reads A in place in one pass. Measured on a Zen 3 (BENCHMARKS.md, issue 40), x·Wᵀ
+// with W 384x384, 1536x384, 384x1536 transposed: 1.4-10x faster at M 4-48, 0.8-1.3x at 64, slower on some
+// shapes from 96 rows.
+constexpr int64_t kFewRows = 48;
 
 // C = op(A)·Bᵀ with few rows (linear's x·Wᵀ over one sentence, M ≈ 10): packing Bᵀ moves all K·N weights,
 // one at a time, on every call, more work than the product itself. Computed as Cᵀ (N, M) = B·op(A)ᵀ into
@@ -253,12 +259,12 @@ constexpr int64_t kTransposedRows = 48;
 template <typename T>
 bool GemmTransposed(const Args<T>& g) {
   const int64_t M = g.M, N = g.N;
-  if (!g.tb || g.alpha != T(1) || M > kTransposedRows || N <= M) return false;
+  if (!g.tb || g.alpha != T(1) || M > kFewRows || N <= M) return false;
   T* ct = static_cast<T*>(scratch(3, static_cast<size_t>(M * N) * sizeof(T)));  // Cᵀ (N, M)
   if (g.beta != T(0))
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) ct[j * M + i] = g.C[i * g.ldc + j];
-  Gemm(Args<T>{false, !g.ta, N, M, g.K, T(1), g.B, g.ldb, g.A, g.lda, g.beta, ct, M});
+  Gemm(Args<T>{false, !g.ta, N, M, g.K, T(1), g.B, g.ldb, g.A, g.lda, g.beta, ct, M, nullptr, 0, 0});
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) g.C[i * g.ldc + j] = ct[j * M + i];
   return true;
@@ -266,54 +272,87 @@ bool GemmTransposed(const Args<T>& g) {
 
 template <typename T>
 void Gemm(const Args<T>& g) {
-  if (GemmTransposed(g)) return;
   const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T>();
-  const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T), tuned_for(HWY_TARGET), g.ta);
+  const bool packed = g.packed && g.packed_nr == nr;  // B's panels cut for this target: read, not made
+  if (!packed && GemmTransposed(g)) return;
+  const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T), tuned_for(HWY_TARGET), g.ta, packed ? g.packed_kc : 0);
   const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
-  // A is packed where its panels meet enough B panels to repay the copy (or alpha must be folded in);
-  // else the microkernels read it where it is. Either way the same products in the same order.
-  const bool pack_a = bl.pack_a || g.alpha != T(1);
+  // A is packed where its panels meet enough B panels to repay the copy (or alpha must be folded in), but
+  // not as few rows under B packed once (one pass, below); else the microkernels read it where it is. Either
+  // way the same products in the same order.
+  const bool one_pass = packed && !g.ta && M <= kFewRows && g.alpha == T(1);
+  const bool pack_a = (bl.pack_a && !one_pass) || g.alpha != T(1);
   T* ap = pack_a ? static_cast<T*>(scratch(0, static_cast<size_t>(mp * PanelStride<T>(bl.kc)) * sizeof(T)))
                  : nullptr;  // (mp, kc, kMR)
-  T* bp = static_cast<T*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * sizeof(T)));   // (np, kc, nr)
+  T* bp = packed ? nullptr  // (np, kc, nr)
+                 : static_cast<T*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * sizeof(T)));
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
-  for (int64_t pc = 0; pc < K; pc += bl.kc) {
-    const int64_t kc = std::min(bl.kc, K - pc);
+  // Tile t's K block [pc, pc + kc) over B's panels of that block: its microkernels.
+  auto tile = [&](int64_t t, int64_t pc, int64_t kc, const T* panels) {
     // the chain of each C element: from 0 or beta·C in the first K block; later blocks continue it
     const Start start = pc > 0 || g.beta == T(1) ? Start::c : g.beta == T(0) ? Start::zero : Start::scaled;
-    parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
-      for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, bp + p * nr * kc);
+    const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
+    const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
+    for (int64_t i = i0; i < i1; i += kMR) {
+      // rows [i, i + kMR) of alpha·op(A)[:, pc ..]: their packed panel, or A in place
+      const ARows<T> a = pack_a ? ARows<T>{ap + i / kMR * PanelStride<T>(kc), 1, kMR}
+                         : g.ta ? ARows<T>{g.A + pc * g.lda + i, 1, g.lda}
+                                : ARows<T>{g.A + i * g.lda + pc, g.lda, 1};
+      for (int64_t j = j0; j < j1; j += nr) {
+        // the block after this one in the tile (the next panel of B, or the next rows' first): its C
+        const int64_t ni = j + nr < j1 ? i : i + kMR, nj = j + nr < j1 ? j + nr : j0;
+        const NextC<T> next{start != Start::zero && ni < i1 ? g.C + ni * g.ldc + nj : nullptr, g.ldc};
+        MicroCols<T>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
+                     std::min<int64_t>(kMR, i1 - i), start, g.beta, next);
+      }
+    }
+  };
+  // one tile per item, but tiles of a small product in one chunk: below ~32k multiply-adds per
+  // chunk, waking a thread costs more than it saves (and a busy machine may not give it back soon)
+  const int64_t tile_rows_cols = std::min(M, bl.mc) * std::min(N, bl.nt);
+  if (one_pass) {  // nothing to pack per K block: each tile runs its K blocks in order (the same chains), in one
+                   // parallel_for instead of one per block (a sentence's 8 rows over K 1536 had 8, each a wake-up)
+    parallel_for(tm * tn, grain_for(tile_rows_cols * K), [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t pc = 0; pc < K; pc += bl.kc) tile(t, pc, std::min(bl.kc, K - pc), g.packed + pc * np * nr);
     });
+    return;
+  }
+  for (int64_t pc = 0; pc < K; pc += bl.kc) {
+    const int64_t kc = std::min(bl.kc, K - pc);
+    if (!packed)
+      parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
+        for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, bp + p * nr * kc);
+      });
     if (pack_a && g.ta)  // chunks of k: rows of A (see PackA)
       parallel_for(kc, grain_for(M), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
     else if (pack_a)
       parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
-    // rows [i, i + kMR) of alpha·op(A)[:, pc ..]: their packed panel, or A in place
-    auto a_rows = [&](int64_t i) -> ARows<T> {
-      if (pack_a) return {ap + i / kMR * PanelStride<T>(kc), 1, kMR};
-      return g.ta ? ARows<T>{g.A + pc * g.lda + i, 1, g.lda} : ARows<T>{g.A + i * g.lda + pc, g.lda, 1};
-    };
-    // one tile per item, but tiles of a small product in one chunk: below ~32k multiply-adds per
-    // chunk, waking a thread costs more than it saves (and a busy machine may not give it back soon)
-    const int64_t tile_cost = std::min(M, bl.mc) * std::min(N, bl.nt) * kc;
-    parallel_for(tm * tn, grain_for(tile_cost), [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
-        const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
-        for (int64_t i = i0; i < i1; i += kMR)
-          for (int64_t j = j0; j < j1; j += nr) {
-            // the block after this one in the tile (the next panel of B, or the next rows' first): its C
-            const int64_t ni = j + nr < j1 ? i : i + kMR, nj = j + nr < j1 ? j + nr : j0;
-            const NextC<T> next{start != Start::zero && ni < i1 ? g.C + ni * g.ldc + nj : nullptr, g.ldc};
-            MicroCols<T>(std::min(nr, j1 - j), a_rows(i), bp + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
-                         std::min<int64_t>(kMR, i1 - i), start, g.beta, next);
-          }
-      }
+    const T* panels = packed ? g.packed + pc * np * nr : bp;
+    parallel_for(tm * tn, grain_for(tile_rows_cols * kc), [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) tile(t, pc, kc, panels);
     });
   }
 }
 
 void GemmF32(const Args<float>& g) { Gemm(g); }
+
+// pack_b() on this target: op(B)'s panels of every K block at the K block a product would cut (it depends
+// on K and the tuning only), block pc at pc·np·nr as Gemm reads them.
+PackedB PackF32(bool tb, int64_t K, int64_t N, const float* B, int64_t ldb) {
+  const int64_t nr = NR<float>(), np = ceil_div(N, nr);
+  PackedB p{tb, K, N, B, ldb, blocking(1, N, K, kMR, nr, sizeof(float), tuned_for(HWY_TARGET)).kc, nr, nullptr};
+  float* dst = static_cast<float*>(aligned_bytes(static_cast<uint64_t>(K * np * nr) * sizeof(float)));
+  p.panels = std::shared_ptr<const float>(dst, [](const float* q) { std::free(const_cast<float*>(q)); });
+  const Args<float> g{false, tb, 0, N, K, 1.f, nullptr, 0, B, ldb, 0.f, nullptr, 0, nullptr, 0, 0};
+  for (int64_t pc = 0; pc < K; pc += p.kc) {
+    const int64_t kc = std::min(p.kc, K - pc);
+    parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
+      for (int64_t q = b; q < e; ++q) PackB(g, q * nr, pc, kc, nr, dst + pc * np * nr + q * nr * kc);
+    });
+  }
+  return p;
+}
 void GemmF64(const Args<double>& g) { Gemm(g); }
 
 // "AVX3 6x64 (float), 6x32 (double), 2048³ blocked KC 512 x 126 x 1024 (derived)": the target, its
@@ -335,6 +374,7 @@ namespace attn {
 namespace gemm_detail {
 HWY_EXPORT(GemmF32);
 HWY_EXPORT(GemmF64);
+HWY_EXPORT(PackF32);
 HWY_EXPORT(Describe);
 }  // namespace gemm_detail
 
@@ -347,7 +387,23 @@ std::string gemm_kernel() {
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const gemm_detail::Args<float> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+  const gemm_detail::Args<float> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, 0, 0};
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.f) return gemm_detail::scale_c(M, N, beta, C, ldc);
+  HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
+}
+
+PackedB pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb) {
+  ATTN_CHECK(K > 0 && N > 0 && B, "Expected a B of at least one row and column to pack, but got (", K, ", ", N,
+             ") instead");
+  return HWY_DYNAMIC_DISPATCH(gemm_detail::PackF32)(trans_b, K, N, B, ldb);
+}
+
+void gemm(bool ta, int64_t M, float alpha, const float* A, int64_t lda, const PackedB& B, float beta, float* C,
+          int64_t ldc) {
+  const int64_t N = B.N, K = B.K;
+  const gemm_detail::Args<float> g{ta, B.trans_b, M,    N, K,           alpha, A,   lda,
+                                   B.B, B.ldb,   beta, C, ldc, B.panels.get(), B.kc, B.nr};
   if (M <= 0 || N <= 0) return;
   if (K <= 0 || alpha == 0.f) return gemm_detail::scale_c(M, N, beta, C, ldc);
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
@@ -355,7 +411,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
           const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  const gemm_detail::Args<double> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+  const gemm_detail::Args<double> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, 0, 0};
   if (M <= 0 || N <= 0) return;
   if (K <= 0 || alpha == 0.0) return gemm_detail::scale_c(M, N, beta, C, ldc);
   HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
@@ -363,8 +419,10 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
 
 namespace {
 // linear()'s body for either weight type W: T (gemm, or gemm_bf16 under a bf16 Autocast) or bf16 bits (gemm_bf16).
+// packed: W (out, in) packed once as op(W)'s panels (PackedB), read by fp32 products instead of W.
 template <typename T, typename W>
-void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, WeightLayout layout) {
+void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, WeightLayout layout,
+               const PackedB* packed = nullptr) {
   const bool io = layout == WeightLayout::in_out;  // W (in, out): op(W) = W, read as (K, N) in place
   const int64_t n = x.size(0), in = x.size(1), out = w.size(io ? 1 : 0);
   ATTN_CHECK(x.rank() == 2 && w.rank() == 2 && w.size(io ? 0 : 1) == in, "Expected weight of shape ",
@@ -392,6 +450,8 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
     if constexpr (std::is_same_v<T, float>)
       if (matmul_precision() == Precision::bf16)
         return gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
+    if constexpr (std::is_same_v<T, float>)
+      if (packed) return gemm(false, n, 1.0f, x.data, x.stride(0), *packed, beta, y.data, y.stride(0));
     gemm(false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
   }
 }
@@ -403,6 +463,11 @@ void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y, Wei
 }
 void linear(View<const float> x, View<const uint16_t> w, View<const float> bias, View<float> y, WeightLayout layout) {
   linear_of(x, w, bias, y, layout);
+}
+void linear(View<const float> x, View<const float> w, const PackedB& packed, View<const float> bias, View<float> y) {
+  ATTN_CHECK(w.rank() == 2 && packed.trans_b && packed.B == w.data && packed.N == w.size(0) && packed.K == w.size(1),
+             "Expected the packed panels of weight ", to_string(w.shape), ", but got those of another matrix instead");
+  linear_of(x, w, bias, y, WeightLayout::out_in, &packed);
 }
 
 void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,

@@ -31,13 +31,13 @@ inline int64_t max_kc(int64_t mr, int64_t elem) {
 
 // K cut into equal blocks no larger than the most (tuned, or max_kc); tiles as tuned, or kc x nt of packed
 // B in at most half of L2 and up to ~128 rows (A panels re-read per tile). t: the tuning of the calling
-// target (float only), or nullptr; ta: op(A) = Aᵀ (only pack_a depends on it). None of it changes a bit
-// of the result.
+// target (float only), or nullptr; ta: op(A) = Aᵀ (only pack_a depends on it); kc > 0: the K block B's
+// panels were packed at (PackedB). None of it changes a bit of the result.
 inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr, int64_t elem, const Tuning* t,
-                         bool ta = false) {
+                         bool ta = false, int64_t kc = 0) {
   if (elem != 4) t = nullptr;
   Blocking b;
-  b.kc = ceil_div(K, ceil_div(K, t && t->gemm_kc ? t->gemm_kc : max_kc(mr, elem)));
+  b.kc = kc > 0 ? kc : ceil_div(K, ceil_div(K, t && t->gemm_kc ? t->gemm_kc : max_kc(mr, elem)));
   int64_t nt = t && t->gemm_nt ? ceil_div(t->gemm_nt, nr) * nr
                                : std::max<int64_t>(1, cpu_info().l2 / 2 / (b.kc * elem) / nr) * nr;
   int64_t mc = t && t->gemm_mc ? ceil_div(t->gemm_mc, mr) * mr : std::max<int64_t>(1, 128 / mr) * mr;

@@ -87,6 +87,7 @@ BertModel::BertModel(const BertConfig& c, const HfWeights& w)
     for (attn::Layer* m : std::initializer_list<attn::Layer*>{&l.query, &l.key, &l.value, &l.attn_out, &l.attn_norm,
                                                               &l.intermediate, &l.output, &l.out_norm})
       m->eval();
+  for (Linear* l : linears()) l->pack_weight();  // a sentence's products read W's panels, never pack W
   for (attn::Layer* m : std::initializer_list<attn::Layer*>{&word_, &position_, &token_type_, &embed_norm_, &act_})
     m->eval();
 }

@@ -123,6 +123,8 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
     else linear(rows, w16, b, yr, layout);
   } else if (given_ && n <= kGemvRows) {
     linear_rows(rows, weight.view(), layout, b, yr);
+  } else if (packed_.panels) {
+    linear(rows, weight.view(), packed_, b, yr);
   } else {
     linear<float>(rows, weight.view(), b, yr, layout);  // a bf16 Autocast's matmuls too, either layout
   }
@@ -132,6 +134,12 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
 void Linear::use_bf16_weights() {
   weight16_.resize(size_t(weight.numel()));
   to_half(KvDtype::bf16, weight.data(), weight.numel(), weight16_.data());
+  packed_ = PackedB();
+}
+
+void Linear::pack_weight() {
+  ATTN_CHECK(layout == WeightLayout::out_in, "Expected a Linear weight (out, in) to pack, but got (in, out) instead");
+  packed_ = pack_b(true, weight.size(1), weight.size(0), weight.data(), weight.size(1));
 }
 
 Tensor Linear::backward(View<const float> dout) { return backward(dout, true); }
