@@ -41,6 +41,12 @@ class HfWeights {
   // The tensor `name` with shape `want` (a view of the file when F32), or an Error naming the tensor and
   // both shapes, or the missing tensor and the file(s) searched.
   Tensor get(const std::string& name, const Shape& want) const;
+  // The Linear `name`: `name`.weight (out, in) (or (in, out) as `layout` says) and, with `bias`, `name`.bias
+  // (out); a wrong weight is the error named first.
+  Linear linear(const std::string& name, int64_t out, int64_t in, bool bias = true,
+                WeightLayout layout = WeightLayout::out_in) const;
+  // The LayerNorm `name`: `name`.weight and `name`.bias, both (E).
+  LayerNorm layer_norm(const std::string& name, int64_t E, double eps) const;
   std::vector<std::string> names() const;
   const std::string& dir() const { return dir_; }
 

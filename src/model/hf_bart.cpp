@@ -108,14 +108,8 @@ BartModel::BartModel(const Options& o, const HfWeights& w)
                flat(w.get("final_logits_bias", {1, c_.vocab_size}))),
       act_(o.act) {
   const int64_t E = c_.hidden_size;
-  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    Tensor weight = w.get(name + ".weight", {out, in});  // the weight's error first
-    return Linear(std::move(weight), w.get(name + ".bias", {out}));
-  };
-  auto norm = [&](const std::string& name) {
-    Tensor weight = w.get(name + ".weight", {E});
-    return LayerNorm(std::move(weight), w.get(name + ".bias", {E}), c_.norm_eps);
-  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) { return w.linear(name, out, in); };
+  auto norm = [&](const std::string& name) { return w.layer_norm(name, E, c_.norm_eps); };
   auto attention = [&](const std::string& p) {  // p: "model.encoder.layers.0.self_attn"
     return Attention{linear(p + ".q_proj", E, E), linear(p + ".k_proj", E, E), linear(p + ".v_proj", E, E),
                      linear(p + ".out_proj", E, E), norm(p + "_layer_norm")};

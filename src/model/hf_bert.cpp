@@ -67,14 +67,8 @@ BertModel::BertModel(const BertConfig& c, const HfWeights& w)
   const int64_t E = c.hidden_size, I = c.intermediate_size;
   w.expect(cat(prefix_of(w), "encoder.layer.", c.num_hidden_layers - 1, ".attention.self.query.weight"),
            cat("num_hidden_layers ", c.num_hidden_layers, " in config.json"));
-  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    Tensor weight = w.get(name + ".weight", {out, in});  // the weight's error first
-    return Linear(std::move(weight), w.get(name + ".bias", {out}));
-  };
-  auto norm = [&](const std::string& name) {
-    Tensor weight = w.get(name + ".weight", {E});
-    return LayerNorm(std::move(weight), w.get(name + ".bias", {E}), c.layer_norm_eps);
-  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) { return w.linear(name, out, in); };
+  auto norm = [&](const std::string& name) { return w.layer_norm(name, E, c.layer_norm_eps); };
   layers_.reserve(size_t(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = cat(prefix_of(w), "encoder.layer.", i, ".");

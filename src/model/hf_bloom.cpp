@@ -88,14 +88,8 @@ BloomModel::BloomModel(const std::pair<DecoderConfig, bool>& cfg, const HfWeight
                Tensor()),
       slopes_(alibi_slopes(c_.num_heads)) {
   const int64_t E = c_.hidden_size, H = c_.num_heads, D = c_.head_dim;
-  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    Tensor weight = w.get(name + ".weight", {out, in});  // the weight's error first
-    return Linear(std::move(weight), w.get(name + ".bias", {out}));
-  };
-  auto norm = [&](const std::string& name) {
-    Tensor weight = w.get(name + ".weight", {E});
-    return LayerNorm(std::move(weight), w.get(name + ".bias", {E}), c_.norm_eps);
-  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) { return w.linear(name, out, in); };
+  auto norm = [&](const std::string& name) { return w.layer_norm(name, E, c_.norm_eps); };
   layers_.reserve(size_t(c_.num_layers));
   for (int64_t i = 0; i < c_.num_layers; ++i) {
     const std::string p = cat("transformer.h.", i, ".");

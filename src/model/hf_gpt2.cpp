@@ -67,13 +67,9 @@ Gpt2Model::Gpt2Model(const std::pair<DecoderConfig, Activation>& cfg, const HfWe
   w.expect(cat("transformer.h.", c_.num_layers - 1, ".ln_1.weight"), cat("n_layer ", c_.num_layers, " in config.json"));
   // Conv1D: weight (in, out), bias (out)
   auto conv1d = [&](const std::string& name, int64_t in, int64_t out) {
-    Tensor weight = w.get(name + ".weight", {in, out});  // the weight's error first
-    return Linear(std::move(weight), w.get(name + ".bias", {out}), WeightLayout::in_out);
+    return w.linear(name, out, in, true, WeightLayout::in_out);
   };
-  auto norm = [&](const std::string& name) {
-    Tensor weight = w.get(name + ".weight", {E});
-    return LayerNorm(std::move(weight), w.get(name + ".bias", {E}), c_.norm_eps);
-  };
+  auto norm = [&](const std::string& name) { return w.layer_norm(name, E, c_.norm_eps); };
   layers_.reserve(size_t(c_.num_layers));
   for (int64_t i = 0; i < c_.num_layers; ++i) {
     const std::string p = cat("transformer.h.", i, ".");

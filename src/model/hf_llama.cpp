@@ -172,8 +172,7 @@ LlamaModel::LlamaModel(const std::pair<DecoderConfig, LlamaVariant>& cfg, const 
   const int64_t E = c_.hidden_size, I = c_.intermediate_size, QD = c_.num_heads * c_.head_dim,
                 KD = c_.num_kv_heads * c_.head_dim;  // read_llama_config checked that H·D fits, and Hkv <= H
   auto linear = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
-    Tensor weight = w.get(name + ".weight", {out, in});  // the weight's error first
-    return Linear(std::move(weight), bias ? w.get(name + ".bias", {out}) : Tensor());
+    return w.linear(name, out, in, bias);
   };
   auto norm = [&](const std::string& name) { return rms_norm(w, name, E, c_.norm_eps, v_.gemma); };
   layers_.reserve(size_t(c_.num_layers));

@@ -72,6 +72,16 @@ Tensor HfWeights::get(const std::string& name, const Shape& want) const {
   return f.get(name);
 }
 
+Linear HfWeights::linear(const std::string& name, int64_t out, int64_t in, bool bias, WeightLayout layout) const {
+  Tensor weight = get(name + ".weight", layout == WeightLayout::in_out ? Shape{in, out} : Shape{out, in});
+  return Linear(std::move(weight), bias ? get(name + ".bias", {out}) : Tensor(), layout);
+}
+
+LayerNorm HfWeights::layer_norm(const std::string& name, int64_t E, double eps) const {
+  Tensor weight = get(name + ".weight", {E});
+  return LayerNorm(std::move(weight), get(name + ".bias", {E}), eps);
+}
+
 // ---- packed batches ----
 
 namespace hf {

@@ -103,9 +103,7 @@ T5Model::T5Model(const Options& o, const HfWeights& w)
                Tensor()),
       act_(o.act) {
   const int64_t E = c_.hidden_size, F = c_.ffn_size, HD = c_.num_heads * c_.head_dim;
-  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    return Linear(w.get(name + ".weight", {out, in}), Tensor());
-  };
+  auto linear = [&](const std::string& name, int64_t out, int64_t in) { return w.linear(name, out, in, false); };
   auto norm = [&](const std::string& name) { return RMSNorm(w.get(name + ".weight", {E}), c_.norm_eps); };
   auto attention = [&](const std::string& layer, const std::string& module) {  // layer_norm, then q, k, v, o
     const std::string m = layer + module + ".";
