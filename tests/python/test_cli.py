@@ -3,21 +3,19 @@
 it is read, defaults in every --help, and --resume with a larger --steps re-planning the cosine decay.
 Not the training or the views themselves (test_gpt.py, test_viz_cli.py).
 """
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-import _attn
+from cli_bin import attn_exe, run_cli
 
 CMAKE = (Path(__file__).resolve().parents[2] / "CMakeLists.txt").read_text()
 
 
 def run(*args):
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
+    return run_cli(*args, text=True)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -63,7 +61,7 @@ def test_threads_is_one_flag_in_every_command(command):
 def test_generate_prints_its_text_before_its_stats_with_2_to_1(tmp_path):
     out = str(tmp_path / "ck")
     assert run("train", "--out", out, "--steps", "1", "--eval-iters", "1").returncode == 0
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    exe = attn_exe()
     r = subprocess.run([str(exe), "generate", "--ckpt", out, "--prompt", "ab|", "-n", "5"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=120)
     lines = r.stdout.splitlines()

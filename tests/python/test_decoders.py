@@ -5,15 +5,12 @@ greedy generation of 50 tokens identical to transformers' generate (eager attent
 windows, so the rolling KV caches wrap), eos stopping, and `attn generate --model`. Not the loader's errors on
 malformed files (tests/test_hf_decoder.cpp).
 """
-import os
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import _attn
 import attn.models
+from cli_bin import run_cli
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -122,11 +119,6 @@ def test_generation_stops_after_an_eos_token(pair):
     sampled = ours.generate(prompt, max_new_tokens=20, temperature=0.9, top_k=5, seed=4)
     assert sampled == ours.generate(prompt, max_new_tokens=20, temperature=0.9, top_k=5, seed=4)
     assert len(sampled) == 20
-
-
-def run_cli(*args):
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
-    return subprocess.run([str(exe), *args], capture_output=True, timeout=300)
 
 
 def test_cli_generate_model_prints_the_greedy_text(pair):

@@ -20,6 +20,7 @@ import pytest
 
 import _attn
 import attn
+from cli_bin import attn_exe
 
 REPO = Path(__file__).resolve().parents[2]
 MPIRUN = REPO / "scripts" / "mpirun-local"
@@ -33,7 +34,7 @@ TASK = ["--steps", "20", "--eval-iters", "2", "--log-every", "1"]
 
 
 def exe():
-    path = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    path = attn_exe()
     assert path.is_file(), f"no attn binary at {path}"
     return str(path)
 

@@ -2,15 +2,13 @@
 built-in model trained for 100 steps (loss ~0.01) (the reversal task), and a bad dtype is refused by name. The
 numerics of the half-precision decode kernel are tests/test_decode_half.cpp's; this is the end to end
 check that the option reaches the cache."""
-import os
 import subprocess
-from pathlib import Path
 
-import _attn
+from cli_bin import attn_exe
 
 
 def test_generate_with_half_kv_cache_gives_the_fp32_greedy_text(tmp_path):
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    exe = attn_exe()
     out = str(tmp_path / "ckpt")
     r = subprocess.run([str(exe), "train", "--out", out, "--steps", "100", "--threads", "2", "--eval-every", "0"],
                        capture_output=True, text=True)

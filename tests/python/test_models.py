@@ -16,6 +16,7 @@ import pytest
 
 import _attn
 import attn.models
+from cli_bin import attn_exe, run_cli
 from corpus import STRESS, shakespeare_lines
 from minilm import minilm_dir
 
@@ -129,11 +130,6 @@ def test_attention_weights_are_each_layers_softmax(model):
         assert (w[3][b, :, :, n[b]:] == 0).all()
 
 
-def run_cli(*args, **kw):
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
-    return subprocess.run([str(exe), *args], capture_output=True, timeout=300, **kw)
-
-
 def test_cli_embed_writes_json_lines_and_npy(model, tmp_path):
     texts = SENTENCES[:4]
     want = model.embed(texts)
@@ -176,7 +172,7 @@ def test_cli_embed_killed_while_writing_leaves_the_old_file(model, tmp_path):
     r = run_cli("embed", "--model", MODEL, "--input", str(tmp_path / "in.txt"), "--out", str(out))
     assert r.returncode == 0, r.stderr
     old = out.read_bytes()
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    exe = attn_exe()
     r = subprocess.run(["bash", "-c", f'ulimit -f 64; exec "$0" "$@"', str(exe), "embed", "--model", MODEL,
                         "--input", str(tmp_path / "in.txt"), "--out", str(out), "--batch", "3"],
                        capture_output=True, timeout=300)
@@ -193,7 +189,7 @@ def test_cli_embed_second_writer_of_one_out_is_refused(model, tmp_path):
     # Issue 36: two runs on one --out interleaved their bytes, both exiting 0.
     fifo = tmp_path / "in"
     os.mkfifo(fifo)
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    exe = attn_exe()
     first = subprocess.Popen([str(exe), "embed", "--model", MODEL, "--input", str(fifo), "--out",
                               str(tmp_path / "e.npy")], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import _attn
+from cli_bin import attn_exe
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -67,7 +68,7 @@ QUOTES = [
 
 
 def test_readme_blocks_run_in_order(tmp_path):
-    build = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn").parent
+    build = attn_exe().parent
     assert (build / "attn").is_file(), f"no attn binary in {build}"
     (tmp_path / "build").symlink_to(build)
     (tmp_path / "scripts").symlink_to(REPO / "scripts")  # scripts/mpirun-local

@@ -5,7 +5,6 @@ greedy translation identical to transformers' generate (eager attention, float32
 weights, forced/eos tokens, and `attn generate --model DIR --input TEXT`.
 """
 import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 
 import _attn
 import attn.models
+from cli_bin import run_cli
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -148,11 +148,6 @@ def tmp_copy(d, **generation):
     g.update(generation)
     (out / "generation_config.json").write_text(json.dumps(g))
     return out
-
-
-def run_cli(*args):
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
-    return subprocess.run([str(exe), *args], capture_output=True, timeout=300)
 
 
 def test_cli_translates_the_input(pair):

