@@ -59,8 +59,8 @@ class Table:
             fmt = (lambda v: f"{v:9.2f}" if v else f"{'-':>9}")
             print(f"{row:<{w}} {shape:<{ws}} {unit:>7} {fmt(ours)} {fmt(peer)} {ratio:>9}  {name}"
                   + (f" ({note})" if note else ""))
-        print(f"attn/peer: attn's speed over the peer's from the medians (> 1: attn faster); units with /s are "
-              f"rates, the others times")
+        print("attn/peer: attn's speed over the peer's from the medians (> 1: attn faster); units with /s are "
+              "rates, the others times")
 
 
 def installed(name):

@@ -11,7 +11,6 @@ header. A benchmark, not a test: record the command and the numbers in BENCHMARK
 """
 import argparse
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention

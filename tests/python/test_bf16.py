@@ -2,7 +2,6 @@
 dtype="bfloat16") and `attn embed --dtype bf16` on the real all-MiniLM-L6-v2 (within cosine 0.999 of the fp32
 embeddings, the CLI's the same bits as Python's, --strict refusing only where bf16 is emulated), and
 mixed-precision training of the nanoGPT CPU shape (a loss curve within the seed noise of fp32's)."""
-import subprocess
 
 import numpy as np
 import pytest

@@ -3,11 +3,8 @@ GPT's logits and every parameter gradient against an independent torch re-implem
 copied weights; the Python API (training step, save/load, generation); and the CLI (Ctrl-C saves a
 checkpoint that --resume continues; generate reads it).
 """
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np

@@ -173,7 +173,7 @@ def test_cli_embed_killed_while_writing_leaves_the_old_file(model, tmp_path):
     assert r.returncode == 0, r.stderr
     old = out.read_bytes()
     exe = attn_exe()
-    r = subprocess.run(["bash", "-c", f'ulimit -f 64; exec "$0" "$@"', str(exe), "embed", "--model", MODEL,
+    r = subprocess.run(["bash", "-c", 'ulimit -f 64; exec "$0" "$@"', str(exe), "embed", "--model", MODEL,
                         "--input", str(tmp_path / "in.txt"), "--out", str(out), "--batch", "3"],
                        capture_output=True, timeout=300)
     assert r.returncode != 0, r.stderr
