@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "sdpa_harness.h"
+#include "test_util.h"
 
 using namespace attn;
 using namespace attn::test;
@@ -362,9 +363,9 @@ void check_strided() {
     Inputs in(c);
     ASSERT_FALSE(in.bind<T>().args.q.is_contiguous());
     const Forward got = run<T>(in);
-    for (size_t i = 0; i < want.out.size(); ++i) ASSERT_EQ(got.out[i], want.out[i]) << i;
-    for (size_t i = 0; i < want.weights.size(); ++i) ASSERT_EQ(got.weights[i], want.weights[i]) << i;
-    for (size_t i = 0; i < want.lse.size(); ++i) ASSERT_EQ(got.lse[i], want.lse[i]) << i;
+    EXPECT_TRUE(test::same_bits(got.out, want.out)) << "out";
+    EXPECT_TRUE(test::same_bits(got.weights, want.weights)) << "weights";
+    EXPECT_TRUE(test::same_bits(got.lse, want.lse)) << "lse";
   }
   const Bound<T> b = Inputs(c).bind<T>();  // layout 2: the gaps between elements keep their NaN
   Arr<T> out({c.B, c.H, c.L, c.Dv}, 2, T(NAN)), weights({c.B, c.H, c.L, c.S}, 2, T(NAN));
