@@ -241,6 +241,14 @@ void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* 
   }
 }
 
+// op(B)[pc .. pc+kc, :] as np panels of nr columns, panel p at dst + p·nr·kc (in parallel, by panels).
+template <typename T>
+void PackPanels(const Args<T>& g, int64_t pc, int64_t kc, int64_t nr, int64_t np, T* HWY_RESTRICT dst) {
+  parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
+    for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, dst + p * nr * kc);
+  });
+}
+
 template <typename T>
 void Gemm(const Args<T>& g);
 
@@ -320,10 +328,7 @@ void Gemm(const Args<T>& g) {
   }
   for (int64_t pc = 0; pc < K; pc += bl.kc) {
     const int64_t kc = std::min(bl.kc, K - pc);
-    if (!packed)
-      parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
-        for (int64_t p = b; p < e; ++p) PackB(g, p * nr, pc, kc, nr, bp + p * nr * kc);
-      });
+    if (!packed) PackPanels(g, pc, kc, nr, np, bp);
     if (pack_a && g.ta)  // chunks of k: rows of A (see PackA)
       parallel_for(kc, grain_for(M), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
     else if (pack_a)
@@ -345,12 +350,7 @@ PackedB PackF32(bool tb, int64_t K, int64_t N, const float* B, int64_t ldb) {
   float* dst = static_cast<float*>(aligned_bytes(static_cast<uint64_t>(K * np * nr) * sizeof(float)));
   p.panels = std::shared_ptr<const float>(dst, [](const float* q) { std::free(const_cast<float*>(q)); });
   const Args<float> g{false, tb, 0, N, K, 1.f, nullptr, 0, B, ldb, 0.f, nullptr, 0, nullptr, 0, 0};
-  for (int64_t pc = 0; pc < K; pc += p.kc) {
-    const int64_t kc = std::min(p.kc, K - pc);
-    parallel_for(np, grain_for(kc * nr), [&](int64_t b, int64_t e, int) {
-      for (int64_t q = b; q < e; ++q) PackB(g, q * nr, pc, kc, nr, dst + pc * np * nr + q * nr * kc);
-    });
-  }
+  for (int64_t pc = 0; pc < K; pc += p.kc) PackPanels(g, pc, std::min(p.kc, K - pc), nr, np, dst + pc * np * nr);
   return p;
 }
 void GemmF64(const Args<double>& g) { Gemm(g); }
@@ -385,12 +385,18 @@ std::string gemm_kernel() {
          (cpu.caches_read ? "" : ", assumed") + ")";
 }
 
+namespace {
+// Both float entries: the empty and the scaling-only products, then the target's Gemm.
+void gemm_f32(const gemm_detail::Args<float>& g) {
+  if (g.M <= 0 || g.N <= 0) return;
+  if (g.K <= 0 || g.alpha == 0.f) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc);
+  HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
+}
+}  // namespace
+
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const gemm_detail::Args<float> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, 0, 0};
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.f) return gemm_detail::scale_c(M, N, beta, C, ldc);
-  HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
+  gemm_f32({ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, 0, 0});
 }
 
 PackedB pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb) {
@@ -401,12 +407,7 @@ PackedB pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb) 
 
 void gemm(bool ta, int64_t M, float alpha, const float* A, int64_t lda, const PackedB& B, float beta, float* C,
           int64_t ldc) {
-  const int64_t N = B.N, K = B.K;
-  const gemm_detail::Args<float> g{ta, B.trans_b, M,    N, K,           alpha, A,   lda,
-                                   B.B, B.ldb,   beta, C, ldc, B.panels.get(), B.kc, B.nr};
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.f) return gemm_detail::scale_c(M, N, beta, C, ldc);
-  HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
+  gemm_f32({ta, B.trans_b, M, B.N, B.K, alpha, A, lda, B.B, B.ldb, beta, C, ldc, B.panels.get(), B.kc, B.nr});
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
