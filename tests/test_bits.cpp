@@ -153,6 +153,8 @@ TEST(Bits, GemmIsOneFmaChainPerElementOnEveryConfiguration) {
       expect_gemm_is_the_chain<float>({48, 300, 1100, ta, tb, 1, 1});
       expect_gemm_is_the_chain<float>({9, 100, 500, ta, tb, 1, 0.5});
       expect_gemm_is_the_chain<double>({19, 33, 1300, ta, tb, 1, -1});
+      // row blocks of 2 and 4 (2; 3 as 4; 8 as 4 + 4; 14 as 4 + 6 + 4), as Cᵀ when B is transposed
+      for (int64_t M : {2, 3, 8, 14}) expect_gemm_is_the_chain<float>({M, 40, 300, ta, tb, 1, 0});
     }
   expect_gemm_is_the_chain<float>({1, 1, 1, false, false, 1, 0});
   expect_gemm_is_the_chain<float>({130, 67, 900, false, true, 1, -1});

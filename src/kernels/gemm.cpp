@@ -108,57 +108,65 @@ struct NextC {
 // 11% of the microkernel's time at 2048³ on a Zen 4 (perf: the samples on the loads of C; kc = 293).
 inline constexpr int64_t kPrefetchK = 32;
 
-// C (kMR, NV·N) = C0 + A (kMR, kc) · Bp (kc, NV·N), C0 per `start`; A's rows past mr are read as row 0.
+// C (MR, NV·N) = C0 + A (MR, kc) · Bp (kc, NV·N), C0 per `start`; A's rows past mr are read as row 0.
 // bp: element (k, j) at k·ldbp + j. A whole block of C, read and written by full vectors, nothing
 // conditional around the k loop (GCC 12 kept 4 of the 6 accumulators of NV = 1 on the stack, loaded and
 // stored every k, when the loads and stores of C depended on mr and nr). The k loop runs in two parts
 // with the prefetch of `next` between them: the same FMAs in the same order (one chain per element).
-template <typename T, int NV>
+template <typename T, int MR, int NV>
 HWY_NOINLINE void Micro(ARows<T> A, int64_t mr, const T* HWY_RESTRICT bp, int64_t ldbp, int64_t kc,
                         T* HWY_RESTRICT c, int64_t ldc, Start start, T beta, NextC<T> next) {
   const hn::ScalableTag<T> d;
   using V = hn::Vec<decltype(d)>;
   const int64_t N = hn::Lanes(d);
-  V acc[kMR][NV];
-  ForBlock<kMR, NV>([&](int r, int j) {
+  V acc[MR][NV];
+  ForBlock<MR, NV>([&](int r, int j) {
     acc[r][j] = start == Start::zero ? hn::Zero(d) : hn::LoadU(d, c + r * ldc + j * N);
     if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(d, beta), acc[r][j]);
   });
   const int64_t k1 = next.p ? std::max<int64_t>(0, kc - kPrefetchK) : kc;
-  FmaBlock<kMR, NV>(d, acc, A, mr, BRows<T>{bp, ldbp, N}, k1, LoadAligned());
+  FmaBlock<MR, NV>(d, acc, A, mr, BRows<T>{bp, ldbp, N}, k1, LoadAligned());
   if (k1 < kc) {
 #pragma GCC unroll 16
-    for (int r = 0; r < kMR; ++r)
+    for (int r = 0; r < MR; ++r)
       PrefetchRow(next.p, r * next.ld * int64_t(sizeof(T)), NV * N * int64_t(sizeof(T)));
-    FmaBlock<kMR, NV>(d, acc, ARows<T>{A.a + k1 * A.ks, A.rs, A.ks}, mr, BRows<T>{bp + k1 * ldbp, ldbp, N}, kc - k1,
-                      LoadAligned());
+    FmaBlock<MR, NV>(d, acc, ARows<T>{A.a + k1 * A.ks, A.rs, A.ks}, mr, BRows<T>{bp + k1 * ldbp, ldbp, N}, kc - k1,
+                     LoadAligned());
   }
-  ForBlock<kMR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, c + r * ldc + j * N); });
+  ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, c + r * ldc + j * N); });
 }
 
-// C (mr, nr) = C0 + A · Bp for mr <= kMR, nr <= NV·N: a full block in place, an edge block through a copy
+// C (mr, nr) = C0 + A · Bp for mr <= MR, nr <= NV·N: a full block in place, an edge block through a copy
 // (gemm_tile.h's EdgeThroughCopy).
-// Each accumulator is one FMA chain over k in order, whatever NV is or where A is read from: a narrower
-// or an edge block computes its elements exactly as the widest one would.
-template <typename T, int NV>
+// Each accumulator is one FMA chain over k in order, whatever MR and NV are or where A is read from: a
+// smaller or an edge block computes its elements exactly as the largest one would.
+template <typename T, int MR, int NV>
 HWY_INLINE void MicroTile(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64_t ldbp, int64_t kc, T* c,
                           int64_t ldc, Start start, T beta, NextC<T> next) {
   const hn::ScalableTag<T> d;
   const int64_t w = NV * static_cast<int64_t>(hn::Lanes(d));
-  if (mr == kMR && nr == w) return Micro<T, NV>(A, mr, bp, ldbp, kc, c, ldc, start, beta, next);
-  EdgeThroughCopy<T, kMR * NV * hn::MaxLanes(d)>(c, ldc, mr, nr, kMR, w, start, [&](T* tile, int64_t ldt) {
-    Micro<T, NV>(A, mr, bp, ldbp, kc, tile, ldt, start, beta, next);
+  if (mr == MR && nr == w) return Micro<T, MR, NV>(A, mr, bp, ldbp, kc, c, ldc, start, beta, next);
+  EdgeThroughCopy<T, MR * NV * hn::MaxLanes(d)>(c, ldc, mr, nr, MR, w, start, [&](T* tile, int64_t ldt) {
+    Micro<T, MR, NV>(A, mr, bp, ldbp, kc, tile, ldt, start, beta, next);
   });
 }
 
-// The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors).
+// Rows of a block: kMR, or where fewer are left, 4 or 2 (a sentence's 8 rows as 6 + 2 would compute 12, a
+// third of them on rows past M; 4 rows still keep 4·NV chains in flight, 2 rows only 2·NV, which leaves
+// the FMA units half idle on AVX2 at NV = 2). BlockRows: the rows of the next block in place, with r left.
+inline int64_t BlockRows(int64_t r) { return r <= kMR ? r : r % kMR == 1 || r % kMR == 2 ? 4 : kMR; }
+
+// The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors), and
+// the shortest of 2, 4 and kMR rows that covers mr.
 template <typename T, int NV = kNV>
 HWY_INLINE void MicroCols(int64_t nr, ARows<T> a, const T* bp, int64_t ldbp, int64_t kc, T* c, int64_t ldc,
                           int64_t mr, Start start, T beta, NextC<T> next) {
   if constexpr (NV > 1)
     if (nr <= (NV - 1) * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
       return MicroCols<T, NV - 1>(nr, a, bp, ldbp, kc, c, ldc, mr, start, beta, next);
-  MicroTile<T, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
+  if (mr <= 2) return MicroTile<T, 2, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
+  if (mr <= 4) return MicroTile<T, 4, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
+  MicroTile<T, kMR, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
 }
 
 // Elements from one packed A panel to the next: kc·kMR plus one cache line, so that panels are never a
@@ -301,17 +309,18 @@ void Gemm(const Args<T>& g) {
     const Start start = pc > 0 || g.beta == T(1) ? Start::c : g.beta == T(0) ? Start::zero : Start::scaled;
     const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
     const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
-    for (int64_t i = i0; i < i1; i += kMR) {
-      // rows [i, i + kMR) of alpha·op(A)[:, pc ..]: their packed panel, or A in place
+    for (int64_t i = i0, mr; i < i1; i += mr) {
+      // rows [i, i + mr) of alpha·op(A)[:, pc ..]: their packed panel, or A in place
+      mr = pack_a ? std::min<int64_t>(kMR, i1 - i) : BlockRows(i1 - i);
       const ARows<T> a = pack_a ? ARows<T>{ap + i / kMR * PanelStride<T>(kc), 1, kMR}
                          : g.ta ? ARows<T>{g.A + pc * g.lda + i, 1, g.lda}
                                 : ARows<T>{g.A + i * g.lda + pc, g.lda, 1};
       for (int64_t j = j0; j < j1; j += nr) {
         // the block after this one in the tile (the next panel of B, or the next rows' first): its C
-        const int64_t ni = j + nr < j1 ? i : i + kMR, nj = j + nr < j1 ? j + nr : j0;
+        const int64_t ni = j + nr < j1 ? i : i + mr, nj = j + nr < j1 ? j + nr : j0;
         const NextC<T> next{start != Start::zero && ni < i1 ? g.C + ni * g.ldc + nj : nullptr, g.ldc};
-        MicroCols<T>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc,
-                     std::min<int64_t>(kMR, i1 - i), start, g.beta, next);
+        MicroCols<T>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc, mr, start,
+                     g.beta, next);
       }
     }
   };
