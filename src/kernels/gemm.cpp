@@ -151,9 +151,10 @@ HWY_INLINE void MicroTile(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64
   });
 }
 
-// Rows of a block: kMR, or where fewer are left, 4 or 2 (a sentence's 8 rows as 6 + 2 would compute 12, a
-// third of them on rows past M; 4 rows still keep 4·NV chains in flight, 2 rows only 2·NV, which leaves
-// the FMA units half idle on AVX2 at NV = 2). BlockRows: the rows of the next block in place, with r left.
+// Rows of a block read in place: kMR, or where fewer are left, 4 or 2 (MicroCols). Two 6-row blocks for a
+// sentence's 8 rows computed 12, 4 of them past M. A 2-row block keeps only 2·NV chains in flight (the FMA
+// units half idle on AVX2 at NV = 2) and costs what a 4-row one does, so 8 rows run as 4 + 4, not 6 + 2,
+// and 14 as 4 + 6 + 4. BlockRows(r): the rows of the next block, with r rows left.
 inline int64_t BlockRows(int64_t r) { return r <= kMR ? r : r % kMR == 1 || r % kMR == 2 ? 4 : kMR; }
 
 // The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors), and
