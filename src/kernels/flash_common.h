@@ -340,11 +340,19 @@ template <int NV = kNV, bool TransA = false, class... Args>
 HWY_INLINE void PV(int64_t mr, int64_t nv, Args... args) { RunBlock<PVOp<TransA>, kMR, NV>(mr, nv, args...); }
 
 // f(r, c, mr, nv) for the kMR x NV blocks of a (rows, nvec vectors) tile: vectors [c, c + nv) of rows
-// [r, r + mr), column blocks outer.
-template <int NV = kNV, class F>
+// [r, r + mr), column blocks outer, or with RowsOuter row blocks outer.
+template <int NV = kNV, bool RowsOuter = false, class F>
 HWY_INLINE void ForTile(int64_t rows, int64_t nvec, F&& f) {
-  for (int64_t c = 0; c < nvec; c += NV)
-    for (int64_t r = 0; r < rows; r += kMR) f(r, c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(NV, nvec - c));
+  const auto block = [&](int64_t r, int64_t c) {
+    f(r, c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(NV, nvec - c));
+  };
+  if constexpr (RowsOuter) {
+    for (int64_t r = 0; r < rows; r += kMR)
+      for (int64_t c = 0; c < nvec; c += NV) block(r, c);
+  } else {
+    for (int64_t c = 0; c < nvec; c += NV)
+      for (int64_t r = 0; r < rows; r += kMR) block(r, c);
+  }
 }
 
 // Vectors per block of the bf16 tiles: the fp32 block's for floats (E, then O: E waits on the stack), 2 for
@@ -363,11 +371,14 @@ HWY_INLINE void QKTile(const float* q, int64_t rows, int64_t D, const float* kt,
 
 // O (rows, Dvp) = α ⊙ O + P (rows, n) · V (n, Dvp), blocked kMR x kNV; alpha may be nullptr. V's elements
 // E are read by load; pf_rows: prefetch V pf_rows rows ahead (PVBlock), on the first block of rows.
+// Row blocks outer: a block's kMR rows of P (6 KB at n = 256), which the FMAs take as broadcasts, stay in
+// L1 across O's columns, and V streams from L2 as whole vectors. With columns outer P came from L2 once per
+// kNV vectors of V: the forward 1-8% slower at D 64 and 128 on a Zen 3 (BENCHMARKS.md, issue 40).
 template <typename E = float, class Load = LoadF32>
 HWY_INLINE void PVTile(const float* p, int64_t rows, int64_t ldp, const E* v, int64_t ldv, int64_t n,
                        float* o, int64_t Dvp, const float* alpha, Load load = Load(), int64_t pf_rows = 0) {
   const int64_t N = hn::Lanes(DF());
-  ForTile(rows, Dvp / N, [&](int64_t r, int64_t c, int64_t mr, int64_t nv) {
+  ForTile<kNV, true>(rows, Dvp / N, [&](int64_t r, int64_t c, int64_t mr, int64_t nv) {
     PV(mr, nv, p + r * ldp, ldp, v + c * N, ldv, n, o + r * Dvp + c * N, Dvp, alpha ? alpha + r : nullptr, load,
        r == 0 ? pf_rows : 0);
   });
