@@ -396,17 +396,19 @@ std::string gemm_kernel() {
 }
 
 namespace {
-// Both float entries: the empty and the scaling-only products, then the target's Gemm.
-void gemm_f32(const gemm_detail::Args<float>& g) {
+// Every entry: the empty and the scaling-only products, then the target's Gemm.
+template <typename T>
+void run_gemm(const gemm_detail::Args<T>& g) {
   if (g.M <= 0 || g.N <= 0) return;
-  if (g.K <= 0 || g.alpha == 0.f) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc);
-  HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
+  if (g.K <= 0 || g.alpha == T(0)) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc);
+  if constexpr (std::is_same_v<T, float>) HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
+  else HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
 }
 }  // namespace
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  gemm_f32({ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, 0, 0});
+  run_gemm<float>({ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, 0, 0});
 }
 
 PackedB pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb) {
@@ -417,15 +419,12 @@ PackedB pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb) 
 
 void gemm(bool ta, int64_t M, float alpha, const float* A, int64_t lda, const PackedB& B, float beta, float* C,
           int64_t ldc) {
-  gemm_f32({ta, B.trans_b, M, B.N, B.K, alpha, A, lda, B.B, B.ldb, beta, C, ldc, B.panels.get(), B.kc, B.nr});
+  run_gemm<float>({ta, B.trans_b, M, B.N, B.K, alpha, A, lda, B.B, B.ldb, beta, C, ldc, B.panels.get(), B.kc, B.nr});
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
           const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  const gemm_detail::Args<double> g{ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, 0, 0};
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0 || alpha == 0.0) return gemm_detail::scale_c(M, N, beta, C, ldc);
-  HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
+  run_gemm<double>({ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, 0, 0});
 }
 
 namespace {
