@@ -25,6 +25,7 @@
 #include "attn/simd.h"
 #include "attn/threads.h"
 #include "attn/train.h"
+#include "attn/tune.h"
 #include "test_util.h"
 
 namespace attn {
@@ -120,8 +121,9 @@ void expect_gemm_is_the_chain(const GemmCase& g) {
   const std::vector<T> b = cast(uniform(size_t((g.tb ? g.N : g.K) * ldb), 2));
   const std::vector<T> c0 = cast(uniform(size_t(g.M * ldc), 3));
   const std::vector<T> want = chain<T>(g, a, lda, b, ldb, c0, ldc);
-  // float: B packed once here (under the CPU's own target) and again under each configuration; on a forced
-  // target of another panel width the first packs B per call, as gemm() does
+  // float: on each of the target's register blocks; B packed once here (under the CPU's own target and
+  // block) and again under each configuration; on panels of another width the first packs B per call, as
+  // gemm() does
   PackedB once;
   if constexpr (std::is_same_v<T, float>) once = pack_b(g.tb, g.K, g.N, b.data(), ldb);
   expect_same_everywhere<std::vector<T>>(
@@ -130,11 +132,20 @@ void expect_gemm_is_the_chain(const GemmCase& g) {
         gemm(g.ta, g.tb, g.M, g.N, g.K, T(g.alpha), a.data(), lda, b.data(), ldb, T(g.beta), c.data(), ldc);
         expect_bits(want, c, "gemm against the scalar fma chain");
         if constexpr (std::is_same_v<T, float>) {
-          for (const PackedB& p : {once, pack_b(g.tb, g.K, g.N, b.data(), ldb)}) {
-            std::vector<float> cp = c0;
-            gemm(g.ta, g.M, float(g.alpha), a.data(), lda, p, float(g.beta), cp.data(), ldc);
-            expect_bits(want, cp, "gemm over packed B against the scalar fma chain");
+          for (const RegisterBlock& rb : gemm_register_blocks()) {
+            SCOPED_TRACE(testing::Message() << "register block " << rb.rows << "x" << rb.cols);
+            force_tuning({.gemm_mr = rb.rows});
+            std::vector<float> cb = c0;
+            gemm(g.ta, g.tb, g.M, g.N, g.K, float(g.alpha), a.data(), lda, b.data(), ldb, float(g.beta), cb.data(),
+                 ldc);
+            expect_bits(want, cb, "gemm against the scalar fma chain");
+            for (const PackedB& p : {once, pack_b(g.tb, g.K, g.N, b.data(), ldb)}) {
+              std::vector<float> cp = c0;
+              gemm(g.ta, g.M, float(g.alpha), a.data(), lda, p, float(g.beta), cp.data(), ldc);
+              expect_bits(want, cp, "gemm over packed B against the scalar fma chain");
+            }
           }
+          clear_forced_tuning();
         }
         return c;
       },

@@ -69,7 +69,8 @@ TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
   const TuneReport r = tune({0.3, true});
   EXPECT_EQ(r.path, f.path);
   EXPECT_EQ(r.key, tuning_key());
-  EXPECT_EQ(r.rows.size(), 30u);  // 8 + 5 + 4 + 5 + 4 GEMM candidates and 4 flash ones
+  // the target's register blocks, 8 + 5 + 4 + 5 + 4 blockings, and 4 flash tiles
+  EXPECT_EQ(r.rows.size(), gemm_register_blocks().size() + 30u);
   EXPECT_EQ(r.budget, 0.3);
   int chosen = 0;
   for (const TuneRow& row : r.rows) {
@@ -123,7 +124,8 @@ TEST(Tune, PlanFitsTheBudget) {
     EXPECT_NEAR(p.seconds, round * kTuneGemmCandidates * kRuns + flash, 1e-12);
     EXPECT_LE(p.seconds, budget) << budget << " s: " << p.gemm_shapes << " shapes, flash L " << p.flash_length;
     if (p.gemm_shapes < cost.size()) {  // the next shape would not have fitted
-      EXPECT_GT((round + cost[p.gemm_shapes]) * kTuneGemmCandidates * kRuns, budget * 26 / 30) << budget;
+      const double gemm_share = budget * kTuneGemmCandidates / (kTuneGemmCandidates + kTuneFlashCandidates);
+      EXPECT_GT((round + cost[p.gemm_shapes]) * kTuneGemmCandidates * kRuns, gemm_share) << budget;
     }
   }
   EXPECT_EQ(plan_tune(cost, 0.012, 2.0).gemm_shapes, 3u);  // the budget the README gives: the training shapes
@@ -140,10 +142,17 @@ TEST(Tune, BlockingChangesNoBits) {
       {.gemm_kc = 16, .gemm_mc = 6, .gemm_nt = 64, .gemm_pack_a = 1, .gemm_pack_at = 1 << 30, .flash_rows = 64},
       {.gemm_kc = 200, .gemm_mc = 384, .gemm_nt = 4096, .gemm_pack_a = 1 << 30, .gemm_pack_at = 1, .flash_rows = 512},
       {.gemm_kc = 1000, .gemm_mc = 12, .gemm_nt = 16, .gemm_pack_a = 2, .gemm_pack_at = 2, .flash_rows = 7}};
-  for (const Tuning& t : ts) {
+  const std::vector<RegisterBlock> blocks = gemm_register_blocks();
+  ASSERT_GE(blocks.size(), 2u) << "a target with one register block: nothing for attn tune to choose";
+  for (size_t i = 0; i < std::size(ts); ++i) {
+    Tuning t = ts[i];
+    const RegisterBlock rb = blocks[(i + 1) % blocks.size()];  // another block than the derived one first
+    t.gemm_mr = rb.rows;
     force_tuning(t);
-    EXPECT_EQ(gemm_result(70, 130, 1000), g) << "kc " << t.gemm_kc << " mc " << t.gemm_mc << " nt " << t.gemm_nt
-                                             << " pack_a " << t.gemm_pack_a;
+    const std::string block = std::to_string(rb.rows) + "x" + std::to_string(rb.cols) + " (float)";
+    EXPECT_NE(gemm_kernel().find(block), std::string::npos) << gemm_kernel() << " runs, not " << block;
+    EXPECT_EQ(gemm_result(70, 130, 1000), g) << "block " << block << " kc " << t.gemm_kc << " mc " << t.gemm_mc
+                                             << " nt " << t.gemm_nt << " pack_a " << t.gemm_pack_a;
     EXPECT_EQ(gemm_result(70, 130, 1000, true), gt) << "kc " << t.gemm_kc << " mc " << t.gemm_mc << " nt "
                                                       << t.gemm_nt << " pack_at " << t.gemm_pack_at;
     EXPECT_EQ(flash_result(), fl) << "rows " << t.flash_rows;

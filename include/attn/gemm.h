@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attn/gemv.h"  // WeightLayout
 #include "attn/precision.h"
@@ -22,9 +23,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
 // op(B) (K, N) packed once as the GEMM's B panels, for many products with the same B (a pretrained
 // encoder's weights: x·Wᵀ then neither transposes nor copies W per call; ONNX Runtime packs its weights
 // when a session starts). gemm() over it gives the bits of gemm() over B: the panels only decide where the
-// values are read from. They are cut for the SIMD target and K block of packing time; a product under
-// another target (a test forcing one) packs from B itself, so B must outlive the PackedB. Immutable once
-// made: share it between threads.
+// values are read from. They are cut for the SIMD target, register block and K block of packing time; a
+// product under another target (a test forcing one) or block (attn tune) packs from B itself, so B must
+// outlive the PackedB. Immutable once made: share it between threads.
 struct PackedB {
   bool trans_b = false;
   int64_t K = 0, N = 0;
@@ -62,6 +63,13 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 // Which bf16 GEMM runs, for `attn info`: "AMX TDPBF16PS, AVX3 32x32", "VDPBF16PS, AVX3 6x32" or
 // "emulated with FMA (no AVX512_BF16), AVX2 6x16".
 std::string gemm_bf16_kernel();
+
+// The float GEMM's register blocks on the SIMD target now chosen, rows x columns of C per microkernel, the
+// derived one first: Tuning::gemm_mr (attn/tune.h) picks one by its rows. None changes a bit.
+struct RegisterBlock {
+  int64_t rows, cols;
+};
+std::vector<RegisterBlock> gemm_register_blocks();
 
 // Which GEMM runs, for `attn info`: "attn packed GEMM, AVX3 6x64 (float), 6x32 (double), max KC ...".
 // Changes with the SIMD target Highway chooses.

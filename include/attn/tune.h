@@ -1,10 +1,11 @@
 // Blocking chosen by measurement on the CPU at hand, not by one machine's constants: `attn tune` (or
-// attn::tune()) times a few candidates of the GEMM's K block and output tile and of the flash forward's
+// attn::tune()) times a few candidates of the GEMM's register block, K block and output tile and of the flash forward's
 // query tile, keeps the fastest in a per-user file keyed by the CPU (model, features, caches) and the
 // SIMD target, and every later process of that user on that CPU uses them. Blocking changes no bits
 // (gemm.cpp, flash_forward.cpp), so a tuned and an untuned run give the same results, only sooner.
 // Where nothing was measured (or the caches are forced, set_cpu_caches), the blocking is derived from the
-// cache sizes as before. Not an autotuner of the kernels' code: the register blocks are fixed per target.
+// cache sizes as before. Not an autotuner of the kernels' code: the float GEMM's register block is chosen among
+// the few each target is compiled with; the flash kernels' blocks are fixed per target.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,6 +15,7 @@ namespace attn {
 
 // What was chosen for one CPU and target; 0 means "derived from the caches".
 struct Tuning {
+  int64_t gemm_mr = 0;      // rows of the float GEMM's register block, one of gemm_register_blocks() (attn/gemm.h)
   int64_t gemm_kc = 0;      // most of K per block (float)
   int64_t gemm_mc = 0;      // rows per output tile, a multiple of the register block's MR
   int64_t gemm_nt = 0;      // columns per output tile, a multiple of NR
@@ -78,7 +80,7 @@ struct TunePlan {
   double seconds = 0;  // the plan's estimate at the minimum rounds
 };
 inline constexpr int kTuneMinRounds = 3;     // per candidate, after its warm-up: the spread needs some
-inline constexpr int kTuneGemmCandidates = 26, kTuneFlashCandidates = 4;  // tune()'s stages, all together
+inline constexpr int kTuneGemmCandidates = 29, kTuneFlashCandidates = 4;  // tune()'s stages, all together, at most
 TunePlan plan_tune(const std::vector<double>& gemm_run_s, double flash512_s, double seconds);
 
 // Measures the candidates on this CPU with the current thread count within options.seconds (interleaved

@@ -32,6 +32,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "attn/check.h"
 #include "attn/cpu.h"
@@ -75,15 +76,49 @@ HWY_BEFORE_NAMESPACE();
 namespace attn::gemm_detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// The register block (kMR rows x kNV vectors of accumulators) and its microkernel: register_block.h.
+// The microkernel: register_block.h.
 using namespace regblock::HWY_NAMESPACE;
 
-template <typename T>
-int64_t NR() {
-  return kNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>()));
+// A register block: MR rows x NV vectors of C's accumulators, and per k NV vectors of B loaded and MR values
+// of A broadcast.
+template <int MR_, int NV_>
+struct RegBlock {
+  static constexpr int MR = MR_, NV = NV_;
+};
+template <class... B>
+struct Blocks {};
+// The float GEMM's register blocks on this target, the derived one first (attn tune measures the others:
+// Tuning::gemm_mr). Each fills the register file (32 vectors on AVX-512: 24 accumulators; 16 elsewhere: 12) in
+// another balance of what a k costs: NV vectors of B, read from the B panel streaming through L2, against MR
+// broadcasts from the A panel in L1. 6 x 4 loads 4 B vectors per 24 FMAs, 12 x 2 two (BLIS's rate, whose
+// Skylake-X kernel broadcasts B instead: the same product over Cᵀ). Which one a CPU runs fastest depends on
+// its L2's bandwidth against its FMA rate, hence measured. The double GEMM runs the first block only.
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+using FloatBlocks = Blocks<RegBlock<kMR, kNV>, RegBlock<8, 3>, RegBlock<12, 2>>;
+#else
+using FloatBlocks = Blocks<RegBlock<kMR, kNV>, RegBlock<4, 3>>;
+#endif
+using Derived = RegBlock<kMR, kNV>;
+
+// f(B()) for the float block chosen: the tuned rows where they are one of this target's blocks, else the first.
+template <class F, class... B>
+HWY_INLINE void OnChosenBlock(Blocks<B...>, F&& f) {
+  const Tuning* t = tuned_for(HWY_TARGET);
+  const int64_t rows = t ? t->gemm_mr : 0;
+  const bool known = ((B::MR == rows) || ...);
+  bool done = false;
+  const auto run = [&](auto b) {
+    if (!done && (!known || decltype(b)::MR == rows)) f(b), done = true;
+  };
+  (run(B()), ...);
 }
 
-// A microkernel reads its kMR rows of alpha·op(A) as ARows: a packed panel (alpha folded in), or A itself
+template <typename T, int NV>
+int64_t NR() {
+  return NV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>()));
+}
+
+// A microkernel reads its rows of alpha·op(A) as ARows: a packed panel (alpha folded in), or A itself
 // when packing would not pay (alpha = 1).
 
 // The packed B panels are 64-byte aligned.
@@ -94,7 +129,7 @@ struct LoadAligned {
   }
 };
 
-// Where the next block's C is (its kMR rows at next.p + r·next.ld), for Micro to prefetch; p = nullptr:
+// Where the next block's C is (its rows at next.p + r·next.ld), for Micro to prefetch; p = nullptr:
 // none (C is not read: the chains start from 0).
 template <typename T>
 struct NextC {
@@ -151,77 +186,82 @@ HWY_INLINE void MicroTile(ARows<T> A, int64_t mr, int64_t nr, const T* bp, int64
   });
 }
 
-// Rows of a block read in place: kMR, or where fewer are left, 4 or 2 (MicroCols). Two 6-row blocks for a
+// Rows of a block read in place: MR, or where fewer are left, 6, 4 or 2 (MicroCols). Two 6-row blocks for a
 // sentence's 8 rows computed 12, 4 of them past M. A 2-row block keeps only 2·NV chains in flight (the FMA
 // units half idle on AVX2 at NV = 2) and costs what a 4-row one does, so 8 rows run as 4 + 4, not 6 + 2,
-// and 14 as 4 + 6 + 4. BlockRows(r): the rows of the next block, with r rows left.
-inline int64_t BlockRows(int64_t r) { return r <= kMR ? r : r % kMR == 1 || r % kMR == 2 ? 4 : kMR; }
+// and 14 as 4 + 6 + 4. BlockRows<MR>(r): the rows of the next block, with r rows left.
+template <int MR>
+int64_t BlockRows(int64_t r) {
+  return r <= MR ? r : r % MR == 1 || r % MR == 2 ? 4 : MR;
+}
 
 // The narrowest instance that covers nr columns (a last, partial panel computes no extra vectors), and
-// the shortest of 2, 4 and kMR rows that covers mr.
-template <typename T, int NV = kNV>
+// the shortest of 2, 4, 6 and MR rows that covers mr.
+template <typename T, int MR, int NV>
 HWY_INLINE void MicroCols(int64_t nr, ARows<T> a, const T* bp, int64_t ldbp, int64_t kc, T* c, int64_t ldc,
                           int64_t mr, Start start, T beta, NextC<T> next) {
   if constexpr (NV > 1)
     if (nr <= (NV - 1) * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<T>())))
-      return MicroCols<T, NV - 1>(nr, a, bp, ldbp, kc, c, ldc, mr, start, beta, next);
+      return MicroCols<T, MR, NV - 1>(nr, a, bp, ldbp, kc, c, ldc, mr, start, beta, next);
   if (mr <= 2) return MicroTile<T, 2, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
   if (mr <= 4) return MicroTile<T, 4, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
-  MicroTile<T, kMR, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
+  if constexpr (MR > 6)
+    if (mr <= 6) return MicroTile<T, 6, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
+  MicroTile<T, MR, NV>(a, mr, nr, bp, ldbp, kc, c, ldc, start, beta, next);
 }
 
-// Elements from one packed A panel to the next: kc·kMR plus one cache line, so that panels are never a
-// multiple of 4 KiB apart (kc = 512: 12 KiB), which put every panel's k-th row in the same L1 set and
+// Elements from one packed A panel of MR rows to the next: kc·MR plus one cache line, so that panels are never
+// a multiple of 4 KiB apart (kc = 512: 12 KiB), which put every panel's k-th row in the same L1 set and
 // made the transposed packing, writing all panels at once, miss on every store.
-template <typename T>
+template <typename T, int MR>
 int64_t PanelStride(int64_t kc) {
-  return kc * kMR + 64 / static_cast<int64_t>(sizeof(T));
+  return kc * MR + 64 / static_cast<int64_t>(sizeof(T));
 }
 
-// Panels of alpha·op(A)[:, pc .. pc+kc): panel p is rows [p·kMR, p·kMR + kMR) as (kc, kMR), at dst + p·ps
+// Panels of alpha·op(A)[:, pc .. pc+kc): panel p is rows [p·MR, p·MR + MR) as (kc, MR), at dst + p·ps
 // (PanelStride); rows past M zero. Not transposed: panels [b, e). Transposed: k in [b, e) of every panel (rows pc + k
 // of A), so that each row of A is read once, start to end (a stream the prefetcher follows).
-template <typename T>
+template <typename T, int MR>
 void PackA(const Args<T>& g, int64_t b, int64_t e, int64_t pc, int64_t kc, T* HWY_RESTRICT dst) {
-  const int64_t ps = PanelStride<T>(kc);
-  const int64_t mp = ceil_div(g.M, kMR), full = g.M / kMR;  // panels; those with all kMR rows inside M
+  const int64_t ps = PanelStride<T, MR>(kc);
+  const int64_t mp = ceil_div(g.M, MR), full = g.M / MR;  // panels; those with all MR rows inside M
   if (g.ta) {  // op(A)(i, k) = A[k·lda + i]: rows of A run along i
     for (int64_t k = b; k < e; ++k) {
       const T* src = g.A + (pc + k) * g.lda;
       for (int64_t p = 0; p < full; ++p)
 #pragma GCC unroll 16
-        for (int r = 0; r < kMR; ++r) dst[p * ps + k * kMR + r] = src[p * kMR + r];  // constant count: moves
+        for (int r = 0; r < MR; ++r) dst[p * ps + k * MR + r] = src[p * MR + r];  // constant count: moves
       for (int64_t p = full; p < mp; ++p)
-        for (int64_t r = 0; r < kMR; ++r) {
-          const int64_t i = p * kMR + r;
-          dst[p * ps + k * kMR + r] = i < g.M ? src[i] : T(0);
+        for (int64_t r = 0; r < MR; ++r) {
+          const int64_t i = p * MR + r;
+          dst[p * ps + k * MR + r] = i < g.M ? src[i] : T(0);
         }
       if (g.alpha != T(1))
         for (int64_t p = 0; p < mp; ++p)
-          for (int64_t r = 0; r < kMR; ++r) dst[p * ps + k * kMR + r] *= g.alpha;
+          for (int64_t r = 0; r < MR; ++r) dst[p * ps + k * MR + r] *= g.alpha;
     }
     return;
   }
   for (int64_t p = b; p < e; ++p) {  // op(A)(i, k) = A[i·lda + k]
     T* d = dst + p * ps;
-    const int64_t rows = std::min<int64_t>(kMR, g.M - p * kMR);
-    if (rows == kMR) {  // k outer: the panel written in order, its kMR rows read as kMR streams (row by
-                        // row, below, the stores were kMR floats apart: 1-4% slower GEMMs on a Zen 4)
-      const T* src = g.A + p * kMR * g.lda + pc;
+    const int64_t rows = std::min<int64_t>(MR, g.M - p * MR);
+    if (rows == MR) {  // k outer: the panel written in order, its MR rows read as MR streams (row by
+                        // row, below, the stores were MR floats apart: 1-4% slower GEMMs on a Zen 4)
+      const T* src = g.A + p * MR * g.lda + pc;
       const int64_t lda = g.lda;
       for (int64_t k = 0; k < kc; ++k)
 #pragma GCC unroll 16
-        for (int r = 0; r < kMR; ++r) d[k * kMR + r] = src[r * lda + k];
+        for (int r = 0; r < MR; ++r) d[k * MR + r] = src[r * lda + k];
     } else {  // the last, short panel: its rows, then zeros
       for (int64_t r = 0; r < rows; ++r) {
-        const T* src = g.A + (p * kMR + r) * g.lda + pc;
-        for (int64_t k = 0; k < kc; ++k) d[k * kMR + r] = src[k];
+        const T* src = g.A + (p * MR + r) * g.lda + pc;
+        for (int64_t k = 0; k < kc; ++k) d[k * MR + r] = src[k];
       }
-      for (int64_t r = rows; r < kMR; ++r)
-        for (int64_t k = 0; k < kc; ++k) d[k * kMR + r] = T(0);
+      for (int64_t r = rows; r < MR; ++r)
+        for (int64_t k = 0; k < kc; ++k) d[k * MR + r] = T(0);
     }
     if (g.alpha != T(1))
-      for (int64_t i = 0; i < kc * kMR; ++i) d[i] *= g.alpha;
+      for (int64_t i = 0; i < kc * MR; ++i) d[i] *= g.alpha;
   }
 }
 
@@ -258,7 +298,7 @@ void PackPanels(const Args<T>& g, int64_t pc, int64_t kc, int64_t nr, int64_t np
   });
 }
 
-template <typename T>
+template <typename T, int MR, int NV>
 void Gemm(const Args<T>& g);
 
 // Few rows: up to this many, a product with a transposed B is computed transposed (GemmTransposed), or with
@@ -273,7 +313,7 @@ constexpr int64_t kFewRows = 48;
 // M rows packed as the B panels, then Cᵀ stored back into C. Every element is the same FMA chain from the
 // same start with its factors swapped, fma(b, a, c) = fma(a, b, c): not a bit changes. alpha = 1 only
 // (alpha scales the A operand's factor).
-template <typename T>
+template <typename T, int MR, int NV>
 bool GemmTransposed(const Args<T>& g) {
   const int64_t M = g.M, N = g.N;
   if (!g.tb || g.alpha != T(1) || M > kFewRows || N <= M) return false;
@@ -281,26 +321,26 @@ bool GemmTransposed(const Args<T>& g) {
   if (g.beta != T(0))
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) ct[j * M + i] = g.C[i * g.ldc + j];
-  Gemm(Args<T>{false, !g.ta, N, M, g.K, T(1), g.B, g.ldb, g.A, g.lda, g.beta, ct, M, nullptr, 0, 0});
+  Gemm<T, MR, NV>(Args<T>{false, !g.ta, N, M, g.K, T(1), g.B, g.ldb, g.A, g.lda, g.beta, ct, M, nullptr, 0, 0});
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) g.C[i * g.ldc + j] = ct[j * M + i];
   return true;
 }
 
-template <typename T>
+template <typename T, int MR, int NV>
 void Gemm(const Args<T>& g) {
-  const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T>();
+  const int64_t M = g.M, N = g.N, K = g.K, nr = NR<T, NV>();
   const bool packed = g.packed && g.packed_nr == nr;  // B's panels cut for this target: read, not made
-  if (!packed && GemmTransposed(g)) return;
-  const Blocking bl = blocking(M, N, K, kMR, nr, sizeof(T), tuned_for(HWY_TARGET), g.ta, packed ? g.packed_kc : 0);
-  const int64_t mp = ceil_div(M, kMR), np = ceil_div(N, nr);  // panels of A and of B
+  if (!packed && GemmTransposed<T, MR, NV>(g)) return;
+  const Blocking bl = blocking(M, N, K, MR, nr, sizeof(T), tuned_for(HWY_TARGET), g.ta, packed ? g.packed_kc : 0);
+  const int64_t mp = ceil_div(M, MR), np = ceil_div(N, nr);  // panels of A and of B
   // A is packed where its panels meet enough B panels to repay the copy (or alpha must be folded in), but
   // not as few rows under B packed once (one pass, below); else the microkernels read it where it is. Either
   // way the same products in the same order.
   const bool one_pass = packed && !g.ta && M <= kFewRows && g.alpha == T(1);
   const bool pack_a = (bl.pack_a && !one_pass) || g.alpha != T(1);
-  T* ap = pack_a ? static_cast<T*>(scratch(0, static_cast<size_t>(mp * PanelStride<T>(bl.kc)) * sizeof(T)))
-                 : nullptr;  // (mp, kc, kMR)
+  T* ap = pack_a ? static_cast<T*>(scratch(0, static_cast<size_t>(mp * PanelStride<T, MR>(bl.kc)) * sizeof(T)))
+                 : nullptr;  // (mp, kc, MR)
   T* bp = packed ? nullptr  // (np, kc, nr)
                  : static_cast<T*>(scratch(1, static_cast<size_t>(np * nr * bl.kc) * sizeof(T)));
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
@@ -312,15 +352,15 @@ void Gemm(const Args<T>& g) {
     const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
     for (int64_t i = i0, mr; i < i1; i += mr) {
       // rows [i, i + mr) of alpha·op(A)[:, pc ..]: their packed panel, or A in place
-      mr = pack_a ? std::min<int64_t>(kMR, i1 - i) : BlockRows(i1 - i);
-      const ARows<T> a = pack_a ? ARows<T>{ap + i / kMR * PanelStride<T>(kc), 1, kMR}
+      mr = pack_a ? std::min<int64_t>(MR, i1 - i) : BlockRows<MR>(i1 - i);
+      const ARows<T> a = pack_a ? ARows<T>{ap + i / MR * PanelStride<T, MR>(kc), 1, MR}
                          : g.ta ? ARows<T>{g.A + pc * g.lda + i, 1, g.lda}
                                 : ARows<T>{g.A + i * g.lda + pc, g.lda, 1};
       for (int64_t j = j0; j < j1; j += nr) {
         // the block after this one in the tile (the next panel of B, or the next rows' first): its C
         const int64_t ni = j + nr < j1 ? i : i + mr, nj = j + nr < j1 ? j + nr : j0;
         const NextC<T> next{start != Start::zero && ni < i1 ? g.C + ni * g.ldc + nj : nullptr, g.ldc};
-        MicroCols<T>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc, mr, start,
+        MicroCols<T, MR, NV>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc, mr, start,
                      g.beta, next);
       }
     }
@@ -340,9 +380,9 @@ void Gemm(const Args<T>& g) {
     const int64_t kc = std::min(bl.kc, K - pc);
     if (!packed) PackPanels(g, pc, kc, nr, np, bp);
     if (pack_a && g.ta)  // chunks of k: rows of A (see PackA)
-      parallel_for(kc, grain_for(M), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
+      parallel_for(kc, grain_for(M), [&](int64_t b, int64_t e, int) { PackA<T, MR>(g, b, e, pc, kc, ap); });
     else if (pack_a)
-      parallel_for(mp, grain_for(kc * kMR), [&](int64_t b, int64_t e, int) { PackA(g, b, e, pc, kc, ap); });
+      parallel_for(mp, grain_for(kc * MR), [&](int64_t b, int64_t e, int) { PackA<T, MR>(g, b, e, pc, kc, ap); });
     const T* panels = packed ? g.packed + pc * np * nr : bp;
     parallel_for(tm * tn, grain_for(tile_rows_cols * kc), [&](int64_t t0, int64_t t1, int) {
       for (int64_t t = t0; t < t1; ++t) tile(t, pc, kc, panels);
@@ -350,30 +390,46 @@ void Gemm(const Args<T>& g) {
   }
 }
 
-void GemmF32(const Args<float>& g) { Gemm(g); }
+void GemmF32(const Args<float>& g) {
+  OnChosenBlock(FloatBlocks(), [&](auto b) { Gemm<float, b.MR, b.NV>(g); });
+}
+void GemmF64(const Args<double>& g) { Gemm<double, Derived::MR, Derived::NV>(g); }
 
 // pack_b() on this target: op(B)'s panels of every K block at the K block a product would cut (it depends
-// on K and the tuning only), block pc at pc·np·nr as Gemm reads them.
+// on K, the register block and the tuning only), block pc at pc·np·nr as Gemm reads them.
 PackedB PackF32(bool tb, int64_t K, int64_t N, const float* B, int64_t ldb) {
-  const int64_t nr = NR<float>(), np = ceil_div(N, nr);
-  PackedB p{tb, K, N, B, ldb, blocking(1, N, K, kMR, nr, sizeof(float), tuned_for(HWY_TARGET)).kc, nr, nullptr};
-  float* dst = static_cast<float*>(aligned_bytes(static_cast<uint64_t>(K * np * nr) * sizeof(float)));
-  p.panels = std::shared_ptr<const float>(dst, [](const float* q) { std::free(const_cast<float*>(q)); });
-  const Args<float> g{false, tb, 0, N, K, 1.f, nullptr, 0, B, ldb, 0.f, nullptr, 0, nullptr, 0, 0};
-  for (int64_t pc = 0; pc < K; pc += p.kc) PackPanels(g, pc, std::min(p.kc, K - pc), nr, np, dst + pc * np * nr);
+  PackedB p;
+  OnChosenBlock(FloatBlocks(), [&](auto b) {
+    const int64_t nr = NR<float, b.NV>(), np = ceil_div(N, nr);
+    p = {tb, K, N, B, ldb, blocking(1, N, K, b.MR, nr, sizeof(float), tuned_for(HWY_TARGET)).kc, nr, nullptr};
+    float* dst = static_cast<float*>(aligned_bytes(static_cast<uint64_t>(K * np * nr) * sizeof(float)));
+    p.panels = std::shared_ptr<const float>(dst, [](const float* q) { std::free(const_cast<float*>(q)); });
+    const Args<float> g{false, tb, 0, N, K, 1.f, nullptr, 0, B, ldb, 0.f, nullptr, 0, nullptr, 0, 0};
+    for (int64_t pc = 0; pc < K; pc += p.kc) PackPanels(g, pc, std::min(p.kc, K - pc), nr, np, dst + pc * np * nr);
+  });
   return p;
 }
-void GemmF64(const Args<double>& g) { Gemm(g); }
+
+// The float GEMM's register blocks on this target, rows x columns, the derived one first.
+std::vector<RegisterBlock> RegisterBlocks() {
+  std::vector<RegisterBlock> out;
+  [&]<class... B>(Blocks<B...>) { (out.push_back({B::MR, NR<float, B::NV>()}), ...); }(FloatBlocks());
+  return out;
+}
 
 // "AVX3 6x64 (float), 6x32 (double), 2048³ blocked KC 512 x 126 x 1024 (derived)": the target, its
-// register blocks and the float blocking of a 2048³ product at the current thread count.
+// register blocks (the float one as chosen) and the float blocking of a 2048³ product at the current thread count.
 std::string Describe() {
   const Tuning* t = tuned_for(HWY_TARGET);
-  const Blocking b = blocking(2048, 2048, 2048, kMR, NR<float>(), sizeof(float), t);
-  return std::string(hwy::TargetName(HWY_TARGET)) + " " + std::to_string(kMR) + "x" + std::to_string(NR<float>()) +
-         " (float), " + std::to_string(kMR) + "x" + std::to_string(NR<double>()) + " (double), 2048³ blocked KC " +
-         std::to_string(b.kc) + " x " + std::to_string(b.mc) + " x " + std::to_string(b.nt) +
-         (t ? " (tuned)" : " (derived)");
+  std::string s;
+  OnChosenBlock(FloatBlocks(), [&](auto b) {
+    const Blocking bl = blocking(2048, 2048, 2048, b.MR, NR<float, b.NV>(), sizeof(float), t);
+    s = std::string(hwy::TargetName(HWY_TARGET)) + " " + std::to_string(b.MR) + "x" +
+        std::to_string(NR<float, b.NV>()) + " (float), " + std::to_string(Derived::MR) + "x" +
+        std::to_string(NR<double, Derived::NV>()) + " (double), 2048³ blocked KC " + std::to_string(bl.kc) + " x " +
+        std::to_string(bl.mc) + " x " + std::to_string(bl.nt) + (t ? " (tuned)" : " (derived)");
+  });
+  return s;
 }
 
 }  // namespace attn::gemm_detail::HWY_NAMESPACE
@@ -385,6 +441,7 @@ namespace gemm_detail {
 HWY_EXPORT(GemmF32);
 HWY_EXPORT(GemmF64);
 HWY_EXPORT(PackF32);
+HWY_EXPORT(RegisterBlocks);
 HWY_EXPORT(Describe);
 }  // namespace gemm_detail
 
@@ -394,6 +451,8 @@ std::string gemm_kernel() {
          std::to_string(cpu.l1d >> 10) + " KiB, L2 " + std::to_string(cpu.l2 >> 10) + " KiB" +
          (cpu.caches_read ? "" : ", assumed") + ")";
 }
+
+std::vector<RegisterBlock> gemm_register_blocks() { return HWY_DYNAMIC_DISPATCH(gemm_detail::RegisterBlocks)(); }
 
 namespace {
 // Every entry: the empty and the scaling-only products, then the target's Gemm.

@@ -5,9 +5,9 @@
 // Within the budget: one run of each shape first says what it affords (plan_tune), and a candidate wins
 // only beyond the spread of its rounds (clearly_faster).
 //
-// File: {"version": 1, "entries": {KEY: {"gemm_kc": …, "gemm_mc": …, "gemm_nt": …, "gemm_pack_a": …,
-// "gemm_pack_at": …, "flash_rows": …,
-// "measured": "2026-12-01 22:50 UTC"}}}, KEY as tuning_key(). Entries of other CPUs are kept as they are.
+// File: {"version": 1, "entries": {KEY: {"gemm_mr": …, "gemm_kc": …, "gemm_mc": …, "gemm_nt": …,
+// "gemm_pack_a": …, "gemm_pack_at": …, "flash_rows": …, "measured": "2026-12-01 22:50 UTC"}}}, KEY as
+// tuning_key(). Entries of other CPUs are kept as they are.
 #include "attn/tune.h"
 
 #include <pwd.h>
@@ -73,6 +73,7 @@ Tuning from_json(const json& e) {
                " instead");
     return v;
   };
+  t.gemm_mr = count("gemm_mr", 1, 64);
   t.gemm_kc = count("gemm_kc", 16, 8192);
   t.gemm_mc = count("gemm_mc", 1, 8192);
   t.gemm_nt = count("gemm_nt", 1, 1 << 20);
@@ -128,7 +129,7 @@ void save(const std::string& key, const Tuning& t) {
   const std::shared_ptr<void> lock = lock_writer(path, "the tuning file");  // read, change, write: one at a time
   json j = read_file(path, true);
   if (!j.contains("entries")) j = {{"version", 1}, {"entries", json::object()}};
-  j["entries"][key] = {{"gemm_kc", t.gemm_kc}, {"gemm_mc", t.gemm_mc}, {"gemm_nt", t.gemm_nt},
+  j["entries"][key] = {{"gemm_mr", t.gemm_mr}, {"gemm_kc", t.gemm_kc}, {"gemm_mc", t.gemm_mc}, {"gemm_nt", t.gemm_nt},
                        {"gemm_pack_a", t.gemm_pack_a}, {"gemm_pack_at", t.gemm_pack_at}, {"flash_rows", t.flash_rows},
                        {"measured", t.measured}};
   write_file_atomic(path, "the tuning file", j.dump(2) + "\n");  // a reader sees the old file or the new one
@@ -139,6 +140,7 @@ void save(const std::string& key, const Tuning& t) {
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kNever = int64_t(1) << 30;  // gemm_pack_a: never pack A
 constexpr int kMaxRounds = 40;
+constexpr int kMaxBlocks = 3;  // the register block stage's candidates on a target with the most (AVX-512)
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
@@ -351,7 +353,8 @@ TuneReport tune(const TuneOptions& o) {
     gw.push_back({r.gemm_shapes.back(), x.flops(), [&x] { x.run(); }});
     transposed_a |= x.ta;
   }
-  // Stages, each keeping the best of the ones before: K block, tile rows, tile columns, packing of A (read
+  // Stages, each keeping the best of the ones before: register block (the others of this target's after the
+  // derived one; the blockings below are derived from it), K block, tile rows, tile columns, packing of A (read
   // along its rows: the NN and NT shapes), packing of a transposed A (the TN shape, where measured); then
   // the flash forward's query tile, with the GEMM as chosen. Each stage's share of the time left is its
   // share of the candidates.
@@ -376,6 +379,11 @@ TuneReport tune(const TuneOptions& o) {
     t.*field = keep->t.*field;
     return *keep;
   };
+  const std::vector<RegisterBlock> blocks = gemm_register_blocks();
+  std::vector<int64_t> rows{0};
+  for (size_t i = 1; i < blocks.size(); ++i) rows.push_back(blocks[i].rows);
+  left -= kMaxBlocks - int(rows.size());  // the planner counted the most blocks a target has
+  run_stage("gemm", gw, rows, &Tuning::gemm_mr);
   run_stage("gemm", gw, {0, 128, 192, 256, 384, 512, 768, 1024}, &Tuning::gemm_kc);
   run_stage("gemm", gw, {0, 48, 72, 192, 384}, &Tuning::gemm_mc);
   run_stage("gemm", gw, {0, 256, 1024, 4096}, &Tuning::gemm_nt);
@@ -400,6 +408,13 @@ namespace {
 // A tuned value as the tables print it.
 std::string value(int64_t x) { return x == 0 ? "derived" : x >= kNever ? "never" : std::to_string(x); }
 
+// The register block of Tuning::gemm_mr: "4x24" (its rows x columns), or "derived".
+std::string block(int64_t rows) {
+  for (const RegisterBlock& b : gemm_register_blocks())
+    if (rows && b.rows == rows) return cat(b.rows, "x", b.cols);
+  return value(rows);
+}
+
 }  // namespace
 
 std::string to_string(const TuneReport& r) {
@@ -408,15 +423,16 @@ std::string to_string(const TuneReport& r) {
   for (const char* kernel : {"gemm", "flash"}) {
     const auto& shapes = std::string(kernel) == "gemm" ? r.gemm_shapes : r.flash_shapes;
     s += cat("\n", kernel, " candidates, GFLOP/s (median of the rounds; the rounds' range: the noise)\n");
-    s += std::string(kernel) == "gemm" ? "      kc      mc      nt  pack_a pack_at" : "    rows";
+    s += std::string(kernel) == "gemm" ? "   block      kc      mc      nt  pack_a pack_at" : "    rows";
     for (const auto& n : shapes) s += cat(" | ", n);
     s += " | geomean |  rounds\n";
     for (const TuneRow& row : r.rows) {
       if (row.kernel != kernel) continue;
       char buf[64];
       if (row.kernel == "gemm")
-        std::snprintf(buf, sizeof buf, "%8s%8s%8s%8s%8s", v(row.t.gemm_kc).c_str(), v(row.t.gemm_mc).c_str(),
-                      v(row.t.gemm_nt).c_str(), v(row.t.gemm_pack_a).c_str(), v(row.t.gemm_pack_at).c_str());
+        std::snprintf(buf, sizeof buf, "%8s%8s%8s%8s%8s%8s", block(row.t.gemm_mr).c_str(), v(row.t.gemm_kc).c_str(),
+                      v(row.t.gemm_mc).c_str(), v(row.t.gemm_nt).c_str(), v(row.t.gemm_pack_a).c_str(),
+                      v(row.t.gemm_pack_at).c_str());
       else
         std::snprintf(buf, sizeof buf, "%8s", v(row.t.flash_rows).c_str());
       s += buf;
@@ -447,8 +463,9 @@ std::string tuning_summary() {
                ": run `attn tune`)");
   }
   const auto& v = value;
-  return cat("gemm kc ", v(t->gemm_kc), ", mc ", v(t->gemm_mc), ", nt ", v(t->gemm_nt), ", pack A past ",
-             v(t->gemm_pack_a), " B panels (transposed A past ", v(t->gemm_pack_at), "); flash rows ", v(t->flash_rows),
+  return cat("gemm block ", block(t->gemm_mr), ", kc ", v(t->gemm_kc), ", mc ", v(t->gemm_mc), ", nt ", v(t->gemm_nt),
+             ", pack A past ", v(t->gemm_pack_a), " B panels (transposed A past ", v(t->gemm_pack_at), "); flash rows ",
+             v(t->flash_rows),
              t->measured.empty() ? " (forced)" : cat(" (measured ", t->measured, ", ", tuning_path(), ")"));
 }
 

@@ -66,4 +66,4 @@ def test_attn_tune_saves_a_choice_that_info_reports(tmp_path):
                        text=True, check=True, env=env)
     assert "<- chosen" in r.stdout and f"saved in {f}" in r.stdout
     info = subprocess.run([attn_binary(), "info"], capture_output=True, text=True, check=True, env=env).stdout
-    assert "tuning    gemm kc" in info and "(measured" in info and "(tuned)" in info
+    assert "tuning    gemm block " in info and "(measured" in info and "(tuned)" in info
