@@ -116,6 +116,8 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
     for (float& x : c0) x = nd(rng);
     const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32);
     const std::vector<float> want = plain(s.ta, s.tb, s.M, s.N, s.K, a, lda, b, ldb, beta, c0, ldc);
+    // B packed once here (under the CPU's own path) and again under each; on another path the first packs B per call
+    const PackedB16 once = pack_b_bf16(s.tb, s.K, s.N, b.data(), ldb);
     int n = 0;
     for (const Path& p : paths())
       for (const auto& cs : caches) {
@@ -133,6 +135,13 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
         ASSERT_TRUE(test::same_bits(c16, want)) << where << ", bf16 operands (ldc " << ldc << ")";
         ASSERT_TRUE(test::same_bits(c32, want)) << where << ", fp32 operands (ldc " << ldc << ")";
         ASSERT_TRUE(test::same_bits(cmix, want)) << where << ", fp32 A, bf16 B (ldc " << ldc << ")";
+        for (const PackedB16& p16 : {once, pack_b_bf16(s.tb, s.K, s.N, b.data(), ldb)}) {
+          std::vector<float> cp = c0, cp16 = c0;
+          gemm_bf16(s.ta, s.M, a32.data(), lda, p16, beta, cp.data(), ldc);
+          gemm_bf16(s.ta, s.M, a.data(), lda, p16, beta, cp16.data(), ldc);
+          ASSERT_TRUE(test::same_bits(cp, want)) << where << ", fp32 A, packed B (ldc " << ldc << ")";
+          ASSERT_TRUE(test::same_bits(cp16, want)) << where << ", bf16 A, packed B (ldc " << ldc << ")";
+        }
         ++checked;
       }
   }

@@ -113,14 +113,19 @@ TEST(LinearRows, Bf16WeightsReadAsTheirWidenedFp32) {
 
 // A Linear whose weight is packed once (an encoder's): the bits of the one that packs per call, for few rows
 // (linear_rows, unchanged), the few-row one-pass product, many rows, either thread count, and under a bf16
-// Autocast (which multiplies in bf16 and leaves the panels alone); panels of another matrix are refused.
+// Autocast (which multiplies in bf16 and leaves the panels alone); a packed Linear given bf16 weights (a bf16
+// encoder's: packed, then use_bf16_weights) packs those, the bits of the bf16 Linear that packs per call; panels
+// of another matrix are refused.
 TEST(LinearRows, PackedWeightKeepsTheBits) {
   Rng rng(17);
   const int64_t in = 700, out = 300;  // K 700: several K blocks at every L1d
   Tensor w = random({out, in}, rng), b = random({out}, rng);
-  Linear plain(Tensor::copy_of(w.view()), Tensor::copy_of(b.view())),
-      packed(Tensor::copy_of(w.view()), Tensor::copy_of(b.view()));
+  const auto linear_of_w = [&] { return Linear(Tensor::copy_of(w.view()), Tensor::copy_of(b.view())); };
+  Linear plain = linear_of_w(), packed = linear_of_w(), plain16 = linear_of_w(), packed16 = linear_of_w();
   packed.pack_weight();
+  packed16.pack_weight();
+  packed16.use_bf16_weights();
+  plain16.use_bf16_weights();
   for (const int64_t n : {int64_t(1), kGemvRows, kGemvRows + 1, int64_t(8), int64_t(48), int64_t(49), int64_t(200)})
     for (int threads : {1, 2}) {
       set_num_threads(threads);
@@ -128,12 +133,20 @@ TEST(LinearRows, PackedWeightKeepsTheBits) {
       EXPECT_TRUE(test::same_bits(packed.forward(x.view()), plain.forward(x.view()))) << n << " rows, " << threads;
       const Autocast scope(Precision::bf16);
       EXPECT_TRUE(test::same_bits(packed.forward(x.view()), plain.forward(x.view()))) << n << " rows, bf16";
+      EXPECT_TRUE(test::same_bits(packed16.forward(x.view()), plain16.forward(x.view())))
+          << n << " rows, bf16 weights, " << threads;
     }
   set_num_threads(0);
   const Tensor w2 = Tensor::copy_of(w.view());
   const PackedB other = pack_b(true, in, out, w2.data(), in);  // the same values, another matrix
   Tensor x = random({8, in}, rng), y({8, out});
   EXPECT_THROW(linear(x.view(), w.view(), other, View<const float>{}, y.view()), Error);
+  std::vector<uint16_t> w16(size_t(w.numel()));
+  to_half(KvDtype::bf16, w.data(), w.numel(), w16.data());
+  const std::vector<uint16_t> w16b = w16;
+  const PackedB16 other16 = pack_b_bf16(true, in, out, w16b.data(), in);  // the same values, another matrix
+  EXPECT_THROW(linear(x.view(), View<const uint16_t>(w16.data(), {out, in}), other16, View<const float>{}, y.view()),
+               Error);
   Linear conv1d(random({in, out}, rng), Tensor(), WeightLayout::in_out);
   EXPECT_THROW(conv1d.pack_weight(), Error);
 }

@@ -60,6 +60,25 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, uint16_t* C, int64_t ldc);
 
+// op(B) (K, N) of bf16 values packed once as gemm_bf16's B panels (a bf16 encoder's weights, as PackedB for
+// fp32): the pair words of the kernel that runs (AMX, VDPBF16PS) or the emulation's fp32, cut for the SIMD
+// target and that kernel at packing time; a product under another (a test forcing one) packs from B itself,
+// so B must outlive the PackedB16. gemm_bf16 over it gives the bits of gemm_bf16 over B. Immutable once made.
+struct PackedB16 {
+  bool trans_b = false;
+  int64_t K = 0, N = 0;
+  const uint16_t* B = nullptr;  // op(B)'s source, row-major, rows ldb apart
+  int64_t ldb = 0;
+  int64_t kc = 0;       // pairs per K block
+  int64_t layout = 0;   // the target and kernel they were cut for (0: nothing packed)
+  std::shared_ptr<const void> panels;  // each K block's panels, as gemm_bf16 packs them per call
+};
+PackedB16 pack_b_bf16(bool trans_b, int64_t K, int64_t N, const uint16_t* B, int64_t ldb);
+void gemm_bf16(bool trans_a, int64_t M, const float* A, int64_t lda, const PackedB16& B, float beta, float* C,
+               int64_t ldc);
+void gemm_bf16(bool trans_a, int64_t M, const uint16_t* A, int64_t lda, const PackedB16& B, float beta, float* C,
+               int64_t ldc);
+
 // Which bf16 GEMM runs, for `attn info`: "AMX TDPBF16PS, AVX3 32x32", "VDPBF16PS, AVX3 6x32" or
 // "emulated with FMA (no AVX512_BF16), AVX2 6x16".
 std::string gemm_bf16_kernel();
@@ -95,6 +114,9 @@ void linear(View<const float> x, View<const uint16_t> weight, View<const float> 
 // The same over W (out, in) and its panels packed once (pack_b(true, in, out, W, in)), which fp32 products read
 // instead of packing W per call: the bits of the overloads above.
 void linear(View<const float> x, View<const float> weight, const PackedB& packed, View<const float> bias,
+            View<float> y);
+// And over bf16 W (out, in) and its panels packed once (pack_b_bf16(true, in, out, W, in)).
+void linear(View<const float> x, View<const uint16_t> weight, const PackedB16& packed, View<const float> bias,
             View<float> y);
 
 // Backward of linear: dx (N, in) = dy · W (overwritten; skipped if empty), dw (out, in) += dyᵀ · x,

@@ -62,12 +62,13 @@ class Linear : public Layer {
   void parameters(std::vector<Param>& out, const std::string& prefix = "") override;  // weight, bias
   // A bf16 copy of the weight (rounded once, to nearest even), which forward reads instead while a bf16
   // Autocast is alive: the same bits as rounding it in every product, half the bytes (a decode step's
-  // linear_rows reads it too). For inference over weights that no longer change.
+  // linear_rows reads it too). For inference over weights that no longer change. A packed weight
+  // (pack_weight) is packed again from the bf16 copy, its fp32 panels dropped.
   void use_bf16_weights();
-  // Packs the weight (out, in) once as the GEMM's B panels (gemm.h PackedB), which products of more than
-  // kGemvRows rows read instead of packing it on every call: one sentence's few rows spent most of their time
-  // there. The same bits, a second copy of the weight in memory. For an encoder's weights, which no longer
-  // change; use_bf16_weights() drops it.
+  // Packs the weight (out, in) once as the GEMM's B panels (gemm.h PackedB; after use_bf16_weights, the bf16
+  // copy's as gemm_bf16's, PackedB16), which products of more than kGemvRows rows read instead of packing it on
+  // every call: one sentence's few rows spent most of their time there. The same bits, another copy of the
+  // weight in memory. For an encoder's weights, which no longer change.
   void pack_weight();
 
   Tensor weight, bias;            // (out, in) (or (in, out): layout), (out) or empty
@@ -79,7 +80,8 @@ class Linear : public Layer {
   Tensor x_;  // (N, in): the saved input
   bool given_ = false;  // over given weights (inference): few rows take linear_rows()
   std::vector<uint16_t> weight16_;  // use_bf16_weights(): the weight's shape, or empty
-  PackedB packed_;                   // pack_weight(), or empty
+  PackedB packed_;                   // pack_weight() of the fp32 weight, or empty
+  PackedB16 packed16_;               // pack_weight() of weight16_, or empty
 };
 
 class LayerNorm : public Layer {

@@ -488,10 +488,13 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const
 
 namespace {
 // linear()'s body for either weight type W: T (gemm, or gemm_bf16 under a bf16 Autocast) or bf16 bits (gemm_bf16).
-// packed: W (out, in) packed once as op(W)'s panels (PackedB), read by fp32 products instead of W.
+// packed: W (out, in) packed once as op(W)'s panels (PackedB for fp32 products, PackedB16 for bf16 W), read
+// instead of W.
+template <typename W>
+using PackedOf = std::conditional_t<std::is_same_v<W, uint16_t>, PackedB16, PackedB>;
 template <typename T, typename W>
 void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, WeightLayout layout,
-               const PackedB* packed = nullptr) {
+               const PackedOf<W>* packed = nullptr) {
   const bool io = layout == WeightLayout::in_out;  // W (in, out): op(W) = W, read as (K, N) in place
   const int64_t n = x.size(0), in = x.size(1), out = w.size(io ? 1 : 0);
   ATTN_CHECK(x.rank() == 2 && w.rank() == 2 && w.size(io ? 0 : 1) == in, "Expected weight of shape ",
@@ -514,6 +517,7 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
   }
   const int64_t ldw = io ? out : in;
   if constexpr (std::is_same_v<W, uint16_t>) {
+    if (packed) return gemm_bf16(false, n, x.data, x.stride(0), *packed, beta, y.data, y.stride(0));
     gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
   } else {
     if constexpr (std::is_same_v<T, float>)
@@ -533,10 +537,22 @@ void linear(View<const T> x, View<const T> w, View<const T> bias, View<T> y, Wei
 void linear(View<const float> x, View<const uint16_t> w, View<const float> bias, View<float> y, WeightLayout layout) {
   linear_of(x, w, bias, y, layout);
 }
-void linear(View<const float> x, View<const float> w, const PackedB& packed, View<const float> bias, View<float> y) {
+namespace {
+// linear() over W (out, in) and its panels, checked to be W's.
+template <typename W>
+void linear_packed(View<const float> x, View<const W> w, const PackedOf<W>& packed, View<const float> bias,
+                   View<float> y) {
   ATTN_CHECK(w.rank() == 2 && packed.trans_b && packed.B == w.data && packed.N == w.size(0) && packed.K == w.size(1),
              "Expected the packed panels of weight ", to_string(w.shape), ", but got those of another matrix instead");
   linear_of(x, w, bias, y, WeightLayout::out_in, &packed);
+}
+}  // namespace
+void linear(View<const float> x, View<const float> w, const PackedB& packed, View<const float> bias, View<float> y) {
+  linear_packed(x, w, packed, bias, y);
+}
+void linear(View<const float> x, View<const uint16_t> w, const PackedB16& packed, View<const float> bias,
+            View<float> y) {
+  linear_packed(x, w, packed, bias, y);
 }
 
 void linear_backward(View<const float> x, View<const float> w, View<const float> dy, View<float> dx,

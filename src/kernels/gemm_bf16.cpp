@@ -21,9 +21,12 @@
 //   exact, each FMA rounded once, as the instruction.
 // Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides who computes an element, never
 // its value (C carries the chain from one K block to the next). A bf16 C: the fp32 result rounded once.
+// op(B) may come packed once (PackedB16: a bf16 encoder's weights), its panels read instead of made.
 #include "attn/gemm.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +55,7 @@ struct Bf16Args {
   float beta;
   float* C;
   int64_t ldc;
+  const PackedB16* packed = nullptr;  // op(B)'s panels packed once (read where cut for this target and kernel)
 };
 
 }  // namespace attn::gemm_detail
@@ -393,6 +397,42 @@ Kernel Choose() {
   return UseDp() ? Kernel::dp : Kernel::emu;
 }
 
+// PackedB16::layout of panels cut for `kernel` on this target (never 0).
+int64_t Layout(Kernel kernel) {
+  return int64_t(hwy::Num0BitsBelowLS1Bit_Nonzero64(uint64_t(HWY_TARGET))) * 4 + int64_t(kernel) + 1;
+}
+
+// The K block (pairs, whole groups) and the blocking of a product on `kernel`, the K block as B was packed at
+// where kc > 0.
+Blocking BlockingOf(Kernel kernel, int64_t M, int64_t N, int64_t K2, int64_t kc = 0) {
+  const Tuning amx = AmxBlocking();
+  Blocking bl = blocking(M, N, K2, PanelRows(kernel), BlockCols(kernel), kernel == Kernel::emu ? 8 : 4,
+                         kernel == Kernel::amx ? &amx : nullptr, false, kc);
+  bl.kc = ceil_div(bl.kc, kGroup) * kGroup;
+  return bl;
+}
+
+// op(B)'s np panels (pr columns) of pairs [q0, q0 + kc), in parallel: pair words at bp (np, kc, pr), chain words
+// for VDPBF16PS, and for the emulation widened (Widen) at wb, 2·kc·pr floats a panel.
+void PackBBlock(const Bf16Args& g, Kernel kernel, int64_t np, int64_t pr, int64_t q0, int64_t kc, uint32_t* bp,
+                float* wb) {
+  const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
+  const bool chains = kernel == Kernel::dp;
+  const auto widen_b = [&](int64_t p0, int64_t p1, int64_t b, int64_t e) {
+    for (int64_t p = p0; wb && p < p1; ++p) Widen(bp + p * kc * pr, b, e, pr, wb + p * 2 * kc * pr);
+  };
+  if (g.tb)
+    parallel_for(np, grain_for(kc * pr), [&](int64_t b, int64_t e, int) {
+      pack_b(g, np, b, e, q0, kc, pr, chains, bp);
+      widen_b(b, e, 0, kc);
+    });
+  else  // chunks of pairs of pairs: rows of B
+    parallel_for(kc / 2, grain_for(4 * g.N), [&](int64_t b, int64_t e, int) {
+      pack_b(g, np, 2 * b, 2 * e, q0, kc, pr, chains, bp);
+      widen_b(0, np, 2 * b, 2 * e);
+    });
+}
+
 // One block of C (rows x cols of it at c) on `kernel`'s microkernel, B panels PanelCols(kernel) wide: a, b
 // pair words, or for the emulation their widened floats; AMX reads A's tiles at `at` instead of a.
 HWY_INLINE void Block(Kernel kernel, const void* a, amx::ATiles at, const void* b, int64_t kc, float* c, int64_t ldc,
@@ -416,21 +456,18 @@ void GemmBf16(const Bf16Args& g) {
   const Kernel kernel = Choose();
   const int64_t M = g.M, N = g.N, K2 = ceil_div(ceil_div(g.K, 2), kGroup) * kGroup;  // K2: pairs, whole groups
   const int64_t mr = PanelRows(kernel), nr = BlockCols(kernel), pr = PanelCols(kernel);
-  const Tuning amx = AmxBlocking();
+  const bool packed = g.packed && g.packed->layout == Layout(kernel);  // B's panels cut for this kernel: read
   const bool emu = kernel == Kernel::emu;  // its packed pair: two fp32, else one word
-  Blocking bl = blocking(M, N, K2, mr, nr, emu ? 8 : 4, kernel == Kernel::amx ? &amx : nullptr);
-  bl.kc = ceil_div(bl.kc, kGroup) * kGroup;
+  const Blocking bl = BlockingOf(kernel, M, N, K2, packed ? g.packed->kc : 0);
   const int64_t mp = ceil_div(M, mr), np = ceil_div(N, nr) * (nr / pr);  // panels of A and of B
   // Pair words: A's panels (not for the emulation, which packs A straight to fp32: PackAWide, PanelStride(2·kc,
   // mr) floats apart) and B's (np, kc, pr), which the emulation widens (Widen) to 2·kc·pr floats a panel.
   auto* ap = emu ? nullptr : static_cast<uint32_t*>(scratch(0, static_cast<size_t>(mp * PanelStride(bl.kc, mr)) * 4));
-  auto* bp = static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * pr * bl.kc) * 4));
+  auto* bp = packed ? nullptr : static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * pr * bl.kc) * 4));
   float* wa = emu ? static_cast<float*>(scratch(0, static_cast<size_t>(mp * PanelStride(2 * bl.kc, mr)) * 4)) : nullptr;
-  float* wb = emu ? static_cast<float*>(scratch(2, static_cast<size_t>(np * pr * 2 * bl.kc) * 4)) : nullptr;
+  float* wb = emu && !packed ? static_cast<float*>(scratch(2, static_cast<size_t>(np * pr * 2 * bl.kc) * 4)) : nullptr;
   const auto pack_a = g.a16 ? PackA<uint16_t> : PackA<float>;
-  const auto pack_b = g.b16 ? PackB<uint16_t> : PackB<float>;
   const auto pack_a_wide = g.a16 ? PackAWide<uint16_t> : PackAWide<float>;
-  const bool chains = kernel == Kernel::dp;
   // AMX reads a bf16 A (not transposed) in place where it can: an A tile is 16 rows of A, lda apart, each a
   // group's 32 k (whole groups in every row: K a multiple of 32), so only a last partial panel is packed
   // (packing took a fifth of 4096x128x512 NT).
@@ -441,20 +478,11 @@ void GemmBf16(const Bf16Args& g) {
   if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, g.C, g.ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
     const int64_t kc = std::min(bl.kc, K2 - q0), kpw = PanelStride(2 * kc, mr);
-    const auto widen_b = [&](int64_t p0, int64_t p1, int64_t b, int64_t e) {
-      for (int64_t p = p0; wb && p < p1; ++p) Widen(bp + p * kc * pr, b, e, pr, wb + p * 2 * kc * pr);
-    };
     const bool zero = q0 == 0 && g.beta == 0.f;
-    if (g.tb)
-      parallel_for(np, grain_for(kc * pr), [&](int64_t b, int64_t e, int) {
-        pack_b(g, np, b, e, q0, kc, pr, chains, bp);
-        widen_b(b, e, 0, kc);
-      });
-    else  // chunks of pairs of pairs: rows of B
-      parallel_for(kc / 2, grain_for(4 * N), [&](int64_t b, int64_t e, int) {
-        pack_b(g, np, 2 * b, 2 * e, q0, kc, pr, chains, bp);
-        widen_b(0, np, 2 * b, 2 * e);
-      });
+    // this K block's B panels: packed once (at q0·np·pr words, the emulation's at 2·q0·np·pr floats), or now
+    const uint32_t* bw = packed ? static_cast<const uint32_t*>(g.packed->panels.get()) + q0 * np * pr : bp;
+    const float* bf = packed && emu ? static_cast<const float*>(g.packed->panels.get()) + 2 * q0 * np * pr : wb;
+    if (!packed) PackBBlock(g, kernel, np, pr, q0, kc, bp, wb);
     const auto pack_a_part = [&](int64_t b, int64_t e) {  // fp32 panels for the emulation, else pair words
       if (wa) pack_a_wide(g, b, e, q0, kc, wa);
       else pack_a(g, kernel, b, e, q0, kc, ap);
@@ -475,7 +503,7 @@ void GemmBf16(const Bf16Args& g) {
           for (int64_t j = j0; j < j1; j += nr) {
             const int64_t cols = std::min(nr, j1 - j), rows = std::min(mr, i1 - i);
             const void* a = wa ? static_cast<const void*>(wa + i / mr * kpw) : ap + i / mr * PanelStride(kc, mr);
-            const void* b = wb ? static_cast<const void*>(wb + j * 2 * kc) : bp + j * kc;
+            const void* b = emu ? static_cast<const void*>(bf + j * 2 * kc) : bw + j * kc;
             const amx::ATiles at = i / mr < pa
                                        ? amx::ATiles{reinterpret_cast<const uint32_t*>(
                                                          static_cast<const uint16_t*>(g.A) + i * g.lda + 2 * q0),
@@ -486,6 +514,27 @@ void GemmBf16(const Bf16Args& g) {
       }
     });
   }
+}
+
+// pack_b_bf16() on this target: each K block's panels as GemmBf16 packs them (the emulation's widened), block
+// q0 at q0·np·pr words (2·q0·np·pr floats).
+PackedB16 PackBf16(bool tb, int64_t K, int64_t N, const uint16_t* B, int64_t ldb) {
+  const Kernel kernel = Choose();
+  const int64_t K2 = ceil_div(ceil_div(K, 2), kGroup) * kGroup, nr = BlockCols(kernel), pr = PanelCols(kernel);
+  const int64_t np = ceil_div(N, nr) * (nr / pr);
+  const bool emu = kernel == Kernel::emu;
+  PackedB16 p{tb, K, N, B, ldb, BlockingOf(kernel, 1, N, K2).kc, Layout(kernel), nullptr};
+  void* dst = aligned_bytes(static_cast<uint64_t>(K2 * np * pr) * (emu ? 8 : 4));
+  p.panels = std::shared_ptr<const void>(dst, [](const void* q) { std::free(const_cast<void*>(q)); });
+  const Bf16Args g{false, tb, 0, N, K, nullptr, false, 0, B, true, ldb, 0.f, nullptr, 0};
+  for (int64_t q0 = 0; q0 < K2; q0 += p.kc) {
+    const int64_t kc = std::min(p.kc, K2 - q0);
+    if (!emu) PackBBlock(g, kernel, np, pr, q0, kc, static_cast<uint32_t*>(dst) + q0 * np * pr, nullptr);
+    else  // the pair words in scratch, widened into the panels
+      PackBBlock(g, kernel, np, pr, q0, kc, static_cast<uint32_t*>(scratch(1, static_cast<size_t>(np * pr * kc) * 4)),
+                 static_cast<float*>(dst) + 2 * q0 * np * pr);
+  }
+  return p;
 }
 
 // "AMX TDPBF16PS, AVX3 32x32", "VDPBF16PS, AVX3 6x32" or "emulated with FMA (no AVX512_BF16), AVX2 4x8".
@@ -505,6 +554,7 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 namespace gemm_detail {
 HWY_EXPORT(GemmBf16);
+HWY_EXPORT(PackBf16);
 HWY_EXPORT(DescribeBf16);
 HWY_EXPORT(UseDp);
 
@@ -534,6 +584,20 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A
                int64_t ldb, float beta, float* C, int64_t ldc) {
   gemm_detail::run_bf16({ta, tb, M, N, K, A, false, lda, B, true, ldb, beta, C, ldc});
 }
+PackedB16 pack_b_bf16(bool trans_b, int64_t K, int64_t N, const uint16_t* B, int64_t ldb) {
+  ATTN_CHECK(K > 0 && N > 0 && B, "Expected a B of at least one row and column to pack, but got (", K, ", ", N,
+             ") instead");
+  return HWY_DYNAMIC_DISPATCH(gemm_detail::PackBf16)(trans_b, K, N, B, ldb);
+}
+void gemm_bf16(bool ta, int64_t M, const float* A, int64_t lda, const PackedB16& B, float beta, float* C,
+               int64_t ldc) {
+  gemm_detail::run_bf16({ta, B.trans_b, M, B.N, B.K, A, false, lda, B.B, true, B.ldb, beta, C, ldc, &B});
+}
+void gemm_bf16(bool ta, int64_t M, const uint16_t* A, int64_t lda, const PackedB16& B, float beta, float* C,
+               int64_t ldc) {
+  gemm_detail::run_bf16({ta, B.trans_b, M, B.N, B.K, A, true, lda, B.B, true, B.ldb, beta, C, ldc, &B});
+}
+
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B,
                int64_t ldb, float beta, uint16_t* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;

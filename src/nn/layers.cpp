@@ -120,6 +120,7 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
   if (!weight16_.empty() && matmul_precision() == Precision::bf16) {
     const View<const uint16_t> w16(weight16_.data(), weight.shape());
     if (given_ && n <= kGemvRows) linear_rows(rows, w16, layout, b, yr);
+    else if (packed16_.panels) linear(rows, w16, packed16_, b, yr);
     else linear(rows, w16, b, yr, layout);
   } else if (given_ && n <= kGemvRows) {
     linear_rows(rows, weight.view(), layout, b, yr);
@@ -134,12 +135,14 @@ Tensor Linear::run(View<const float> x, Tensor* owner) {
 void Linear::use_bf16_weights() {
   weight16_.resize(size_t(weight.numel()));
   to_half(KvDtype::bf16, weight.data(), weight.numel(), weight16_.data());
-  packed_ = PackedB();
+  if (packed_.panels) pack_weight();  // the bf16 weight's panels instead
 }
 
 void Linear::pack_weight() {
   ATTN_CHECK(layout == WeightLayout::out_in, "Expected a Linear weight (out, in) to pack, but got (in, out) instead");
-  packed_ = pack_b(true, weight.size(1), weight.size(0), weight.data(), weight.size(1));
+  const int64_t in = weight.size(1), out = weight.size(0);
+  if (weight16_.empty()) packed_ = pack_b(true, in, out, weight.data(), in);
+  else packed16_ = pack_b_bf16(true, in, out, weight16_.data(), in), packed_ = PackedB();
 }
 
 Tensor Linear::backward(View<const float> dout) { return backward(dout, true); }
