@@ -132,19 +132,21 @@ void expect_gemm_is_the_chain(const GemmCase& g) {
         gemm(g.ta, g.tb, g.M, g.N, g.K, T(g.alpha), a.data(), lda, b.data(), ldb, T(g.beta), c.data(), ldc);
         expect_bits(want, c, "gemm against the scalar fma chain");
         if constexpr (std::is_same_v<T, float>) {
-          for (const RegisterBlock& rb : gemm_register_blocks()) {
-            SCOPED_TRACE(testing::Message() << "register block " << rb.rows << "x" << rb.cols);
-            force_tuning({.gemm_mr = rb.rows});
-            std::vector<float> cb = c0;
-            gemm(g.ta, g.tb, g.M, g.N, g.K, float(g.alpha), a.data(), lda, b.data(), ldb, float(g.beta), cb.data(),
-                 ldc);
-            expect_bits(want, cb, "gemm against the scalar fma chain");
-            for (const PackedB& p : {once, pack_b(g.tb, g.K, g.N, b.data(), ldb)}) {
-              std::vector<float> cp = c0;
-              gemm(g.ta, g.M, float(g.alpha), a.data(), lda, p, float(g.beta), cp.data(), ldc);
-              expect_bits(want, cp, "gemm over packed B against the scalar fma chain");
+          for (const RegisterBlock& rb : gemm_register_blocks())
+            for (int64_t keep_b : {0, 1}) {
+              SCOPED_TRACE(testing::Message() << "register block " << rb.rows << "x" << rb.cols << ", keep_b "
+                                              << keep_b);
+              force_tuning({.gemm_mr = rb.rows, .gemm_keep_b = keep_b});
+              std::vector<float> cb = c0;
+              gemm(g.ta, g.tb, g.M, g.N, g.K, float(g.alpha), a.data(), lda, b.data(), ldb, float(g.beta), cb.data(),
+                   ldc);
+              expect_bits(want, cb, "gemm against the scalar fma chain");
+              for (const PackedB& p : {once, pack_b(g.tb, g.K, g.N, b.data(), ldb)}) {
+                std::vector<float> cp = c0;
+                gemm(g.ta, g.M, float(g.alpha), a.data(), lda, p, float(g.beta), cp.data(), ldc);
+                expect_bits(want, cp, "gemm over packed B against the scalar fma chain");
+              }
             }
-          }
           clear_forced_tuning();
         }
         return c;

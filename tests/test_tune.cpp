@@ -69,8 +69,8 @@ TEST(Tune, SavesTheFastestAndTheKernelsUseIt) {
   const TuneReport r = tune({0.3, true});
   EXPECT_EQ(r.path, f.path);
   EXPECT_EQ(r.key, tuning_key());
-  // the target's register blocks, 8 + 5 + 4 + 5 + 4 blockings, and 4 flash tiles
-  EXPECT_EQ(r.rows.size(), gemm_register_blocks().size() + 30u);
+  // the target's register blocks, 2 loop orders, 8 + 5 + 4 + 5 + 4 blockings, and 4 flash tiles
+  EXPECT_EQ(r.rows.size(), gemm_register_blocks().size() + 32u);
   EXPECT_EQ(r.budget, 0.3);
   int chosen = 0;
   for (const TuneRow& row : r.rows) {
@@ -128,7 +128,7 @@ TEST(Tune, PlanFitsTheBudget) {
       EXPECT_GT((round + cost[p.gemm_shapes]) * kTuneGemmCandidates * kRuns, gemm_share) << budget;
     }
   }
-  EXPECT_EQ(plan_tune(cost, 0.012, 2.0).gemm_shapes, 3u);  // the budget the README gives: the training shapes
+  EXPECT_EQ(plan_tune(cost, 0.012, 3.0).gemm_shapes, 3u);  // the budget the README gives: the training shapes
   EXPECT_EQ(plan_tune(cost, 0.012, 30.0).gemm_shapes, 6u);
   EXPECT_EQ(plan_tune(cost, 0.012, 30.0).flash_length, 1024);
   EXPECT_EQ(plan_tune({1.0}, 1.0, 0.5).gemm_shapes, 1u) << "one shape however small the budget";
@@ -140,8 +140,10 @@ TEST(Tune, BlockingChangesNoBits) {
   const std::vector<float> g = gemm_result(70, 130, 1000), gt = gemm_result(70, 130, 1000, true), fl = flash_result();
   const Tuning ts[] = {
       {.gemm_kc = 16, .gemm_mc = 6, .gemm_nt = 64, .gemm_pack_a = 1, .gemm_pack_at = 1 << 30, .flash_rows = 64},
-      {.gemm_kc = 200, .gemm_mc = 384, .gemm_nt = 4096, .gemm_pack_a = 1 << 30, .gemm_pack_at = 1, .flash_rows = 512},
-      {.gemm_kc = 1000, .gemm_mc = 12, .gemm_nt = 16, .gemm_pack_a = 2, .gemm_pack_at = 2, .flash_rows = 7}};
+      {.gemm_keep_b = 1, .gemm_kc = 200, .gemm_mc = 384, .gemm_nt = 4096, .gemm_pack_a = 1 << 30, .gemm_pack_at = 1,
+       .flash_rows = 512},
+      {.gemm_keep_b = 1, .gemm_kc = 1000, .gemm_mc = 12, .gemm_nt = 16, .gemm_pack_a = 2, .gemm_pack_at = 2,
+       .flash_rows = 7}};
   const std::vector<RegisterBlock> blocks = gemm_register_blocks();
   ASSERT_GE(blocks.size(), 2u) << "a target with one register block: nothing for attn tune to choose";
   for (size_t i = 0; i < std::size(ts); ++i) {
@@ -151,8 +153,9 @@ TEST(Tune, BlockingChangesNoBits) {
     force_tuning(t);
     const std::string block = std::to_string(rb.rows) + "x" + std::to_string(rb.cols) + " (float)";
     EXPECT_NE(gemm_kernel().find(block), std::string::npos) << gemm_kernel() << " runs, not " << block;
-    EXPECT_EQ(gemm_result(70, 130, 1000), g) << "block " << block << " kc " << t.gemm_kc << " mc " << t.gemm_mc
-                                             << " nt " << t.gemm_nt << " pack_a " << t.gemm_pack_a;
+    EXPECT_EQ(gemm_result(70, 130, 1000), g) << "block " << block << " keep_b " << t.gemm_keep_b << " kc "
+                                             << t.gemm_kc << " mc " << t.gemm_mc << " nt " << t.gemm_nt << " pack_a "
+                                             << t.gemm_pack_a;
     EXPECT_EQ(gemm_result(70, 130, 1000, true), gt) << "kc " << t.gemm_kc << " mc " << t.gemm_mc << " nt "
                                                       << t.gemm_nt << " pack_at " << t.gemm_pack_at;
     EXPECT_EQ(flash_result(), fl) << "rows " << t.flash_rows;

@@ -1,7 +1,7 @@
 // Blocking chosen by measurement on the CPU at hand, not by one machine's constants: `attn tune` (or
-// attn::tune()) times a few candidates of the GEMM's register block, K block and output tile and of the flash forward's
-// query tile, keeps the fastest in a per-user file keyed by the CPU (model, features, caches) and the
-// SIMD target, and every later process of that user on that CPU uses them. Blocking changes no bits
+// attn::tune()) times a few candidates of the GEMM's register block, loop order, K block and output tile and
+// of the flash forward's query tile, keeps the fastest in a per-user file keyed by the CPU (model, features,
+// caches) and the SIMD target, and every later process of that user on that CPU uses them. Blocking changes no bits
 // (gemm.cpp, flash_forward.cpp), so a tuned and an untuned run give the same results, only sooner.
 // Where nothing was measured (or the caches are forced, set_cpu_caches), the blocking is derived from the
 // cache sizes as before. Not an autotuner of the kernels' code: the float GEMM's register block is chosen among
@@ -16,6 +16,7 @@ namespace attn {
 // What was chosen for one CPU and target; 0 means "derived from the caches".
 struct Tuning {
   int64_t gemm_mr = 0;      // rows of the float GEMM's register block, one of gemm_register_blocks() (attn/gemm.h)
+  int64_t gemm_keep_b = 0;  // 1: a tile keeps each B panel in L1 and streams A's (columns outer); else A's in L1
   int64_t gemm_kc = 0;      // most of K per block (float)
   int64_t gemm_mc = 0;      // rows per output tile, a multiple of the register block's MR
   int64_t gemm_nt = 0;      // columns per output tile, a multiple of NR
@@ -80,7 +81,7 @@ struct TunePlan {
   double seconds = 0;  // the plan's estimate at the minimum rounds
 };
 inline constexpr int kTuneMinRounds = 3;     // per candidate, after its warm-up: the spread needs some
-inline constexpr int kTuneGemmCandidates = 29, kTuneFlashCandidates = 4;  // tune()'s stages, all together, at most
+inline constexpr int kTuneGemmCandidates = 31, kTuneFlashCandidates = 4;  // tune()'s stages, all together, at most
 TunePlan plan_tune(const std::vector<double>& gemm_run_s, double flash512_s, double seconds);
 
 // Measures the candidates on this CPU with the current thread count within options.seconds (interleaved

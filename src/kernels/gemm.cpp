@@ -9,6 +9,7 @@
 //     pack alpha·op(A)[:, pc..] as MR-tall panels (kc, MR), zero rows past M   (in parallel, by panels)
 //     for each output tile (MC rows x NT columns), one thread per tile:        (parallel_for)
 //       for each MR panel of A (stays in L1), for each NR panel of B (streams from L2): microkernel
+//       (or, where attn tune measured it faster, B's panel outer, kept in L1, and A's streaming: keep_b)
 //   microkernel: acc (MR, NR) = C0; acc = fma(a[:, k], b[k, :], acc) for k in order; C = acc, where
 //                C0 = 0 (first block, beta = 0: C is not read), beta·C (first block), C (later blocks).
 // Determinism: every C element is ONE chain of FMAs over k = 0 … K-1 in order, from beta·C (or 0), with
@@ -350,19 +351,28 @@ void Gemm(const Args<T>& g) {
     const Start start = pc > 0 || g.beta == T(1) ? Start::c : g.beta == T(0) ? Start::zero : Start::scaled;
     const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
     const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
-    for (int64_t i = i0, mr; i < i1; i += mr) {
-      // rows [i, i + mr) of alpha·op(A)[:, pc ..]: their packed panel, or A in place
-      mr = pack_a ? std::min<int64_t>(MR, i1 - i) : BlockRows<MR>(i1 - i);
+    // rows [i, i + mr) of alpha·op(A)[:, pc ..] (their packed panel, or A in place) times B's panel at column j;
+    // (ni, nj): the block after it in the tile, whose C is prefetched
+    const auto block = [&](int64_t i, int64_t mr, int64_t j, int64_t ni, int64_t nj) {
       const ARows<T> a = pack_a ? ARows<T>{ap + i / MR * PanelStride<T, MR>(kc), 1, MR}
                          : g.ta ? ARows<T>{g.A + pc * g.lda + i, 1, g.lda}
                                 : ARows<T>{g.A + i * g.lda + pc, g.lda, 1};
-      for (int64_t j = j0; j < j1; j += nr) {
-        // the block after this one in the tile (the next panel of B, or the next rows' first): its C
-        const int64_t ni = j + nr < j1 ? i : i + mr, nj = j + nr < j1 ? j + nr : j0;
-        const NextC<T> next{start != Start::zero && ni < i1 ? g.C + ni * g.ldc + nj : nullptr, g.ldc};
-        MicroCols<T, MR, NV>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc, mr, start,
-                     g.beta, next);
-      }
+      const NextC<T> next{start != Start::zero && ni < i1 && nj < j1 ? g.C + ni * g.ldc + nj : nullptr, g.ldc};
+      MicroCols<T, MR, NV>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc, mr, start,
+                           g.beta, next);
+    };
+    const auto rows = [&](int64_t i) { return pack_a ? std::min<int64_t>(MR, i1 - i) : BlockRows<MR>(i1 - i); };
+    if (bl.keep_b) {  // B's panel stays in L1 while the tile's rows of A stream past it
+      for (int64_t j = j0; j < j1; j += nr)
+        for (int64_t i = i0, mr; i < i1; i += mr) {
+          mr = rows(i);
+          block(i, mr, j, i + mr < i1 ? i + mr : i0, i + mr < i1 ? j : j + nr);
+        }
+      return;
+    }
+    for (int64_t i = i0, mr; i < i1; i += mr) {  // A's panel stays in L1 while B's panels stream past it
+      mr = rows(i);
+      for (int64_t j = j0; j < j1; j += nr) block(i, mr, j, j + nr < j1 ? i : i + mr, j + nr < j1 ? j + nr : j0);
     }
   };
   // one tile per item, but tiles of a small product in one chunk: below ~32k multiply-adds per

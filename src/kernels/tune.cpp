@@ -5,7 +5,7 @@
 // Within the budget: one run of each shape first says what it affords (plan_tune), and a candidate wins
 // only beyond the spread of its rounds (clearly_faster).
 //
-// File: {"version": 1, "entries": {KEY: {"gemm_mr": …, "gemm_kc": …, "gemm_mc": …, "gemm_nt": …,
+// File: {"version": 1, "entries": {KEY: {"gemm_mr": …, "gemm_keep_b": …, "gemm_kc": …, "gemm_mc": …, "gemm_nt": …,
 // "gemm_pack_a": …, "gemm_pack_at": …, "flash_rows": …, "measured": "2026-12-01 22:50 UTC"}}}, KEY as
 // tuning_key(). Entries of other CPUs are kept as they are.
 #include "attn/tune.h"
@@ -74,6 +74,7 @@ Tuning from_json(const json& e) {
     return v;
   };
   t.gemm_mr = count("gemm_mr", 1, 64);
+  t.gemm_keep_b = count("gemm_keep_b", 1, 1);
   t.gemm_kc = count("gemm_kc", 16, 8192);
   t.gemm_mc = count("gemm_mc", 1, 8192);
   t.gemm_nt = count("gemm_nt", 1, 1 << 20);
@@ -129,9 +130,9 @@ void save(const std::string& key, const Tuning& t) {
   const std::shared_ptr<void> lock = lock_writer(path, "the tuning file");  // read, change, write: one at a time
   json j = read_file(path, true);
   if (!j.contains("entries")) j = {{"version", 1}, {"entries", json::object()}};
-  j["entries"][key] = {{"gemm_mr", t.gemm_mr}, {"gemm_kc", t.gemm_kc}, {"gemm_mc", t.gemm_mc}, {"gemm_nt", t.gemm_nt},
-                       {"gemm_pack_a", t.gemm_pack_a}, {"gemm_pack_at", t.gemm_pack_at}, {"flash_rows", t.flash_rows},
-                       {"measured", t.measured}};
+  j["entries"][key] = {{"gemm_mr", t.gemm_mr}, {"gemm_keep_b", t.gemm_keep_b}, {"gemm_kc", t.gemm_kc},
+                       {"gemm_mc", t.gemm_mc}, {"gemm_nt", t.gemm_nt}, {"gemm_pack_a", t.gemm_pack_a},
+                       {"gemm_pack_at", t.gemm_pack_at}, {"flash_rows", t.flash_rows}, {"measured", t.measured}};
   write_file_atomic(path, "the tuning file", j.dump(2) + "\n");  // a reader sees the old file or the new one
 }
 
@@ -354,10 +355,10 @@ TuneReport tune(const TuneOptions& o) {
     transposed_a |= x.ta;
   }
   // Stages, each keeping the best of the ones before: register block (the others of this target's after the
-  // derived one; the blockings below are derived from it), K block, tile rows, tile columns, packing of A (read
-  // along its rows: the NN and NT shapes), packing of a transposed A (the TN shape, where measured); then
-  // the flash forward's query tile, with the GEMM as chosen. Each stage's share of the time left is its
-  // share of the candidates.
+  // derived one; the blockings below are derived from it), which panel a tile keeps in L1 (A's or B's), K
+  // block, tile rows, tile columns, packing of A (read along its rows: the NN and NT shapes), packing of a
+  // transposed A (the TN shape, where measured); then the flash forward's query tile, with the GEMM as chosen.
+  // Each stage's share of the time left is its share of the candidates.
   Tuning t;
   int left = kTuneGemmCandidates + kTuneFlashCandidates;
   auto run_stage = [&](const char* kernel, const std::vector<Work>& work, const std::vector<int64_t>& values,
@@ -384,6 +385,7 @@ TuneReport tune(const TuneOptions& o) {
   for (size_t i = 1; i < blocks.size(); ++i) rows.push_back(blocks[i].rows);
   left -= kMaxBlocks - int(rows.size());  // the planner counted the most blocks a target has
   run_stage("gemm", gw, rows, &Tuning::gemm_mr);
+  run_stage("gemm", gw, {0, 1}, &Tuning::gemm_keep_b);
   run_stage("gemm", gw, {0, 128, 192, 256, 384, 512, 768, 1024}, &Tuning::gemm_kc);
   run_stage("gemm", gw, {0, 48, 72, 192, 384}, &Tuning::gemm_mc);
   run_stage("gemm", gw, {0, 256, 1024, 4096}, &Tuning::gemm_nt);
@@ -423,14 +425,15 @@ std::string to_string(const TuneReport& r) {
   for (const char* kernel : {"gemm", "flash"}) {
     const auto& shapes = std::string(kernel) == "gemm" ? r.gemm_shapes : r.flash_shapes;
     s += cat("\n", kernel, " candidates, GFLOP/s (median of the rounds; the rounds' range: the noise)\n");
-    s += std::string(kernel) == "gemm" ? "   block      kc      mc      nt  pack_a pack_at" : "    rows";
+    s += std::string(kernel) == "gemm" ? "   block  keep      kc      mc      nt  pack_a pack_at" : "    rows";
     for (const auto& n : shapes) s += cat(" | ", n);
     s += " | geomean |  rounds\n";
     for (const TuneRow& row : r.rows) {
       if (row.kernel != kernel) continue;
       char buf[64];
       if (row.kernel == "gemm")
-        std::snprintf(buf, sizeof buf, "%8s%8s%8s%8s%8s%8s", block(row.t.gemm_mr).c_str(), v(row.t.gemm_kc).c_str(),
+        std::snprintf(buf, sizeof buf, "%8s%6s%8s%8s%8s%8s%8s", block(row.t.gemm_mr).c_str(),
+                      row.t.gemm_keep_b ? "B" : "A", v(row.t.gemm_kc).c_str(),
                       v(row.t.gemm_mc).c_str(), v(row.t.gemm_nt).c_str(), v(row.t.gemm_pack_a).c_str(),
                       v(row.t.gemm_pack_at).c_str());
       else
@@ -463,7 +466,8 @@ std::string tuning_summary() {
                ": run `attn tune`)");
   }
   const auto& v = value;
-  return cat("gemm block ", block(t->gemm_mr), ", kc ", v(t->gemm_kc), ", mc ", v(t->gemm_mc), ", nt ", v(t->gemm_nt),
+  return cat("gemm block ", block(t->gemm_mr), t->gemm_keep_b ? " keeping B in L1" : "", ", kc ", v(t->gemm_kc),
+             ", mc ", v(t->gemm_mc), ", nt ", v(t->gemm_nt),
              ", pack A past ", v(t->gemm_pack_a), " B panels (transposed A past ", v(t->gemm_pack_at), "); flash rows ",
              v(t->flash_rows),
              t->measured.empty() ? " (forced)" : cat(" (measured ", t->measured, ", ", tuning_path(), ")"));
