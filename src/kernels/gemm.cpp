@@ -144,6 +144,23 @@ struct NextC {
 // 11% of the microkernel's time at 2048³ on a Zen 4 (perf: the samples on the loads of C; kc = 293).
 inline constexpr int64_t kPrefetchK = 32;
 
+// Micro's k loop: acc += A (rows of MR, kc) · Bp (kc, NV·N), in two parts with the prefetch of `next` between them
+// (the same FMAs in the same order, one chain per element).
+template <int MR, int NV, class D, typename T>
+HWY_INLINE void MicroK(D d, hn::Vec<D> (&acc)[MR][NV], ARows<T> A, int64_t rows, const T* HWY_RESTRICT bp,
+                       int64_t ldbp, int64_t kc, NextC<T> next) {
+  const int64_t N = hn::Lanes(d);
+  const int64_t k1 = next.p ? std::max<int64_t>(0, kc - kPrefetchK) : kc;
+  FmaBlock<MR, NV>(d, acc, A, rows, BRows<T>{bp, ldbp, N}, k1, LoadAligned());
+  if (k1 < kc) {
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+      PrefetchRow(next.p, r * next.ld * int64_t(sizeof(T)), NV * N * int64_t(sizeof(T)));
+    FmaBlock<MR, NV>(d, acc, ARows<T>{A.a + k1 * A.ks, A.rs, A.ks}, rows, BRows<T>{bp + k1 * ldbp, ldbp, N}, kc - k1,
+                     LoadAligned());
+  }
+}
+
 // C (MR, NV·N) = C0 + A (MR, kc) · Bp (kc, NV·N), C0 per `start`; A's rows past mr are read as row 0.
 // bp: element (k, j) at k·ldbp + j. A whole block of C, read and written by full vectors, nothing
 // conditional around the k loop (GCC 12 kept 4 of the 6 accumulators of NV = 1 on the stack, loaded and
@@ -160,15 +177,11 @@ HWY_NOINLINE void Micro(ARows<T> A, int64_t mr, const T* HWY_RESTRICT bp, int64_
     acc[r][j] = start == Start::zero ? hn::Zero(d) : hn::LoadU(d, c + r * ldc + j * N);
     if (start == Start::scaled) acc[r][j] = hn::Mul(hn::Set(d, beta), acc[r][j]);
   });
-  const int64_t k1 = next.p ? std::max<int64_t>(0, kc - kPrefetchK) : kc;
-  FmaBlock<MR, NV>(d, acc, A, mr, BRows<T>{bp, ldbp, N}, k1, LoadAligned());
-  if (k1 < kc) {
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-      PrefetchRow(next.p, r * next.ld * int64_t(sizeof(T)), NV * N * int64_t(sizeof(T)));
-    FmaBlock<MR, NV>(d, acc, ARows<T>{A.a + k1 * A.ks, A.rs, A.ks}, mr, BRows<T>{bp + k1 * ldbp, ldbp, N}, kc - k1,
-                     LoadAligned());
-  }
+  // A's rows 1 apart (a packed panel, or a transposed A) and all MR of them: the offsets of the rows are the
+  // constants 0 … MR-1, not MR registers (12 rows on AVX-512 left 3 of them in vector registers, moved back
+  // per k on the FMA ports)
+  if (A.rs == 1 && mr == MR) MicroK<MR, NV>(d, acc, ARows<T>{A.a, 1, A.ks}, MR, bp, ldbp, kc, next);
+  else MicroK<MR, NV>(d, acc, A, mr, bp, ldbp, kc, next);
   ForBlock<MR, NV>([&](int r, int j) { hn::StoreU(acc[r][j], d, c + r * ldc + j * N); });
 }
 
