@@ -141,8 +141,12 @@ void Linear::use_bf16_weights() {
 void Linear::pack_weight() {
   ATTN_CHECK(layout == WeightLayout::out_in, "Expected a Linear weight (out, in) to pack, but got (in, out) instead");
   const int64_t in = weight.size(1), out = weight.size(0);
-  if (weight16_.empty()) packed_ = pack_b(true, in, out, weight.data(), in);
-  else packed16_ = pack_b_bf16(true, in, out, weight16_.data(), in), packed_ = PackedB();
+  if (weight16_.empty()) {
+    packed_ = pack_b(true, in, out, weight.data(), in);
+  } else {  // forward reads the bf16 weight: its panels, and no fp32 ones
+    packed16_ = pack_b_bf16(true, in, out, weight16_.data(), in);
+    packed_ = PackedB();
+  }
 }
 
 Tensor Linear::backward(View<const float> dout) { return backward(dout, true); }
