@@ -94,12 +94,12 @@ struct Blocks {};
 // broadcasts from the A panel in L1. 6 x 4 loads 4 B vectors per 24 FMAs, 12 x 2 two (BLIS's rate, whose
 // Skylake-X kernel broadcasts B instead: the same product over Cᵀ). Which one a CPU runs fastest depends on
 // its L2's bandwidth against its FMA rate, hence measured. The double GEMM runs the first block only.
-#if ATTN_AVX512_TARGET(HWY_TARGET)
-using FloatBlocks = Blocks<RegBlock<kMR, kNV>, RegBlock<8, 3>, RegBlock<12, 2>>;
-#else
-using FloatBlocks = Blocks<RegBlock<kMR, kNV>, RegBlock<4, 3>>;
-#endif
 using Derived = RegBlock<kMR, kNV>;
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+using FloatBlocks = Blocks<Derived, RegBlock<8, 3>, RegBlock<12, 2>>;
+#else
+using FloatBlocks = Blocks<Derived, RegBlock<4, 3>>;
+#endif
 
 // f(B()) for the float block chosen: the tuned rows where they are one of this target's blocks, else the first.
 template <class F, class... B>

@@ -397,6 +397,9 @@ Kernel Choose() {
   return UseDp() ? Kernel::dp : Kernel::emu;
 }
 
+// The pairs of K values, in whole groups (the last zero-padded).
+inline int64_t GroupedPairs(int64_t K) { return ceil_div(ceil_div(K, 2), kGroup) * kGroup; }
+
 // PackedB16::layout of panels cut for `kernel` on this target (never 0).
 int64_t Layout(Kernel kernel) {
   return int64_t(hwy::Num0BitsBelowLS1Bit_Nonzero64(uint64_t(HWY_TARGET))) * 4 + int64_t(kernel) + 1;
@@ -454,7 +457,7 @@ HWY_INLINE void Block(Kernel kernel, const void* a, amx::ATiles at, const void* 
 
 void GemmBf16(const Bf16Args& g) {
   const Kernel kernel = Choose();
-  const int64_t M = g.M, N = g.N, K2 = ceil_div(ceil_div(g.K, 2), kGroup) * kGroup;  // K2: pairs, whole groups
+  const int64_t M = g.M, N = g.N, K2 = GroupedPairs(g.K);
   const int64_t mr = PanelRows(kernel), nr = BlockCols(kernel), pr = PanelCols(kernel);
   const bool packed = g.packed && g.packed->layout == Layout(kernel);  // B's panels cut for this kernel: read
   const bool emu = kernel == Kernel::emu;  // its packed pair: two fp32, else one word
@@ -520,7 +523,7 @@ void GemmBf16(const Bf16Args& g) {
 // q0 at q0·np·pr words (2·q0·np·pr floats).
 PackedB16 PackBf16(bool tb, int64_t K, int64_t N, const uint16_t* B, int64_t ldb) {
   const Kernel kernel = Choose();
-  const int64_t K2 = ceil_div(ceil_div(K, 2), kGroup) * kGroup, nr = BlockCols(kernel), pr = PanelCols(kernel);
+  const int64_t K2 = GroupedPairs(K), nr = BlockCols(kernel), pr = PanelCols(kernel);
   const int64_t np = ceil_div(N, nr) * (nr / pr);
   const bool emu = kernel == Kernel::emu;
   PackedB16 p{tb, K, N, B, ldb, BlockingOf(kernel, 1, N, K2).kc, Layout(kernel), nullptr};
