@@ -65,15 +65,17 @@ inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr
     }
   }
   b.mc = mc, b.nt = nt;
-  // A panel is read once per B panel; packing it costs about one read and one write of A. Derived: pack
-  // when it meets more than kPackAPanels B panels. A transposed A read in place costs more per read: each
-  // k is another cache line (stride lda) of which the block uses MR values, and at lda = 512 floats a
-  // panel's kc lines fall into 2 of L1's 64 sets, so every B panel fetches them from L2 again; packed,
-  // it is one stream. Derived: pack it whenever it meets more than one B panel (Zen 4, 512x128x4096 TN,
-  // 1 thread: 76 GFLOP/s in place, 95 packed; Zen 5's tune table: within 2% either way).
-  constexpr int64_t kPackAPanels = 4, kPackATPanels = 1;
+  // A panel is read once per B panel; packing it costs about one read and one write of A, against the N
+  // FMAs each of A's values meets. Derived: pack when it meets more than kPackAColumns columns of B (AVX-512,
+  // NR 64, a Zen 4: 4 panels, 4096x128x512 NT +26% in place; AVX2, NR 16, a Zen 3, 2048 x N x 512 NT in place
+  // against packed: +8% at N 128, +6% at 256, +-1% at 512-1024, -4% from 1536). A transposed A read in place
+  // costs more per read: each k is another cache line (stride lda) of which the block uses MR values, and at
+  // lda = 512 floats a panel's kc lines fall into 2 of L1's 64 sets, so every B panel fetches them from L2
+  // again; packed, it is one stream. Derived: pack it whenever it meets more than one B panel (Zen 4,
+  // 512x128x4096 TN, 1 thread: 76 GFLOP/s in place, 95 packed; Zen 5's tune table: within 2% either way).
+  constexpr int64_t kPackAColumns = 256, kPackATPanels = 1;
   const int64_t past = ta ? (t && t->gemm_pack_at ? t->gemm_pack_at : kPackATPanels)
-                          : (t && t->gemm_pack_a ? t->gemm_pack_a : kPackAPanels);
+                          : (t && t->gemm_pack_a ? t->gemm_pack_a : std::max<int64_t>(1, kPackAColumns / nr));
   b.pack_a = ceil_div(N, nr) > past;
   // A's panel kept in L1, B's streaming from L2, unless measured otherwise: on a Zen 3 (1 thread, 2048³ and three
   // training shapes) either order ran at the same rate (0.91-1.04x, the noise). Per k, 6x16 streams 16 floats of
