@@ -7,6 +7,9 @@
 //   build/gemm_candidates [--threads 1,2] [--rounds 7] [--quick] [--only 512x128x4096] [--attn-only]
 //                         [--shapes 4096x16x512NT,768x48x64NN]   (these shapes instead of the list below)
 //                         [--cpu-time]   (time by the process's CPU time: with --threads 1 on a busy machine)
+//                         [--tunings "pack_a=4;pack_a=1000"]   (attn only, once per forced tuning (attn/tune.h;
+//                             keys mr keep_b kc mc nt pack_a pack_at, 0 = derived), interleaved round by round:
+//                             a blocking choice measured against another in one process, the first the reference)
 // Shapes (M, N, K, op): 2048³; the training shapes M = B·T in {768, 4096} against N, K in {128, 512}:
 // forward y = x·Wᵀ (NT), dx = dy·W (NN), dW = dyᵀ·x (TN, the summed dimension is B·T); the MHA
 // projections at E = 512, L = 4096 (in_proj (4096, 1536, 512) and out_proj (4096, 512, 512), NT).
@@ -31,6 +34,7 @@
 #include "attn/gemm.h"
 #include "attn/info.h"
 #include "attn/threads.h"
+#include "attn/tune.h"
 
 #ifdef ATTN_HAVE_DNNL
 #include <dnnl.h>
@@ -119,6 +123,39 @@ std::vector<Candidate> candidates() {
   return out;
 }
 
+// attn under each forced tuning of `spec` ("pack_a=4;pack_a=1000,kc=256"), named by its settings; empty when a
+// key or value is not understood (the message on stderr).
+std::vector<Candidate> tuned_candidates(const std::string& spec) {
+  static const std::pair<const char*, int64_t attn::Tuning::*> keys[] = {
+      {"mr", &attn::Tuning::gemm_mr}, {"keep_b", &attn::Tuning::gemm_keep_b}, {"kc", &attn::Tuning::gemm_kc},
+      {"mc", &attn::Tuning::gemm_mc}, {"nt", &attn::Tuning::gemm_nt},         {"pack_a", &attn::Tuning::gemm_pack_a},
+      {"pack_at", &attn::Tuning::gemm_pack_at}};
+  std::vector<Candidate> out;
+  std::stringstream list(spec);
+  for (std::string one; std::getline(list, one, ';');) {
+    attn::Tuning t;
+    std::stringstream kv(one);
+    for (std::string item; std::getline(kv, item, ',');) {
+      const size_t eq = item.find('=');
+      const auto* key = std::find_if(std::begin(keys), std::end(keys),
+                                     [&](const auto& k) { return eq != std::string::npos && item.substr(0, eq) == k.first; });
+      if (key == std::end(keys)) {
+        std::fprintf(stderr, "Expected --tunings as key=value,...;... (keys mr keep_b kc mc nt pack_a pack_at), but got '%s'\n",
+                     item.c_str());
+        return {};
+      }
+      t.*(key->second) = std::atoll(item.c_str() + eq + 1);
+    }
+    out.push_back({"attn " + one, [t](Operands& o) {
+                     attn::force_tuning(t);
+                     attn::gemm(o.s.ta, o.s.tb, o.s.M, o.s.N, o.s.K, 1.f, o.a.data(), o.lda(), o.b.data(), o.ldb(), 0.f,
+                                o.c.data(), o.s.N);
+                   },
+                   [](int n) { attn::set_num_threads(n); }});
+  }
+  return out;
+}
+
 double fma_peak_gflops();  // below
 
 // The CPU header printed with every table: model name, the SIMD flags that matter, caches.
@@ -166,6 +203,7 @@ int main(int argc, char** argv) {
   bool quick = false, attn_only = false;
   std::string only;   // run only the shapes whose "MxNxK" starts with this
   std::string given;  // --shapes: the shapes to run
+  std::string tunings;  // --tunings: attn once per forced tuning
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       threads.clear();
@@ -183,6 +221,8 @@ int main(int argc, char** argv) {
       g_cpu_time = true;
     } else if (!std::strcmp(argv[i], "--shapes") && i + 1 < argc) {
       given = argv[++i];
+    } else if (!std::strcmp(argv[i], "--tunings") && i + 1 < argc) {
+      tunings = argv[++i];
     }
   }
   std::vector<Shape> shapes;
@@ -213,12 +253,13 @@ int main(int argc, char** argv) {
       });
   }
 
+  std::vector<Candidate> cands = tunings.empty() ? candidates() : tuned_candidates(tunings);
+  if (cands.empty()) return 2;
+  if (attn_only && tunings.empty()) cands.resize(1);
   print_cpu_header();
-  std::vector<Candidate> cands = candidates();
-  if (attn_only) cands.resize(1);
   for (int t : threads) {
     for (Candidate& c : cands) c.set_threads(t);
-    std::printf("\nthreads %d, GFLOP/s (median of %d interleaved rounds); ratio = attn / best other\n", t, rounds);
+    std::printf("\nthreads %d, GFLOP/s (median of %d interleaved rounds); ratio = the first (attn) / the best other\n", t, rounds);
     std::printf("%-13s %16s", "shape", "M x N x K op");
     for (const Candidate& c : cands) std::printf(" %16s", c.name.c_str());
     std::printf(" %7s  max|diff| vs attn\n", "ratio");
