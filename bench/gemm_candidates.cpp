@@ -136,15 +136,14 @@ std::vector<Candidate> tuned_candidates(const std::string& spec) {
     attn::Tuning t;
     std::stringstream kv(one);
     for (std::string item; std::getline(kv, item, ',');) {
-      const size_t eq = item.find('=');
-      const auto* key = std::find_if(std::begin(keys), std::end(keys),
-                                     [&](const auto& k) { return eq != std::string::npos && item.substr(0, eq) == k.first; });
-      if (key == std::end(keys)) {
-        std::fprintf(stderr, "Expected --tunings as key=value,...;... (keys mr keep_b kc mc nt pack_a pack_at), but got '%s'\n",
-                     item.c_str());
+      const std::string name = item.substr(0, item.find('='));
+      const auto* key = std::find_if(std::begin(keys), std::end(keys), [&](const auto& k) { return name == k.first; });
+      if (key == std::end(keys) || name == item) {
+        std::fprintf(stderr, "Expected --tunings as key=value,...;... (keys mr keep_b kc mc nt pack_a pack_at), "
+                             "but got '%s'\n", item.c_str());
         return {};
       }
-      t.*(key->second) = std::atoll(item.c_str() + eq + 1);
+      t.*(key->second) = std::atoll(item.c_str() + name.size() + 1);
     }
     out.push_back({"attn " + one, [t](Operands& o) {
                      attn::force_tuning(t);
@@ -259,7 +258,8 @@ int main(int argc, char** argv) {
   print_cpu_header();
   for (int t : threads) {
     for (Candidate& c : cands) c.set_threads(t);
-    std::printf("\nthreads %d, GFLOP/s (median of %d interleaved rounds); ratio = the first (attn) / the best other\n", t, rounds);
+    std::printf("\nthreads %d, GFLOP/s (median of %d interleaved rounds); ratio = the first (attn) / the best other\n",
+                t, rounds);
     std::printf("%-13s %16s", "shape", "M x N x K op");
     for (const Candidate& c : cands) std::printf(" %16s", c.name.c_str());
     std::printf(" %7s  max|diff| vs attn\n", "ratio");
