@@ -309,6 +309,36 @@ TEST(Activation, GeluValues) {
   EXPECT_THROW(parse_activation("swish"), Error);
 }
 
+// In eval, a tensor handed over (an MLP's Linear output) gets the activation written over it: the same bits as a
+// new output, in the same buffer. In training it is the saved input, and a view is never written over.
+TEST(Activation, EvalWritesOverAnInputHandedOver) {
+  Rng rng(4);
+  const Tensor x = init::randn({37, 29}, rng);  // a ragged count: the lockstep groups' tail too
+  for (Activation a : {Activation::relu, Activation::gelu, Activation::gelu_tanh}) {
+    ActivationLayer layer(a);
+    layer.eval();
+    const Tensor want = layer.forward(x.view());
+    Tensor given = Tensor::copy_of(x.view());
+    const float* buffer = given.data();
+    const Tensor y = layer.forward(std::move(given));
+    EXPECT_EQ(y.data(), buffer) << to_string(a);
+    EXPECT_EQ(std::memcmp(y.data(), want.data(), sizeof(float) * size_t(x.numel())), 0) << to_string(a);
+    Tensor kept = Tensor::copy_of(x.view());
+    const float* saved = kept.data();
+    layer.train();
+    const Tensor z = layer.forward(std::move(kept));
+    EXPECT_NE(z.data(), saved) << to_string(a);
+    EXPECT_EQ(std::memcmp(z.data(), want.data(), sizeof(float) * size_t(x.numel())), 0) << to_string(a);
+    const Tensor g = layer.backward(x.view());  // from the saved input, x's values untouched
+    const Tensor g_view = [&] {
+      ActivationLayer fresh(a);
+      fresh.forward(x.view());
+      return fresh.backward(x.view());
+    }();
+    EXPECT_EQ(std::memcmp(g.data(), g_view.data(), sizeof(float) * size_t(x.numel())), 0) << to_string(a);
+  }
+}
+
 TEST(Activation, GeluMatchesDoubleFormulasAcrossTheRange) {
   // The SIMD erfc (Numerical Recipes' erfcc, fractional error 1.2e-7) against std::erfc in double, over
   // [-12, 12] on both sides of every branch, with 1000 values per unit plus a ragged tail. Relative bound:

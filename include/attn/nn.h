@@ -185,7 +185,7 @@ class ActivationLayer : public Layer {
  public:
   explicit ActivationLayer(Activation kind) : kind(kind) {}
   Tensor forward(View<const float> x);
-  Tensor forward(Tensor&& x);  // when training, keeps x's buffer as the saved input
+  Tensor forward(Tensor&& x);  // training: keeps x's buffer as the saved input; eval: writes y over it
   Tensor backward(View<const float> dout);
   Tensor backward(Tensor&& dout);  // writes dx over dout's buffer (elementwise, so in place is exact)
   // backward(dout) for an activation after `linear` (which has a bias): also adds linear's bias gradient,
