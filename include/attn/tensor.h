@@ -97,6 +97,7 @@ class TensorT {
  private:
   struct Free {
     std::shared_ptr<const void> keeper;  // set: borrowed memory, not freed here
+    uint64_t bytes = 0;                  // the block's size (big blocks are kept for the next tensor: tensor.cpp)
     void operator()(T* p) const;
   };
   std::unique_ptr<T[], Free> buf_;

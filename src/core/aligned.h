@@ -1,8 +1,8 @@
 // Checked aligned allocation, private to src/: every buffer of the kernels, the GEMM scratch and Tensor
 // comes from here, so an allocation that fails (no memory, an address-space limit, a size no allocator
 // can give) is an attn::AllocationError — a std::bad_alloc, MemoryError in Python, exit 2 in the CLI —
-// never a null pointer stored through. Not a pool: one checked call per buffer, and per thread one kept block
-// of kernel scratch (Scratch).
+// never a null pointer stored through. Not a pool: one checked call per buffer, per thread one kept block of
+// kernel scratch (Scratch), and big tensors' blocks kept for the next tensor of their size (tensor.cpp).
 #pragma once
 #include <hwy/aligned_allocator.h>
 
