@@ -152,10 +152,10 @@ class BlockCache {
   void* take(uint64_t bytes) {
     if (bytes < kMin || kOff) return nullptr;
     std::lock_guard<std::mutex> lock(m_);
-    std::vector<void*>& v = free_[bytes];
-    if (v.empty()) return nullptr;
-    void* p = v.back();
-    v.pop_back();
+    const auto it = free_.find(bytes);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
     kept_ -= bytes;
     return p;
   }
