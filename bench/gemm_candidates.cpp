@@ -80,13 +80,15 @@ struct Candidate {
   std::function<void(int)> set_threads;
 };
 
+void attn_gemm(Operands& o) {
+  attn::gemm(o.s.ta, o.s.tb, o.s.M, o.s.N, o.s.K, 1.f, o.a.data(), o.lda(), o.b.data(), o.ldb(), 0.f, o.c.data(),
+             o.s.N);
+}
+void attn_threads(int n) { attn::set_num_threads(n); }
+
 std::vector<Candidate> candidates() {
   std::vector<Candidate> out;
-  out.push_back({"attn", [](Operands& o) {
-                   attn::gemm(o.s.ta, o.s.tb, o.s.M, o.s.N, o.s.K, 1.f, o.a.data(), o.lda(), o.b.data(), o.ldb(), 0.f,
-                              o.c.data(), o.s.N);
-                 },
-                 [](int n) { attn::set_num_threads(n); }});
+  out.push_back({"attn", attn_gemm, attn_threads});
   out.push_back({std::string("OpenBLAS ") + openblas_get_corename(),
                  [](Operands& o) {
                    cblas_sgemm(CblasRowMajor, o.s.ta ? CblasTrans : CblasNoTrans, o.s.tb ? CblasTrans : CblasNoTrans,
@@ -145,12 +147,12 @@ std::vector<Candidate> tuned_candidates(const std::string& spec) {
       }
       t.*(key->second) = std::atoll(item.c_str() + name.size() + 1);
     }
-    out.push_back({"attn " + one, [t](Operands& o) {
+    out.push_back({"attn " + one,
+                   [t](Operands& o) {
                      attn::force_tuning(t);
-                     attn::gemm(o.s.ta, o.s.tb, o.s.M, o.s.N, o.s.K, 1.f, o.a.data(), o.lda(), o.b.data(), o.ldb(), 0.f,
-                                o.c.data(), o.s.N);
+                     attn_gemm(o);
                    },
-                   [](int n) { attn::set_num_threads(n); }});
+                   attn_threads});
   }
   return out;
 }
