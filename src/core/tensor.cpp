@@ -173,8 +173,10 @@ class BlockCache {
   }
 
  private:
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__)  // GCC's ASan (build-asan)
   static constexpr bool kOff = true;
+#elif defined(__has_feature)
+  static constexpr bool kOff = __has_feature(address_sanitizer);  // clang's (the fuzz build; clang 14 has no macro)
 #else
   static constexpr bool kOff = false;
 #endif
