@@ -114,6 +114,10 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
     for (float& x : a32) x = nd(rng);
     for (float& x : b32) x = nd(rng) * 4.f;
     for (float& x : c0) x = nd(rng);
+    // the padding of each row NaN: a path that reads past K (or past M, N) turns its sums into NaN
+    for (auto [v, ld, used] : {std::tuple{&a32, lda, s.ta ? s.M : s.K}, std::tuple{&b32, ldb, s.tb ? s.K : s.N}})
+      for (size_t e = 0; e < v->size(); ++e)
+        if (int64_t(e) % ld >= used) (*v)[e] = NAN;
     const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32);
     const std::vector<float> want = plain(s.ta, s.tb, s.M, s.N, s.K, a, lda, b, ldb, beta, c0, ldc);
     // B packed once here (under the CPU's own path) and again under each; on another path the first packs B per call
