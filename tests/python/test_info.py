@@ -49,8 +49,8 @@ def test_forced_caches_change_the_blocking_not_the_bits(tmp_path):
     env = {"ATTN_TUNE_FILE": str(tmp_path / "none.json"), "PATH": "/usr/bin:/bin"}
     run = lambda extra: subprocess.run([attn_binary(), "info", "--threads", "1"], capture_output=True, text=True,
                                        check=True, env={**env, **extra})
-    small, large = run({"ATTN_CPU_CACHES": "l1d=32K,l2=512K"}), run({"ATTN_CPU_CACHES": "l1d=64K,l2=2M"})
-    assert "L1d 32 KiB, L2 512 KiB" in small.stdout and "(forced" in small.stdout
+    small, large = run({"ATTN_CPU_CACHES": "l1d=16K,l2=512K"}), run({"ATTN_CPU_CACHES": "l1d=64K,l2=2M"})
+    assert "L1d 16 KiB, L2 512 KiB" in small.stdout and "(forced" in small.stdout
     assert "L1d 64 KiB, L2 2048 KiB" in large.stdout
     kc = lambda out: next(ln for ln in out.splitlines() if ln.startswith("gemm")).split("blocked KC ")[1].split()[0]
     assert int(kc(small.stdout)) < int(kc(large.stdout)), (small.stdout, large.stdout)
