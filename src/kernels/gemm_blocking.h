@@ -27,8 +27,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Largest K block for an (MR, elem)-sized A panel: kc·MR·elem <= L1d/2 (the A panel stays in L1 while
 // the B panels stream past it), between 64 and 512. Each K block loads and stores C again, and K 512 (the
 // training shapes' E·4 and dW's) was two blocks of 256 under L1d/4 on a 32 KiB L1d: a Zen 4, 2 threads,
-// interleaved in one process, kc 512 or 680 against 256-293: 1.10-1.12x at K 512 and N 128 (x·Wᵀ and dy·W),
-// 1.02-1.07x at 2048³, the rest within 2%; its AVX2 kernel the same (1.10-1.17x at K 512, N 128). Past 512 it
+// interleaved in one process, kc 512 or 680 against 256-293: 1.06-1.18x at K 512 and N 128 (x·Wᵀ and dy·W),
+// 1.02-1.07x at 2048³, the rest 0.98-1.12x; its AVX2 kernel alike (1.11-1.17x at K 512, N 128). Past 512 it
 // measured the same (1024 in attn tune), so the cap leaves a 48 KiB L1d (Zen 5, Intel's Xeons) at L1d/4's 512.
 inline int64_t max_kc(int64_t mr, int64_t elem) {
   return std::clamp<int64_t>(cpu_info().l1d / 2 / (mr * elem) / 8 * 8, 64, 512);
