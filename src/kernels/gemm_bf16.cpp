@@ -13,8 +13,9 @@
 //   per 16x16 tile and group; A panels of 32 rows and B panels of 16 columns laid out group by group,
 //   so that each operand tile is 1 KB in one piece; K blocks sized for L2 (AmxBlocking).
 // - VDPBF16PS (AVX512_BF16), which adds a word's high product, then its low one: the panels' rows 2s
-//   and 2s+1 are rewritten as (k of pair 2s, k of pair 2s+1) words of the even k's and of the odd k's
-//   (ChainRows), so one VDPBF16PS is two steps of one chain and a group is 8 on E, 8 on O.
+//   and 2s+1 hold (k of pair 2s, k of pair 2s+1) words of the even k's and of the odd k's (pairs.h's
+//   ChainRows; A's panels and a not-transposed B's are made so directly, a transposed B's rewritten after),
+//   so one VDPBF16PS is two steps of one chain and a group is 8 on E, 8 on O.
 // - Its emulation everywhere else: fp32 panels (a bf16 is the high half of an fp32), op(A)'s packed
 //   straight (PackAWide), B's pair panels widened (Widen), then attn's fp32 microkernel (register_block.h
 //   FmaBlock) over the even k's rows for E and the odd k's for O, under MXCSR's DAZ/FTZ: each product
