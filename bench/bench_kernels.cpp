@@ -180,6 +180,18 @@ void BM_FlashBackward(benchmark::State& state) {
   time_flops(state, sdpa_backward_flops(B, H, L, L, D, args.causal), [&] { flash_backward(p, dout, g, prec); });
 }
 
+// The forward at the shapes of BM_FlashBackward (its args), LSE kept as training keeps it.
+void BM_FlashForward(benchmark::State& state) {
+  const int64_t B = state.range(0), H = state.range(1), L = state.range(2), D = state.range(3);
+  Tensor q = init::randn({B, H, L, D}, 3), k = init::randn({B, H, L, D}, 4), v = init::randn({B, H, L, D}, 5),
+         out({B, H, L, D}), lse({B, H, L});
+  SdpaArgs<float> args{q, k, v};
+  args.causal = state.range(4) ? Causal::top_left : Causal::none;
+  const SdpaProblem<float> p = make_problem(args, SdpaOut<float>{out, {}, lse});
+  const Precision prec = state.range(5) ? Precision::bf16 : Precision::f32;
+  time_flops(state, sdpa_forward_flops(B, H, L, L, D, args.causal), [&] { flash_forward(p, prec); });
+}
+
 // Peak memory of one flash run above its inputs and output (VmHWM growth after clear_refs resets it).
 void BM_FlashMemory(benchmark::State& state) {
   Attn a(8, 8, state.range(0), state.range(0), 64, Causal::top_left);
@@ -199,12 +211,19 @@ BENCHMARK(BM_FlashBf16)->ArgsProduct({{4096}, {0, 1}, {64, 128}, {0, 48, 96}, {2
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Reference)->Args({1024, 0})->ArgNames({"L", "causal"})->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_FlashGqa)->Arg(2048)->ArgName("L")->Unit(benchmark::kMillisecond);
-// nanoGPT's CPU training shape (B 12, H 4, T 64, D 32, causal), then L = 1024 causal and 4096 at D 64, 128
-// (bf16 1: the products over bf16 pairs)
+// nanoGPT's CPU training shape (B 12, H 4, T 64, D 32, causal) and bench/train_torch.py's (B 32, T 128), then
+// L = 1024 causal and 4096 at D 64, 128 (bf16 1: the products over bf16 pairs)
 BENCHMARK(BM_FlashBackward)
     ->ArgsProduct({{12}, {4}, {64}, {32}, {1}, {0, 1}})
+    ->ArgsProduct({{32}, {4}, {128}, {32}, {1}, {0, 1}})
     ->ArgsProduct({{1}, {8}, {1024}, {64}, {1}, {0, 1}})
     ->ArgsProduct({{1}, {8}, {4096}, {64, 128}, {0}, {0, 1}})
+    ->ArgNames({"B", "H", "L", "D", "causal", "bf16"})
+    ->Unit(benchmark::kMillisecond);
+// the training shapes: nanoGPT's CPU run (B 12, T 64) and bench/train_torch.py's (B 32, T 128)
+BENCHMARK(BM_FlashForward)
+    ->ArgsProduct({{12}, {4}, {64}, {32}, {1}, {0, 1}})
+    ->ArgsProduct({{32}, {4}, {128}, {32}, {1}, {0, 1}})
     ->ArgNames({"B", "H", "L", "D", "causal", "bf16"})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FlashDecode)->Arg(4096)->Arg(32768)->ArgName("S")->Unit(benchmark::kMicrosecond);
