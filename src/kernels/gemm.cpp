@@ -290,8 +290,9 @@ void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* 
   const int64_t cols = std::min(nr, g.N - j0);
 #if ATTN_AVX512_TARGET(HWY_TARGET)
   if constexpr (std::is_same_v<T, float>)
-    if (g.tb) {  // 16 columns by 16 k at a time, transposed in registers; columns past N zero. Moved one at
-                 // a time, x·Wᵀ ran 1.11-1.19x slower at 64-128 rows (W 512x512, 1536x512; Zen 4), 1.03x at 768
+    if (g.tb) {  // 16 columns (nr is whole vectors) by 16 k at a time, transposed in registers; columns past N
+                 // zero. Moved one at a time, x·Wᵀ ran 1.11-1.19x slower at 64-128 rows (W 512x512, 1536x512;
+                 // Zen 4), 1.03-1.05x at 768
       for (int64_t k0 = 0; k0 < kc; k0 += 16)
         for (int64_t j = 0; j < nr; j += 16) {
           const int64_t n = std::clamp<int64_t>(cols - j, 0, 16);
