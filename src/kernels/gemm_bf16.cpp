@@ -14,7 +14,8 @@
 //   so that each operand tile is 1 KB in one piece; K blocks sized for L2 (AmxBlocking).
 // - VDPBF16PS (AVX512_BF16), which adds a word's high product, then its low one: the panels' rows 2s
 //   and 2s+1 hold (k of pair 2s, k of pair 2s+1) words of the even k's and of the odd k's (pairs.h's
-//   ChainRows; A's panels and a not-transposed B's are made so directly, a transposed B's rewritten after),
+//   ChainRows; every panel is made so directly, a transposed B's by reordering each column's group before
+//   its transpose (Chained)),
 //   so one VDPBF16PS is two steps of one chain and a group is 8 on E, 8 on O.
 // - Its emulation everywhere else: fp32 panels (a bf16 is the high half of an fp32), op(A)'s packed
 //   straight (PackAWide), B's pair panels widened (Widen), then attn's fp32 microkernel (register_block.h
@@ -183,6 +184,16 @@ HWY_INLINE void GroupWords(const uint16_t* HWY_RESTRICT x, int64_t valid, uint32
   std::memset(reinterpret_cast<uint16_t*>(out) + n, 0, static_cast<size_t>(2 * kGroup - n) * 2);
 }
 
+#if ATTN_AVX512_TARGET(HWY_TARGET)
+// A group's 16 pair words along k (of a row of A or a column of B) as chain words, as ChainRows makes them from
+// pair rows: the halves h0 h1 of word 2s and h2 h3 of word 2s + 1 -> h2 h0 and h3 h1 (word 2s = h0 high, h2 low).
+HWY_INLINE hn::Vec<DU> Chained(hn::Vec<DU> words) {
+  const hn::Repartition<uint8_t, DU> d8;
+  alignas(16) static constexpr uint8_t kChain[16] = {4, 5, 0, 1, 6, 7, 2, 3, 12, 13, 8, 9, 14, 15, 10, 11};
+  return hn::BitCast(DU(), hn::TableLookupBytes(hn::BitCast(d8, words), hn::LoadDup128(d8, kChain)));
+}
+#endif
+
 // The np B panels of op(B) pairs [q0, q0 + kc), panel p columns [p·nr, (p + 1)·nr) as (kc, nr) words at
 // dst + p·kc·nr; columns past N and a k past K are 0; chain words (ChainRows) where `chains`. Transposed:
 // panels [b, e), each column's pairs converted along a row of B. Not transposed: pairs [b, e) of every
@@ -205,12 +216,11 @@ void PackB(const Bf16Args& g, int64_t np, int64_t b, int64_t e, int64_t q0, int6
             const int64_t j = p * nr + c0 + c, k = k0 + 2 * q;
             if (j < g.N) GroupWords(B + j * g.ldb + k, g.K - k, block + c * 16);
             else std::fill(block + c * 16, block + c * 16 + 16, 0u);  // columns past N
+            if (chains) hn::Store(Chained(hn::Load(DU(), block + c * 16)), DU(), block + c * 16);
           }
           Transpose16(reinterpret_cast<const float*>(block), 16, 16, 16, 1.f,
                       reinterpret_cast<float*>(dst + p * ps + q * nr + c0), nr);
         }
-    if (chains)
-      for (int64_t p = b; p < e; ++p) ChainRows(dst + p * ps, kc, nr, nr);
     return;
   }
 #endif
@@ -228,9 +238,7 @@ void PackB(const Bf16Args& g, int64_t np, int64_t b, int64_t e, int64_t q0, int6
         for (int64_t q = 0; q < qn; ++q) d[(q1 + q) * nr] = words[q];
       }
     }
-    if (chains)
-      for (int64_t p = b; p < e; ++p) ChainRows(dst + p * ps, kc, nr, nr);
-    return;
+    return;  // no chain words here: VDPBF16PS runs on AVX-512 targets only
   }
   const int64_t lanes = hn::Lanes(DU()), n = np * nr;  // op(B)(k, j) = B[k·ldb + j]: a pair interleaves
   for (int64_t q = b; q < e; ++q) {                      // two rows of B (HalvesOf), made in registers
@@ -248,7 +256,7 @@ void PackB(const Bf16Args& g, int64_t np, int64_t b, int64_t e, int64_t q0, int6
 #if ATTN_AVX512_TARGET(HWY_TARGET)
 // A VDPBF16PS panel (kMR rows, kc pairs, kc whole groups) of `valid` rows of A where k runs along them (row r
 // at a + r·lda, `kvalid` k's, then zeros), a group at a time in registers: each row's 16 pair words
-// (GroupWords) made chain words (the halves of words 2s and 2s + 1 reordered in place, as ChainRows does),
+// (GroupWords) made chain words (Chained),
 // then the rows interleaved so that word (q, r) lands at q·kMR + r (AWord). Written word by word and chained
 // after, this packing was 30% of 768x128x512 NN on a Zen 4.
 template <typename S>
@@ -256,18 +264,14 @@ void ChainPanel(const S* HWY_RESTRICT a, int64_t lda, int64_t valid, int64_t kva
                 uint32_t* HWY_RESTRICT d) {
   static_assert(kMR == 6 && kGroup == 16, "three interleaved row pairs of one 16-lane group");
   const DU du;
-  const hn::Repartition<uint8_t, DU> d8;
   const hn::Repartition<uint64_t, DU> d64;
   const hn::Rebind<uint32_t, decltype(d64)> dh;  // half a group: 8 words
-  // bytes of the halves h0 h1 h2 h3 of two words -> h2 h0 h3 h1 (ChainRows: word 2s = h0 high, h2 low)
-  alignas(16) static constexpr uint8_t kChain[16] = {4, 5, 0, 1, 6, 7, 2, 3, 12, 13, 8, 9, 14, 15, 10, 11};
-  const auto chain = hn::LoadDup128(d8, kChain);
   HWY_ALIGN uint32_t w[kMR][kGroup] = {};  // rows past `valid` stay 0
   for (int64_t q = 0; q < kc; q += kGroup) {
     hn::Vec<DU> v[kMR];
     for (int r = 0; r < kMR; ++r) {
       if (r < valid) GroupWords(a + r * lda + 2 * q, kvalid - 2 * q, w[r]);
-      v[r] = hn::BitCast(du, hn::TableLookupBytes(hn::BitCast(d8, hn::Load(du, w[r])), chain));
+      v[r] = Chained(hn::Load(du, w[r]));
     }
     // (row r, row r + 1) of each word as one 64-bit lane; three such lanes in turn are one q's kMR words
     const auto two = [&](int r, bool upper) {
