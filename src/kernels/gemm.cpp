@@ -82,6 +82,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 using namespace regblock::HWY_NAMESPACE;
 #if ATTN_AVX512_TARGET(HWY_TARGET)
 using transpose::HWY_NAMESPACE::Transpose16;
+#elif HWY_TARGET == HWY_AVX2
+using transpose::HWY_NAMESPACE::Transpose8;
 #endif
 
 // A register block: MR rows x NV vectors of C's accumulators, and per k NV vectors of B loaded and MR values
@@ -307,7 +309,13 @@ void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* 
     constexpr int64_t kb = 64 / sizeof(T);
     for (int64_t k0 = 0; k0 < kc; k0 += kb) {
       const int64_t k1 = std::min(kc, k0 + kb);
-      for (int64_t j = 0; j < cols; ++j) {
+      int64_t j = 0;
+#if HWY_TARGET == HWY_AVX2
+      if constexpr (std::is_same_v<T, float>)  // whole 8 x 8 blocks in registers (x·Wᵀ at 64-128 rows 1.09-1.28x)
+        for (; k1 - k0 == kb && j + 8 <= cols; j += 8)
+          for (int64_t k = k0; k < k1; k += 8) Transpose8(g.B + (j0 + j) * g.ldb + pc + k, g.ldb, dst + k * nr + j, nr);
+#endif
+      for (; j < cols; ++j) {
         const T* src = g.B + (j0 + j) * g.ldb + pc;
         for (int64_t k = k0; k < k1; ++k) dst[k * nr + j] = src[k];
       }

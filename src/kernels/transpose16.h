@@ -1,5 +1,6 @@
 // 16 x 16 transposes of 32-bit elements in AVX-512 registers: the backward's Qᵀ and dOᵀ panels and dS's
-// rows for AMX (flash_backward.cpp), a transposed A's AMX tiles (gemm_bf16.cpp). Per-target header: include
+// rows for AMX (flash_backward.cpp), a transposed A's AMX tiles (gemm_bf16.cpp), a transposed B's panels
+// (gemm.cpp); 8 x 8 in AVX2's for the last. Per-target header: include
 // it after <hwy/highway.h> in a translation unit that re-includes itself through <hwy/foreach_target.h>; it
 // defines attn::transpose::HWY_NAMESPACE, empty on targets without AVX-512.
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
@@ -47,6 +48,38 @@ HWY_INLINE void Transpose16(const float* src, int64_t rs, int64_t nr, int64_t wc
                            _mm512_shuffle_f32x4(u2, u3, 0x88), _mm512_shuffle_f32x4(u2, u3, 0xDD)};
     for (int L = 0; L < 4; ++L)
       if (4 * L + k < wc) _mm512_storeu_ps(dst + (4 * L + k) * ld, mul == 1.f ? col[L] : _mm512_mul_ps(col[L], m));
+  }
+}
+#endif
+
+#if HWY_TARGET == HWY_AVX2
+// (8, 8) floats at src (rows rs apart) transposed into (8, 8) at dst (rows ld apart): pairs, then quads
+// interleaved within the 128-bit halves, then the halves.
+HWY_INLINE void Transpose8(const float* src, int64_t rs, float* dst, int64_t ld) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::Full256<float> d;
+  const hn::Repartition<double, decltype(d)> d64;
+  using V = hn::Vec<decltype(d)>;
+  V r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = hn::LoadU(d, src + i * rs);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = hn::InterleaveLower(d, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = hn::InterleaveUpper(d, r[2 * i], r[2 * i + 1]);
+  }
+  const auto lo = [&](V x, V y) {
+    return hn::BitCast(d, hn::InterleaveLower(d64, hn::BitCast(d64, x), hn::BitCast(d64, y)));
+  };
+  const auto hi = [&](V x, V y) {
+    return hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, x), hn::BitCast(d64, y)));
+  };
+  for (int h = 0; h < 2; ++h) {  // rows 4h..4h+3: r[4h + c] holds column c | column c + 4 of them
+    const V* u = t + 4 * h;
+    r[4 * h] = lo(u[0], u[2]), r[4 * h + 1] = hi(u[0], u[2]);
+    r[4 * h + 2] = lo(u[1], u[3]), r[4 * h + 3] = hi(u[1], u[3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    hn::StoreU(hn::ConcatLowerLower(d, r[4 + c], r[c]), d, dst + c * ld);
+    hn::StoreU(hn::ConcatUpperUpper(d, r[4 + c], r[c]), d, dst + (c + 4) * ld);
   }
 }
 #endif
