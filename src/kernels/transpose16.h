@@ -1,8 +1,8 @@
 // 16 x 16 transposes of 32-bit elements in AVX-512 registers: the backward's Qᵀ and dOᵀ panels and dS's
 // rows for AMX (flash_backward.cpp), a transposed A's AMX tiles (gemm_bf16.cpp), a transposed B's panels
-// (gemm.cpp); 8 x 8 in AVX2's for the last. Per-target header: include
-// it after <hwy/highway.h> in a translation unit that re-includes itself through <hwy/foreach_target.h>; it
-// defines attn::transpose::HWY_NAMESPACE, empty on targets without AVX-512.
+// (gemm.cpp); 8 x 8 in AVX2's for the last. Per-target header: include it after <hwy/highway.h> in a
+// translation unit that re-includes itself through <hwy/foreach_target.h>; it defines
+// attn::transpose::HWY_NAMESPACE, empty on targets without AVX-512 or AVX2.
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
 
 #if defined(ATTN_TRANSPOSE16_TOGGLE) == defined(HWY_TARGET_TOGGLE)
