@@ -80,10 +80,24 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // The microkernel: register_block.h.
 using namespace regblock::HWY_NAMESPACE;
+// A transposed B's blocks of kTB x kTB floats (rows rs apart) transposed in registers into rows ld apart, on
+// the targets that have them (transpose16.h). Moved one at a time, x·Wᵀ ran 1.09-1.28x slower at 64-128 rows
+// (W 512x512, 1536x512; a Zen 4, its AVX-512 kernel and its AVX2 one), 1.03-1.09x at 768.
+#undef ATTN_GEMM_TRANSPOSE_B  // defined again for each target this file is compiled for
 #if ATTN_AVX512_TARGET(HWY_TARGET)
-using transpose::HWY_NAMESPACE::Transpose16;
+#define ATTN_GEMM_TRANSPOSE_B 1
+constexpr int64_t kTB = 16;
+HWY_INLINE void TransposeBlock(const float* src, int64_t rs, float* dst, int64_t ld) {
+  transpose::HWY_NAMESPACE::Transpose16(src, rs, 16, 16, 1.f, dst, ld);
+}
 #elif HWY_TARGET == HWY_AVX2
-using transpose::HWY_NAMESPACE::Transpose8;
+#define ATTN_GEMM_TRANSPOSE_B 1
+constexpr int64_t kTB = 8;
+HWY_INLINE void TransposeBlock(const float* src, int64_t rs, float* dst, int64_t ld) {
+  transpose::HWY_NAMESPACE::Transpose8(src, rs, dst, ld);
+}
+#else
+#define ATTN_GEMM_TRANSPOSE_B 0
 #endif
 
 // A register block: MR rows x NV vectors of C's accumulators, and per k NV vectors of B loaded and MR values
@@ -290,30 +304,17 @@ void PackA(const Args<T>& g, int64_t b, int64_t e, int64_t pc, int64_t kc, T* HW
 template <typename T>
 void PackB(const Args<T>& g, int64_t j0, int64_t pc, int64_t kc, int64_t nr, T* HWY_RESTRICT dst) {
   const int64_t cols = std::min(nr, g.N - j0);
-#if ATTN_AVX512_TARGET(HWY_TARGET)
-  if constexpr (std::is_same_v<T, float>)
-    if (g.tb) {  // 16 columns (nr is whole vectors) by 16 k at a time, transposed in registers; columns past N
-                 // zero. Moved one at a time, x·Wᵀ ran 1.11-1.19x slower at 64-128 rows (W 512x512, 1536x512;
-                 // Zen 4), 1.03-1.05x at 768
-      for (int64_t k0 = 0; k0 < kc; k0 += 16)
-        for (int64_t j = 0; j < nr; j += 16) {
-          const int64_t n = std::clamp<int64_t>(cols - j, 0, 16);
-          Transpose16(n ? g.B + (j0 + j) * g.ldb + pc + k0 : g.B, g.ldb, n, std::min<int64_t>(16, kc - k0), 1.f,
-                      dst + k0 * nr + j, nr);
-        }
-      return;
-    }
-#endif
   if (g.tb) {  // op(B)(k, j) = B[j·ldb + k]: rows of B run along k; one cache line of each row at a
                // time (kb values of k), so the writes stay in kb rows of the panel, in L1
     constexpr int64_t kb = 64 / sizeof(T);
     for (int64_t k0 = 0; k0 < kc; k0 += kb) {
       const int64_t k1 = std::min(kc, k0 + kb);
       int64_t j = 0;
-#if HWY_TARGET == HWY_AVX2
-      if constexpr (std::is_same_v<T, float>)  // whole 8 x 8 blocks in registers (x·Wᵀ at 64-128 rows 1.09-1.28x)
-        for (; k1 - k0 == kb && j + 8 <= cols; j += 8)
-          for (int64_t k = k0; k < k1; k += 8) Transpose8(g.B + (j0 + j) * g.ldb + pc + k, g.ldb, dst + k * nr + j, nr);
+#if ATTN_GEMM_TRANSPOSE_B
+      if constexpr (std::is_same_v<T, float>)  // whole blocks in registers (TransposeBlock), the edges below
+        for (; k1 - k0 == kb && j + kTB <= cols; j += kTB)
+          for (int64_t k = k0; k < k1; k += kTB)
+            TransposeBlock(g.B + (j0 + j) * g.ldb + pc + k, g.ldb, dst + k * nr + j, nr);
 #endif
       for (; j < cols; ++j) {
         const T* src = g.B + (j0 + j) * g.ldb + pc;
