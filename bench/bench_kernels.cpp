@@ -56,18 +56,23 @@ void BM_Sgemm2048(benchmark::State& state) {
   state.counters.erase("%sgemm");
 }
 
-// One attention problem, B = 1, D = Dv, contiguous (B, H, L, D) inputs.
+// One attention problem, D = Dv, contiguous (B, H, L, D) inputs; B = 1 unless given.
 struct Attn {
-  Tensor q, k, v, out;
+  Tensor q, k, v, out, lse;
   SdpaArgs<float> args;
-  Attn(int64_t H, int64_t Hkv, int64_t L, int64_t S, int64_t D, Causal causal)
-      : q(init::randn({1, H, L, D}, 3)), k(init::randn({1, Hkv, S, D}, 4)), v(init::randn({1, Hkv, S, D}, 5)),
-        out({1, H, L, D}) {
+  Attn(int64_t H, int64_t Hkv, int64_t L, int64_t S, int64_t D, Causal causal, int64_t B = 1)
+      : q(init::randn({B, H, L, D}, 3)), k(init::randn({B, Hkv, S, D}, 4)), v(init::randn({B, Hkv, S, D}, 5)),
+        out({B, H, L, D}), lse({B, H, L}) {
     args.q = q, args.k = k, args.v = v;
     args.causal = causal;
   }
-  double flops() const { return sdpa_forward_flops(1, q.size(1), q.size(2), k.size(2), q.size(3), args.causal); }
-  SdpaProblem<float> problem() { return make_problem(args, SdpaOut<float>{out, {}, {}}); }
+  double flops() const {
+    return sdpa_forward_flops(q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), args.causal);
+  }
+  // with_lse: the forward keeps its LSE, as training does (the backward reads it)
+  SdpaProblem<float> problem(bool with_lse = false) {
+    return make_problem(args, SdpaOut<float>{out, {}, with_lse ? View<float>(lse) : View<float>()});
+  }
 };
 
 // args: L (= S), causal. H = 8, D = 64.
@@ -166,30 +171,31 @@ void BM_ReadKV(benchmark::State& state) {
 
 // The flash backward, FLOPs 2.5x the forward's (five products instead of two). args: B, H, L (= S), D,
 // causal; Q, K, V, dO (B, H, L, D) random, out and LSE from one flash forward.
+// The problem of BM_FlashBackward's and BM_FlashForward's args (B, H, L, D, causal, bf16), LSE kept.
+Attn training_case(const benchmark::State& state) {
+  return Attn(state.range(1), state.range(1), state.range(2), state.range(2), state.range(3),
+              state.range(4) ? Causal::top_left : Causal::none, state.range(0));
+}
+Precision precision_of(const benchmark::State& state) { return state.range(5) ? Precision::bf16 : Precision::f32; }
+
 void BM_FlashBackward(benchmark::State& state) {
-  const int64_t B = state.range(0), H = state.range(1), L = state.range(2), D = state.range(3);
-  Tensor q = init::randn({B, H, L, D}, 3), k = init::randn({B, H, L, D}, 4), v = init::randn({B, H, L, D}, 5),
-         dout = init::randn({B, H, L, D}, 6), out({B, H, L, D}), lse({B, H, L}), dq({B, H, L, D}), dk({B, H, L, D}),
-         dv({B, H, L, D});
-  SdpaArgs<float> args{q, k, v};
-  args.causal = state.range(4) ? Causal::top_left : Causal::none;
-  const SdpaProblem<float> p = make_problem(args, SdpaOut<float>{out, {}, lse});
-  const Precision prec = state.range(5) ? Precision::bf16 : Precision::f32;
+  Attn a = training_case(state);
+  const Shape shape = a.q.shape();
+  Tensor dout = init::randn(shape, 6), dq(shape), dk(shape), dv(shape);
+  const SdpaProblem<float> p = a.problem(true);
+  const Precision prec = precision_of(state);
   flash_forward(p, prec);
   const SdpaGrads<float> g{dq, dk, dv};
-  time_flops(state, sdpa_backward_flops(B, H, L, L, D, args.causal), [&] { flash_backward(p, dout, g, prec); });
+  time_flops(state, sdpa_backward_flops(shape[0], shape[1], shape[2], shape[2], shape[3], a.args.causal),
+             [&] { flash_backward(p, dout, g, prec); });
 }
 
-// The forward at the shapes of BM_FlashBackward (its args), LSE kept as training keeps it.
+// The forward at the shapes of BM_FlashBackward, LSE kept as training keeps it.
 void BM_FlashForward(benchmark::State& state) {
-  const int64_t B = state.range(0), H = state.range(1), L = state.range(2), D = state.range(3);
-  Tensor q = init::randn({B, H, L, D}, 3), k = init::randn({B, H, L, D}, 4), v = init::randn({B, H, L, D}, 5),
-         out({B, H, L, D}), lse({B, H, L});
-  SdpaArgs<float> args{q, k, v};
-  args.causal = state.range(4) ? Causal::top_left : Causal::none;
-  const SdpaProblem<float> p = make_problem(args, SdpaOut<float>{out, {}, lse});
-  const Precision prec = state.range(5) ? Precision::bf16 : Precision::f32;
-  time_flops(state, sdpa_forward_flops(B, H, L, L, D, args.causal), [&] { flash_forward(p, prec); });
+  Attn a = training_case(state);
+  const SdpaProblem<float> p = a.problem(true);
+  const Precision prec = precision_of(state);
+  time_flops(state, a.flops(), [&] { flash_forward(p, prec); });
 }
 
 // Peak memory of one flash run above its inputs and output (VmHWM growth after clear_refs resets it).
