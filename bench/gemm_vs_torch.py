@@ -5,8 +5,8 @@
 Shapes as bench/gemm_candidates.cpp: 2048³, the training shapes (M = B·T in {768, 4096} against N, K in
 {128, 512}; forward x·Wᵀ, dx = dy·W, dW = dyᵀ·x), the MHA projections at E = 512, L = 4096. Prints the CPU
 header, GFLOP/s of each and the ratio attn / MKL (> 1: attn faster). --dtype bf16: attn's gemm_bf16 on bf16
-operands (fp32 C) against attn's fp32 gemm and torch.mm on bfloat16 tensors (oneDNN; its C is bf16), all
-three interleaved. A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
+operands into a bf16 C against attn's fp32 gemm and torch.mm on bfloat16 tensors (oneDNN; its C is bf16 too),
+all three interleaved. A benchmark, not a test: record the command and the numbers in BENCHMARKS.md.
 
 Each timing starts --pause (20 ms) after the one before, then one untimed call of the same side: torch's
 OpenMP team (libgomp) spins for a few ms after torch.mm returns, and a timing that starts then shares the
@@ -76,13 +76,14 @@ def measure(shape_list, rounds, pause, dtype, rng):
             a16, b16 = ta_t.to(torch.bfloat16), tb_t.to(torch.bfloat16)
             opa16, opb16 = (a16.t() if ta else a16), (b16.t() if tb else b16)
             na16, nb16 = a16.view(torch.int16).numpy(), b16.view(torch.int16).numpy()
-            c16, tc16 = np.empty((M, N), np.float32), torch.empty(M, N, dtype=torch.bfloat16)
+            c16, tc16 = np.empty((M, N), np.int16), torch.empty(M, N, dtype=torch.bfloat16)
             calls = {"attn16": lambda na16=na16, nb16=nb16, c16=c16, ta=ta, tb=tb:
                      attn.gemm_bf16(na16, nb16, c16, trans_a=ta, trans_b=tb),
                      "attn": calls["attn"],
                      "torch": lambda opa16=opa16, opb16=opb16, tc16=tc16: torch.mm(opa16, opb16, out=tc16)}
             calls["attn16"](), calls["torch"]()
-            assert np.allclose(c16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
+            got16 = torch.from_numpy(c16).view(torch.bfloat16).float().numpy()
+            assert np.allclose(got16, tc16.float().numpy(), rtol=2e-2, atol=2e-2 * np.sqrt(K)), what
         # per side from one timed call: where torch's bf16 is a slow fallback (1.25 GFLOP/s on a Zen 3 without
         # AVX512_BF16), its timings would otherwise run minutes
         reps = {}

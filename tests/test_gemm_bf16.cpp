@@ -119,8 +119,11 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
     for (auto [v, ld, used] : {std::tuple{&a32, lda, s.ta ? s.M : s.K}, std::tuple{&b32, ldb, s.tb ? s.K : s.N}})
       for (size_t e = 0; e < v->size(); ++e)
         if (int64_t(e) % ld >= used) (*v)[e] = NAN;
-    const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32);
+    const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32), c0b = to_bf16(c0);
     const std::vector<float> want = plain(s.ta, s.tb, s.M, s.N, s.K, a, lda, b, ldb, beta, c0, ldc);
+    std::vector<float> c0w(c0b.size());  // a bf16 C: the fp32 result from C widened, rounded once
+    from_half(KvDtype::bf16, c0b.data(), int64_t(c0b.size()), c0w.data());
+    const std::vector<uint16_t> want16 = to_bf16(plain(s.ta, s.tb, s.M, s.N, s.K, a, lda, b, ldb, beta, c0w, ldc));
     // B packed once here (under the CPU's own path) and again under each; on another path the first packs B per call
     const PackedB16 once = pack_b_bf16(s.tb, s.K, s.N, b.data(), ldb);
     int n = 0;
@@ -147,6 +150,9 @@ TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {
           ASSERT_TRUE(test::same_bits(cp, want)) << where << ", fp32 A, packed B (ldc " << ldc << ")";
           ASSERT_TRUE(test::same_bits(cp16, want)) << where << ", bf16 A, packed B (ldc " << ldc << ")";
         }
+        std::vector<uint16_t> c16b = c0b;
+        gemm_bf16(s.ta, s.tb, s.M, s.N, s.K, a.data(), lda, b.data(), ldb, beta, c16b.data(), ldc);
+        ASSERT_TRUE(c16b == want16) << where << ", bf16 C (ldc " << ldc << ")";
         ++checked;
       }
   }
@@ -232,29 +238,32 @@ TEST(GemmBf16, NothingToMultiplyScalesCAndEmptyOutputsAreNoOps) {
 }
 
 // A bf16 C is the fp32 C of the same product from C widened, rounded once to nearest even: beta 0 (C not
-// read: NaN there stays out), beta 1 and 0.75, a row stride past N (the columns between never written).
+// read: NaN there stays out), beta 1 and 0.75, a row stride past N (the columns between never written); K of
+// one K block (no fp32 sums kept), of several, and 0 (beta·C alone).
 TEST(GemmBf16, Bf16OutputIsTheFp32ResultRoundedOnce) {
-  const int64_t M = 37, N = 45, K = 70, ldc = N + 3;
+  const int64_t M = 37, N = 45, ldc = N + 3;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
-  std::vector<float> a32(M * K), b32(K * N), c32(M * ldc);
-  for (float& x : a32) x = nd(rng);
-  for (float& x : b32) x = nd(rng);
-  for (float& x : c32) x = nd(rng) * 8.f;
-  const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32), c0 = to_bf16(c32);
-  for (const float beta : {0.f, 1.f, 0.75f}) {
-    std::vector<uint16_t> c16 = c0;
-    if (beta == 0.f)
-      for (int64_t i = 0; i < M; ++i) c16[i * ldc] = 0x7FC0;  // NaN: must not reach the result
-    gemm_bf16(false, true, M, N, K, a.data(), K, b.data(), K, beta, c16.data(), ldc);
-    std::vector<float> want(M * ldc);
-    from_half(KvDtype::bf16, c0.data(), M * ldc, want.data());
-    gemm_bf16(false, true, M, N, K, a.data(), K, b.data(), K, beta, want.data(), ldc);
-    const std::vector<uint16_t> rounded = to_bf16(want);
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < ldc; ++j)
-        ASSERT_EQ(c16[i * ldc + j], j < N ? rounded[i * ldc + j] : c0[i * ldc + j])
-            << "beta " << beta << " at " << i << "," << j;
+  for (const int64_t K : {70, 2100, 0}) {
+    std::vector<float> a32(M * K), b32(K * N), c32(M * ldc);
+    for (float& x : a32) x = nd(rng);
+    for (float& x : b32) x = nd(rng);
+    for (float& x : c32) x = nd(rng) * 8.f;
+    const std::vector<uint16_t> a = to_bf16(a32), b = to_bf16(b32), c0 = to_bf16(c32);
+    for (const float beta : {0.f, 1.f, 0.75f}) {
+      std::vector<uint16_t> c16 = c0;
+      if (beta == 0.f)
+        for (int64_t i = 0; i < M; ++i) c16[i * ldc] = 0x7FC0;  // NaN: must not reach the result
+      gemm_bf16(false, true, M, N, K, a.data(), K, b.data(), K, beta, c16.data(), ldc);
+      std::vector<float> want(M * ldc);
+      from_half(KvDtype::bf16, c0.data(), M * ldc, want.data());
+      gemm_bf16(false, true, M, N, K, a.data(), K, b.data(), K, beta, want.data(), ldc);
+      const std::vector<uint16_t> rounded = to_bf16(want);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < ldc; ++j)
+          ASSERT_EQ(c16[i * ldc + j], j < N ? rounded[i * ldc + j] : c0[i * ldc + j])
+              << "K " << K << ", beta " << beta << " at " << i << "," << j;
+    }
   }
 }
 

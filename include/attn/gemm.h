@@ -56,7 +56,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // bf16 C (torch.mm on bfloat16 tensors): C = bf16(op(A) · op(B) + beta · C), the fp32 C of the overload
-// above from C widened to fp32, rounded to nearest even once at the end (an fp32 copy of C meanwhile).
+// above from C widened to fp32, rounded to nearest even once at the end (written as bf16 only: no fp32 copy of
+// C where K is one K block and beta is 0).
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda,
                const uint16_t* B, int64_t ldb, float beta, uint16_t* C, int64_t ldc);
 

@@ -47,7 +47,6 @@ constexpr float kInfF = std::numeric_limits<float>::infinity();
 constexpr int64_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);  // room for one vector of any target
 
 using DH = hn::Rebind<hwy::float16_t, DF>;   // N half lanes, promoted to one float vector
-using DB = hn::Rebind<hwy::bfloat16_t, DF>;
 using DU16 = hn::Rebind<uint16_t, DF>;
 using DU32 = hn::RebindToUnsigned<DF>;
 
@@ -63,36 +62,12 @@ HWY_INLINE VF Promote(const uint16_t* HWY_RESTRICT src) {
   }
 }
 
-// N floats to N halves at dst, round to nearest even.
-template <KvDtype T>
-HWY_INLINE void Demote(VF v, uint16_t* HWY_RESTRICT dst) {
-  if constexpr (T == KvDtype::f16) {
-    hn::StoreU(hn::DemoteTo(DH(), v), DH(), reinterpret_cast<hwy::float16_t*>(dst));
-  } else {
-    // the high half, rounded (flash_common.h's RoundedBf16: nearest even, a NaN truncated)
-    const auto high = hn::ShiftRight<16>(RoundedBf16(v));
-    hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(hn::RebindToSigned<DF>(), high)), DU16(), dst);
-  }
-}
-
-template <KvDtype T>
-void ConvertTo(const float* src, int64_t n, uint16_t* dst) {
-  const DF df;
-  const int64_t N = hn::Lanes(df);
-  int64_t i = 0;
-  for (; i + N <= n; i += N) Demote<T>(hn::LoadU(df, src + i), dst + i);
-  if (i < n) {  // the tail through a padded vector, so it rounds as the body does
-    alignas(64) float in[kMaxLanes] = {};
-    alignas(64) uint16_t out[kMaxLanes];
-    std::copy(src + i, src + n, in);
-    Demote<T>(hn::Load(df, in), out);
-    std::copy(out, out + (n - i), dst + i);
-  }
-}
-
+// n floats to n halves at dst, rounded to nearest even.
 void ToHalf(KvDtype t, const float* src, int64_t n, uint16_t* dst) {
-  if (t == KvDtype::f16) ConvertTo<KvDtype::f16>(src, n, dst);
-  else ConvertTo<KvDtype::bf16>(src, n, dst);
+  if (t == KvDtype::bf16) return StoreBf16(src, n, dst);
+  StoreRow(src, n, dst, [](VF v, uint16_t* out) {
+    hn::StoreU(hn::DemoteTo(DH(), v), DH(), reinterpret_cast<hwy::float16_t*>(out));
+  });
 }
 
 void FromHalf(KvDtype t, const uint16_t* src, int64_t n, float* dst) {

@@ -22,7 +22,8 @@
 //   FmaBlock) over the even k's rows for E and the odd k's for O, under MXCSR's DAZ/FTZ: each product
 //   exact, each FMA rounded once, as the instruction.
 // Blocking as gemm.cpp's (gemm_blocking.h), counted in pairs; it decides who computes an element, never
-// its value (C carries the chain from one K block to the next). A bf16 C: the fp32 result rounded once.
+// its value (C carries the chain from one K block to the next). A bf16 C: the fp32 result rounded once, block
+// by block as the last K block ends (the fp32 sums of earlier K blocks in scratch; none for a single K block).
 // op(B) may come packed once (PackedB16: a bf16 encoder's weights), its panels read instead of made.
 #include "attn/gemm.h"
 
@@ -56,9 +57,10 @@ struct Bf16Args {
   bool b16;
   int64_t ldb;
   float beta;
-  float* C;
+  float* C;  // nullptr where C16 is the result
   int64_t ldc;
   const PackedB16* packed = nullptr;  // op(B)'s panels packed once (read where cut for this target and kernel)
+  uint16_t* C16 = nullptr;  // a bf16 C (rows ldc apart): the fp32 result rounded once
 };
 
 }  // namespace attn::gemm_detail
@@ -83,6 +85,7 @@ constexpr int64_t kGroup = regblock::HWY_NAMESPACE::kGroupPairs;  // pairs per g
 using regblock::HWY_NAMESPACE::kPairWidth;
 using regblock::HWY_NAMESPACE::DU;
 using regblock::HWY_NAMESPACE::LoadU;
+using regblock::HWY_NAMESPACE::StoreBf16;
 using regblock::HWY_NAMESPACE::kDpTarget;
 using regblock::HWY_NAMESPACE::LoadFirst;
 using regblock::HWY_NAMESPACE::PairAcross;
@@ -526,10 +529,20 @@ void GemmBf16(const Bf16Args& g) {
   const int64_t pa = a_rows ? M / mr : 0;  // A's panels [pa, mp) are packed
   const int64_t qa = kernel == Kernel::amx ? kGroup : 2;  // pairs per chunk of a transposed A's packing
   const int64_t tm = ceil_div(M, bl.mc), tn = ceil_div(N, bl.nt);
-  if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, g.C, g.ldc);  // then C + products
+  // A bf16 C: each block rounded into it as the last K block ends it, from a tile on the stack where one K block
+  // from 0 makes it, else from the fp32 sums in scratch (C16 widened first where beta reads it).
+  float* C = g.C;
+  int64_t ldc = g.ldc;
+  if (g.C16) {
+    const bool sums = K2 > bl.kc || g.beta != 0.f;
+    C = sums ? static_cast<float*>(scratch(4, static_cast<size_t>(M * N) * 4)) : nullptr;
+    ldc = N;
+    for (int64_t i = 0; sums && g.beta != 0.f && i < M; ++i) from_half(KvDtype::bf16, g.C16 + i * g.ldc, N, C + i * N);
+  }
+  if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, C, ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
     const int64_t kc = std::min(bl.kc, K2 - q0), kpw = PanelStride(2 * kc, mr);
-    const bool zero = q0 == 0 && g.beta == 0.f;
+    const bool zero = q0 == 0 && g.beta == 0.f, last = q0 + kc == K2;
     // this K block's B panels: packed once (at q0·np·pr words, the emulation's at 2·q0·np·pr floats), or now
     const uint32_t* bw = packed ? static_cast<const uint32_t*>(g.packed->panels.get()) + q0 * np * pr : bp;
     const float* bf = packed && emu ? static_cast<const float*>(g.packed->panels.get()) + 2 * q0 * np * pr : wb;
@@ -547,6 +560,7 @@ void GemmBf16(const Bf16Args& g) {
       const FlushSubnormals flush(true);  // the emulation's FMAs and every path's C + (E + O)
       [[maybe_unused]] const std::optional<amx::Tiles> tiles =
           kernel == Kernel::amx ? std::make_optional<amx::Tiles>() : std::nullopt;
+      HWY_ALIGN float tile[kAmx * kAmx];  // a block of a bf16 C that no fp32 sums hold (C == nullptr)
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
         const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
@@ -560,7 +574,11 @@ void GemmBf16(const Bf16Args& g) {
                                                          static_cast<const uint16_t*>(g.A) + i * g.lda + 2 * q0),
                                                      g.lda / 2, kGroup}
                                        : ATilesOf(static_cast<const uint32_t*>(a));
-            Block(kernel, a, at, b, kc, g.C + i * g.ldc + j, g.ldc, rows, cols, zero);
+            float* c = C ? C + i * ldc + j : tile;
+            const int64_t ldt = C ? ldc : nr;
+            Block(kernel, a, at, b, kc, c, ldt, rows, cols, zero);
+            for (int64_t r = 0; g.C16 && last && r < rows; ++r)
+              StoreBf16(c + r * ldt, cols, g.C16 + (i + r) * g.ldc + j);
           }
       }
     });
@@ -611,8 +629,14 @@ HWY_EXPORT(UseDp);
 
 void run_bf16(const Bf16Args& g) {
   if (g.M <= 0 || g.N <= 0) return;
-  if (g.K <= 0) return scale_c(g.M, g.N, g.beta, g.C, g.ldc);
-  HWY_DYNAMIC_DISPATCH(GemmBf16)(g);
+  if (g.K > 0) return HWY_DYNAMIC_DISPATCH(GemmBf16)(g);
+  if (!g.C16) return scale_c(g.M, g.N, g.beta, g.C, g.ldc);
+  std::vector<float> row(static_cast<size_t>(g.N));  // beta·C of a bf16 C, through fp32
+  for (int64_t i = 0; i < g.M; ++i) {
+    if (g.beta != 0.f) from_half(KvDtype::bf16, g.C16 + i * g.ldc, g.N, row.data());
+    scale_c(1, g.N, g.beta, row.data(), g.N);
+    to_half(KvDtype::bf16, row.data(), g.N, g.C16 + i * g.ldc);
+  }
 }
 }  // namespace gemm_detail
 
@@ -651,12 +675,7 @@ void gemm_bf16(bool ta, int64_t M, const uint16_t* A, int64_t lda, const PackedB
 
 void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B,
                int64_t ldb, float beta, uint16_t* C, int64_t ldc) {
-  if (M <= 0 || N <= 0) return;
-  std::vector<float> c(static_cast<size_t>(M * N));  // the fp32 C of the products, rounded once at the end
-  if (beta != 0.f)
-    for (int64_t i = 0; i < M; ++i) from_half(KvDtype::bf16, C + i * ldc, N, c.data() + i * N);
-  gemm_detail::run_bf16({ta, tb, M, N, K, A, true, lda, B, true, ldb, beta, c.data(), N});
-  for (int64_t i = 0; i < M; ++i) to_half(KvDtype::bf16, c.data() + i * N, N, C + i * ldc);
+  gemm_detail::run_bf16({ta, tb, M, N, K, A, true, lda, B, true, ldb, beta, nullptr, ldc, nullptr, C});
 }
 
 }  // namespace attn

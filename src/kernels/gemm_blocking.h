@@ -90,14 +90,14 @@ inline Blocking blocking(int64_t M, int64_t N, int64_t K, int64_t mr, int64_t nr
 
 // Grow-only, 64-byte aligned scratch per calling thread (a gemm inside a parallel_for body runs
 // serially on that worker, so it never shares a buffer). which: 0 = packed A, 1 = packed B, 2 = the
-// bf16 emulation's widened B, 3 = Cᵀ of a product computed transposed.
+// bf16 emulation's widened B, 3 = Cᵀ of a product computed transposed, 4 = a bf16 C's fp32 sums.
 inline void* scratch(int which, size_t bytes) {
   struct Buf {
     void* p = nullptr;
     size_t n = 0;
     ~Buf() { std::free(p); }
   };
-  thread_local Buf bufs[4];
+  thread_local Buf bufs[5];
   Buf& b = bufs[which];
   if (b.n < bytes) {
     std::free(b.p);

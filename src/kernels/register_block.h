@@ -221,12 +221,38 @@ using VU = hn::Vec<DU>;
 
 // x rounded to bf16 in each lane's high half: bits + 0x7FFF + (bit 16) rounds to nearest even; a NaN is
 // truncated instead (the carry could turn it into an infinity), keeping it NaN with its quiet bit. The one
-// fp32 -> bf16 rounding of attn: to_half (flash_decode.cpp), the bf16 GEMM's packing and the bf16 flash's P run it.
+// fp32 -> bf16 rounding of attn: to_half (StoreBf16), the bf16 GEMM's packing and C, the bf16 flash's P run it.
 HWY_INLINE VU RoundedBf16(VF x) {
   const DU du;
   const VU bits = hn::BitCast(du, x);
   const VU rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u))));
   return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), bits, rounded);
+}
+
+// n floats at src converted by store (a vector to its N outputs at out) to dst: whole vectors, then the tail
+// through a padded one, so it converts as they do.
+template <typename Out, class Store>
+HWY_INLINE void StoreRow(const float* HWY_RESTRICT src, int64_t n, Out* HWY_RESTRICT dst, const Store& store) {
+  const DF df;
+  const int64_t N = hn::Lanes(df);
+  int64_t i = 0;
+  for (; i + N <= n; i += N) store(hn::LoadU(df, src + i), dst + i);
+  if (i < n) {
+    HWY_ALIGN float in[hn::MaxLanes(df)] = {};
+    HWY_ALIGN Out out[hn::MaxLanes(df)];
+    std::copy(src + i, src + n, in);
+    store(hn::Load(df, in), out);
+    std::copy(out, out + (n - i), dst + i);
+  }
+}
+
+// n floats at src rounded to bf16 (RoundedBf16) at dst: to_half's bf16 (flash_decode.cpp) and a bf16 C
+// (gemm_bf16.cpp).
+HWY_INLINE void StoreBf16(const float* HWY_RESTRICT src, int64_t n, uint16_t* HWY_RESTRICT dst) {
+  StoreRow(src, n, dst, [](VF v, uint16_t* out) {  // the high halves, narrowed (each fits 16 bits)
+    const hn::Rebind<uint16_t, DF> d16;
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(hn::RebindToSigned<DF>(), hn::ShiftRight<16>(RoundedBf16(v)))), d16, out);
+  });
 }
 
 // The N pair words of 2N consecutive floats, a then b: word q = bf16(element 2q) | bf16(element 2q + 1) << 16.
