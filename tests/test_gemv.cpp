@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "attn/gemm.h"
 #include "attn/gemv.h"
@@ -39,6 +40,25 @@ TEST(LinearRows, InOutHasTheBitsOfGemm) {
         }
         set_num_threads(0);
       }
+}
+
+// linear() starts each element's chain from its bias (the GEMM writes the bias into each block as it computes it):
+// the bits of gemm() from C filled with the bias, beta 1. Many rows (A packed), few under Wᵀ (computed as Cᵀ),
+// W (in, out), K of several K blocks and 0, a partial last block of columns, 1 and 2 threads.
+TEST(Linear, BiasIsTheStartOfEachChain) {
+  Rng rng(19);
+  for (const auto [n, in, out, io] : {std::tuple{200, 70, 131, false}, std::tuple{8, 700, 300, false},
+                                      std::tuple{130, 1100, 65, true}, std::tuple{30, 0, 17, false}})
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      Tensor x = random({n, in}, rng), w = random(io ? Shape{in, out} : Shape{out, in}, rng), b = random({out}, rng);
+      Tensor want({n, out}), got({n, out});
+      for (int64_t r = 0; r < n; ++r) std::memcpy(want.data() + r * out, b.data(), sizeof(float) * size_t(out));
+      gemm(false, !io, n, out, in, 1.0f, x.data(), in, w.data(), io ? out : in, 1.0f, want.data(), out);
+      linear<float>(x.view(), w.view(), b.view(), got.view(), io ? WeightLayout::in_out : WeightLayout::out_in);
+      EXPECT_TRUE(test::same_bits(got, want)) << n << "x" << out << "x" << in << ", " << threads << " thread(s)";
+    }
+  set_num_threads(0);
 }
 
 TEST(LinearRows, OutInIsADotProductWithinTheFloat32Bound) {

@@ -60,6 +60,7 @@ struct Args {
   int64_t ldc;
   const T* packed;  // op(B) as panels cut at (packed_kc, packed_nr) (PackedB), or null: pack B per call
   int64_t packed_kc, packed_nr;
+  const T* bias = nullptr;  // N values, every row's C0 instead of beta·C (beta 0): linear's bias
 };
 
 }  // namespace attn::gemm_detail
@@ -368,10 +369,11 @@ bool GemmTransposed(const Args<T>& g) {
   const int64_t M = g.M, N = g.N;
   if (!g.tb || g.alpha != T(1) || M > kFewRows || N <= M) return false;
   T* ct = static_cast<T*>(scratch(3, static_cast<size_t>(M * N) * sizeof(T)));  // Cᵀ (N, M)
-  if (g.beta != T(0))
+  if (g.beta != T(0) || g.bias)
     for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) ct[j * M + i] = g.C[i * g.ldc + j];
-  Gemm<T, MR, NV>(Args<T>{false, !g.ta, N, M, g.K, T(1), g.B, g.ldb, g.A, g.lda, g.beta, ct, M, nullptr, 0, 0});
+      for (int64_t j = 0; j < N; ++j) ct[j * M + i] = g.bias ? g.bias[j] : g.C[i * g.ldc + j];
+  Gemm<T, MR, NV>(Args<T>{false, !g.ta, N, M, g.K, T(1), g.B, g.ldb, g.A, g.lda, g.bias ? T(1) : g.beta, ct, M,
+                          nullptr, 0, 0});
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) g.C[i * g.ldc + j] = ct[j * M + i];
   return true;
@@ -397,7 +399,9 @@ void Gemm(const Args<T>& g) {
   // Tile t's K block [pc, pc + kc) over B's panels of that block: its microkernels.
   auto tile = [&](int64_t t, int64_t pc, int64_t kc, const T* panels) {
     // the chain of each C element: from 0 or beta·C in the first K block; later blocks continue it
-    const Start start = pc > 0 || g.beta == T(1) ? Start::c : g.beta == T(0) ? Start::zero : Start::scaled;
+    const Start start = pc > 0 || g.beta == T(1) || g.bias ? Start::c  // the bias: written into C below
+                        : g.beta == T(0)                     ? Start::zero
+                                                             : Start::scaled;
     const int64_t i0 = (t % tm) * bl.mc, j0 = (t / tm) * bl.nt;  // tiles sharing B panels run together
     const int64_t i1 = std::min(M, i0 + bl.mc), j1 = std::min(N, j0 + bl.nt);
     // rows [i, i + mr) of alpha·op(A)[:, pc ..] (their packed panel, or A in place) times B's panel at column j;
@@ -407,6 +411,9 @@ void Gemm(const Args<T>& g) {
                          : g.ta ? ARows<T>{g.A + pc * g.lda + i, 1, g.lda}
                                 : ARows<T>{g.A + i * g.lda + pc, g.lda, 1};
       const NextC<T> next{ni < i1 && nj < j1 ? g.C + ni * g.ldc + nj : nullptr, g.ldc};
+      if (pc == 0 && g.bias)  // the block's C0, written where its chains read it (no pass over C before)
+        for (int64_t r = 0; r < mr; ++r)
+          std::copy(g.bias + j, g.bias + std::min(j + nr, j1), g.C + (i + r) * g.ldc + j);
       MicroCols<T, MR, NV>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc, mr, start,
                            g.beta, next);
     };
@@ -518,9 +525,18 @@ namespace {
 template <typename T>
 void run_gemm(const gemm_detail::Args<T>& g) {
   if (g.M <= 0 || g.N <= 0) return;
-  if (g.K <= 0 || g.alpha == T(0)) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc);
+  if ((g.K <= 0 || g.alpha == T(0)) && !g.bias) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc);
+  if (g.K <= 0 || g.alpha == T(0)) {  // C = the bias in every row
+    for (int64_t i = 0; i < g.M; ++i) std::copy(g.bias, g.bias + g.N, g.C + i * g.ldc);
+    return;
+  }
   if constexpr (std::is_same_v<T, float>) HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
   else HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
+}
+// The product over B's panels packed once.
+gemm_detail::Args<float> packed_args(bool ta, int64_t M, float alpha, const float* A, int64_t lda, const PackedB& B,
+                                     float beta, float* C, int64_t ldc) {
+  return {ta, B.trans_b, M, B.N, B.K, alpha, A, lda, B.B, B.ldb, beta, C, ldc, B.panels.get(), B.kc, B.nr};
 }
 }  // namespace
 
@@ -537,7 +553,7 @@ PackedB pack_b(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb) 
 
 void gemm(bool ta, int64_t M, float alpha, const float* A, int64_t lda, const PackedB& B, float beta, float* C,
           int64_t ldc) {
-  run_gemm<float>({ta, B.trans_b, M, B.N, B.K, alpha, A, lda, B.B, B.ldb, beta, C, ldc, B.panels.get(), B.kc, B.nr});
+  run_gemm(packed_args(ta, M, alpha, A, lda, B, beta, C, ldc));
 }
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
@@ -567,8 +583,13 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
              "Expected unit column stride for linear, but got input strides ", to_string(x.strides),
              " and output strides ", to_string(y.strides), " instead");
   if (n == 0) return;
+  bool bf16 = std::is_same_v<W, uint16_t>;
+  if constexpr (std::is_same_v<T, float>) bf16 |= matmul_precision() == Precision::bf16;
+  // The bias is each chain's start: the fp32 GEMM writes it into each block of y as it computes the block;
+  // for gemm_bf16 (or a strided bias), y is filled with it first.
+  const T* bias0 = !bias.empty() && !bf16 && bias.stride(0) == 1 ? bias.data : nullptr;
   T beta = 0;
-  if (!bias.empty()) {
+  if (!bias.empty() && !bias0) {
     const int64_t ys = y.stride(0), bs = bias.stride(0);  // hoisted: stride() is an out-of-line call
     for (int64_t r = 0; r < n; ++r)
       for (int64_t c = 0; c < out; ++c) y.data[r * ys + c] = bias.data[c * bs];
@@ -579,12 +600,16 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
     if (packed) return gemm_bf16(false, n, x.data, x.stride(0), *packed, beta, y.data, y.stride(0));
     gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
   } else {
-    if constexpr (std::is_same_v<T, float>)
-      if (matmul_precision() == Precision::bf16)
-        return gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
-    if constexpr (std::is_same_v<T, float>)
-      if (packed) return gemm(false, n, 1.0f, x.data, x.stride(0), *packed, beta, y.data, y.stride(0));
-    gemm(false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
+    if constexpr (std::is_same_v<T, float>) {
+      if (bf16) return gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
+      if (packed) {
+        auto g = packed_args(false, n, 1.f, x.data, x.stride(0), *packed, beta, y.data, y.stride(0));
+        g.bias = bias0;
+        return run_gemm(g);
+      }
+    }
+    run_gemm<T>({false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0), nullptr, 0,
+                 0, bias0});
   }
 }
 }  // namespace
