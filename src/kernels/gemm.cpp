@@ -521,12 +521,12 @@ std::string gemm_kernel() {
 std::vector<RegisterBlock> gemm_register_blocks() { return HWY_DYNAMIC_DISPATCH(gemm_detail::RegisterBlocks)(); }
 
 namespace {
-// Every entry: the empty and the scaling-only products, then the target's Gemm.
+// Every entry: the empty and the scaling-only (or bias-only) products, then the target's Gemm.
 template <typename T>
 void run_gemm(const gemm_detail::Args<T>& g) {
   if (g.M <= 0 || g.N <= 0) return;
-  if ((g.K <= 0 || g.alpha == T(0)) && !g.bias) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc);
-  if (g.K <= 0 || g.alpha == T(0)) {  // C = the bias in every row
+  if (g.K <= 0 || g.alpha == T(0)) {  // nothing to multiply: C = beta·C, or the bias in every row
+    if (!g.bias) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc);
     for (int64_t i = 0; i < g.M; ++i) std::copy(g.bias, g.bias + g.N, g.C + i * g.ldc);
     return;
   }
