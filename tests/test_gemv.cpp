@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "attn/gemm.h"
 #include "attn/gemv.h"
@@ -43,20 +45,41 @@ TEST(LinearRows, InOutHasTheBitsOfGemm) {
 }
 
 // linear() starts each element's chain from its bias (the GEMM writes the bias into each block as it computes it):
-// the bits of gemm() from C filled with the bias, beta 1. Many rows (A packed), few under Wᵀ (computed as Cᵀ),
-// W (in, out), K of several K blocks and 0, a partial last block of columns, 1 and 2 threads.
+// the bits of gemm() from C filled with the bias, beta 1; and of gemm_bf16() so under a bf16 Autocast and over bf16
+// weights. Many rows (A packed), few under Wᵀ (computed as Cᵀ), W (in, out), K of several K blocks and 0, a partial
+// last block of columns, 1 and 2 threads.
 TEST(Linear, BiasIsTheStartOfEachChain) {
   Rng rng(19);
   for (const auto [n, in, out, io] : {std::tuple{200, 70, 131, false}, std::tuple{8, 700, 300, false},
                                       std::tuple{130, 1100, 65, true}, std::tuple{30, 0, 17, false}})
     for (int threads : {1, 2}) {
       set_num_threads(threads);
-      Tensor x = random({n, in}, rng), w = random(io ? Shape{in, out} : Shape{out, in}, rng), b = random({out}, rng);
-      Tensor want({n, out}), got({n, out});
-      for (int64_t r = 0; r < n; ++r) std::memcpy(want.data() + r * out, b.data(), sizeof(float) * size_t(out));
-      gemm(false, !io, n, out, in, 1.0f, x.data(), in, w.data(), io ? out : in, 1.0f, want.data(), out);
-      linear<float>(x.view(), w.view(), b.view(), got.view(), io ? WeightLayout::in_out : WeightLayout::out_in);
-      EXPECT_TRUE(test::same_bits(got, want)) << n << "x" << out << "x" << in << ", " << threads << " thread(s)";
+      const Shape ws = io ? Shape{in, out} : Shape{out, in};
+      const WeightLayout layout = io ? WeightLayout::in_out : WeightLayout::out_in;
+      const int64_t ldw = io ? out : in;
+      Tensor x = random({n, in}, rng), w = random(ws, rng), b = random({out}, rng);
+      std::vector<uint16_t> w16(size_t(w.numel()));
+      to_half(KvDtype::bf16, w.data(), w.numel(), w16.data());
+      const auto from_bias = [&] {
+        Tensor c({n, out});
+        for (int64_t r = 0; r < n; ++r) std::memcpy(c.data() + r * out, b.data(), sizeof(float) * size_t(out));
+        return c;
+      };
+      const std::string where = std::to_string(n) + "x" + std::to_string(out) + "x" + std::to_string(in) + ", " +
+                                std::to_string(threads) + " thread(s)";
+      Tensor want = from_bias(), got({n, out});
+      gemm(false, !io, n, out, in, 1.0f, x.data(), in, w.data(), ldw, 1.0f, want.data(), out);
+      linear<float>(x.view(), w.view(), b.view(), got.view(), layout);
+      EXPECT_TRUE(test::same_bits(got, want)) << where;
+      want = from_bias();
+      gemm_bf16(false, !io, n, out, in, x.data(), in, w16.data(), ldw, 1.0f, want.data(), out);
+      linear(x.view(), View<const uint16_t>(w16.data(), ws), b.view(), got.view(), layout);
+      EXPECT_TRUE(test::same_bits(got, want)) << where << ", bf16 weights";
+      want = from_bias();
+      gemm_bf16(false, !io, n, out, in, x.data(), in, w.data(), ldw, 1.0f, want.data(), out);
+      const Autocast scope(Precision::bf16);
+      linear<float>(x.view(), w.view(), b.view(), got.view(), layout);
+      EXPECT_TRUE(test::same_bits(got, want)) << where << ", bf16 Autocast";
     }
   set_num_threads(0);
 }

@@ -39,32 +39,8 @@
 #include "attn/cpu.h"
 #include "attn/threads.h"
 #include "attn/tune.h"
+#include "gemm_args.h"
 #include "gemm_blocking.h"
-
-#ifndef ATTN_GEMM_ONCE
-#define ATTN_GEMM_ONCE
-namespace attn::gemm_detail {
-
-// Everything one product needs, for either element type.
-template <typename T>
-struct Args {
-  bool ta, tb;
-  int64_t M, N, K;
-  T alpha;
-  const T* A;
-  int64_t lda;
-  const T* B;
-  int64_t ldb;
-  T beta;
-  T* C;
-  int64_t ldc;
-  const T* packed;  // op(B) as panels cut at (packed_kc, packed_nr) (PackedB), or null: pack B per call
-  int64_t packed_kc, packed_nr;
-  const T* bias = nullptr;  // N values, every row's C0 instead of beta·C (beta 0): linear's bias
-};
-
-}  // namespace attn::gemm_detail
-#endif  // ATTN_GEMM_ONCE
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/kernels/gemm.cpp"  // found through include/; src/ is not on the path
@@ -525,11 +501,7 @@ namespace {
 template <typename T>
 void run_gemm(const gemm_detail::Args<T>& g) {
   if (g.M <= 0 || g.N <= 0) return;
-  if (g.K <= 0 || g.alpha == T(0)) {  // nothing to multiply: C = beta·C, or the bias in every row
-    if (!g.bias) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc);
-    for (int64_t i = 0; i < g.M; ++i) std::copy(g.bias, g.bias + g.N, g.C + i * g.ldc);
-    return;
-  }
+  if (g.K <= 0 || g.alpha == T(0)) return gemm_detail::scale_c(g.M, g.N, g.beta, g.C, g.ldc, g.bias);
   if constexpr (std::is_same_v<T, float>) HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF32)(g);
   else HWY_DYNAMIC_DISPATCH(gemm_detail::GemmF64)(g);
 }
@@ -583,11 +555,9 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
              "Expected unit column stride for linear, but got input strides ", to_string(x.strides),
              " and output strides ", to_string(y.strides), " instead");
   if (n == 0) return;
-  bool bf16 = std::is_same_v<W, uint16_t>;
-  if constexpr (std::is_same_v<T, float>) bf16 |= matmul_precision() == Precision::bf16;
-  // The bias is each chain's start: the fp32 GEMM writes it into each block of y as it computes the block;
-  // for gemm_bf16 (or a strided bias), y is filled with it first.
-  const T* bias0 = !bias.empty() && !bf16 && bias.stride(0) == 1 ? bias.data : nullptr;
+  // The bias is each chain's start: the GEMM writes it into each block of y as it computes the block (a strided
+  // bias: y is filled with it first).
+  const T* bias0 = !bias.empty() && bias.stride(0) == 1 ? bias.data : nullptr;
   T beta = 0;
   if (!bias.empty() && !bias0) {
     const int64_t ys = y.stride(0), bs = bias.stride(0);  // hoisted: stride() is an out-of-line call
@@ -596,21 +566,24 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
     beta = 1;
   }
   const int64_t ldw = io ? out : in;
-  if constexpr (std::is_same_v<W, uint16_t>) {
-    if (packed) return gemm_bf16(false, n, x.data, x.stride(0), *packed, beta, y.data, y.stride(0));
-    gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
-  } else {
-    if constexpr (std::is_same_v<T, float>) {
-      if (bf16) return gemm_bf16(false, !io, n, out, in, x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0));
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr bool w16 = std::is_same_v<W, uint16_t>;
+    if (w16 || matmul_precision() == Precision::bf16) {  // packed panels of bf16 W are read; fp32 ones are not
+      const PackedB16* p16 = nullptr;
+      if constexpr (w16) p16 = packed;
+      return gemm_detail::run_bf16({false, !io, n, out, in, x.data, false, x.stride(0), w.data, w16, ldw, beta, y.data,
+                                    y.stride(0), p16, nullptr, bias0});
+    }
+    if constexpr (!w16)
       if (packed) {
         auto g = packed_args(false, n, 1.f, x.data, x.stride(0), *packed, beta, y.data, y.stride(0));
         g.bias = bias0;
         return run_gemm(g);
       }
-    }
+  }
+  if constexpr (!std::is_same_v<W, uint16_t>)
     run_gemm<T>({false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0), nullptr, 0,
                  0, bias0});
-  }
 }
 }  // namespace
 
@@ -626,7 +599,8 @@ namespace {
 template <typename W>
 void linear_packed(View<const float> x, View<const W> w, const PackedOf<W>& packed, View<const float> bias,
                    View<float> y) {
-  ATTN_CHECK(w.rank() == 2 && packed.trans_b && packed.B == w.data && packed.N == w.size(0) && packed.K == w.size(1),
+  ATTN_CHECK(w.rank() == 2 && packed.trans_b && packed.B == w.data && packed.N == w.size(0) && packed.K == w.size(1) &&
+                 packed.ldb == w.size(1),
              "Expected the packed panels of weight ", to_string(w.shape), ", but got those of another matrix instead");
   linear_of(x, w, bias, y, WeightLayout::out_in, &packed);
 }

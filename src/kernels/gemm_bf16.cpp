@@ -38,33 +38,11 @@
 #include "attn/check.h"
 #include "attn/threads.h"
 #include "amx.h"
+#include "gemm_args.h"
 #include "gemm_blocking.h"
 #include "pairs.h"
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
 
-#ifndef ATTN_GEMM_BF16_ONCE
-#define ATTN_GEMM_BF16_ONCE
-namespace attn::gemm_detail {
-
-// One bf16 product: each operand fp32 (rounded when packed) or bf16 bits.
-struct Bf16Args {
-  bool ta, tb;
-  int64_t M, N, K;
-  const void* A;
-  bool a16;  // A holds bf16 bits (uint16_t), else float
-  int64_t lda;
-  const void* B;
-  bool b16;
-  int64_t ldb;
-  float beta;
-  float* C;  // nullptr where C16 is the result
-  int64_t ldc;
-  const PackedB16* packed = nullptr;  // op(B)'s panels packed once (read where cut for this target and kernel)
-  uint16_t* C16 = nullptr;  // a bf16 C (rows ldc apart): the fp32 result rounded once
-};
-
-}  // namespace attn::gemm_detail
-#endif  // ATTN_GEMM_BF16_ONCE
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/kernels/gemm_bf16.cpp"  // found through include/; src/ is not on the path
@@ -542,7 +520,7 @@ void GemmBf16(const Bf16Args& g) {
   if (g.beta != 0.f && g.beta != 1.f) scale_c(M, N, g.beta, C, ldc);  // then C + products
   for (int64_t q0 = 0; q0 < K2; q0 += bl.kc) {
     const int64_t kc = std::min(bl.kc, K2 - q0), kpw = PanelStride(2 * kc, mr);
-    const bool zero = q0 == 0 && g.beta == 0.f, last = q0 + kc == K2;
+    const bool zero = q0 == 0 && g.beta == 0.f && !g.bias, last = q0 + kc == K2;
     // this K block's B panels: packed once (at q0·np·pr words, the emulation's at 2·q0·np·pr floats), or now
     const uint32_t* bw = packed ? static_cast<const uint32_t*>(g.packed->panels.get()) + q0 * np * pr : bp;
     const float* bf = packed && emu ? static_cast<const float*>(g.packed->panels.get()) + 2 * q0 * np * pr : wb;
@@ -576,6 +554,8 @@ void GemmBf16(const Bf16Args& g) {
                                        : ATilesOf(static_cast<const uint32_t*>(a));
             float* c = C ? C + i * ldc + j : tile;
             const int64_t ldt = C ? ldc : nr;
+            if (q0 == 0 && g.bias)  // the block's C0, as gemm.cpp writes it
+              for (int64_t r = 0; r < rows; ++r) std::copy(g.bias + j, g.bias + j + cols, c + r * ldt);
             Block(kernel, a, at, b, kc, c, ldt, rows, cols, zero);
             for (int64_t r = 0; g.C16 && last && r < rows; ++r)
               StoreBf16(c + r * ldt, cols, g.C16 + (i + r) * g.ldc + j);
@@ -630,7 +610,7 @@ HWY_EXPORT(UseDp);
 void run_bf16(const Bf16Args& g) {
   if (g.M <= 0 || g.N <= 0) return;
   if (g.K > 0) return HWY_DYNAMIC_DISPATCH(GemmBf16)(g);
-  if (!g.C16) return scale_c(g.M, g.N, g.beta, g.C, g.ldc);
+  if (!g.C16) return scale_c(g.M, g.N, g.beta, g.C, g.ldc, g.bias);
   std::vector<float> row(static_cast<size_t>(g.N));  // beta·C of a bf16 C, through fp32
   for (int64_t i = 0; i < g.M; ++i) {
     if (g.beta != 0.f) from_half(KvDtype::bf16, g.C16 + i * g.ldc, g.N, row.data());

@@ -109,13 +109,13 @@ inline void* scratch(int which, size_t bytes) {
 }
 
 // C (M, N) = beta·C where there is nothing to multiply (K == 0, or alpha == 0); beta == 0 writes zeros
-// (C is not read).
+// (C is not read); with a bias (N values), every row is the bias.
 template <typename T>
-void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc) {
+void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc, const T* bias = nullptr) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       T& c = C[i * ldc + j];
-      c = beta == T(0) ? T(0) : beta * c;
+      c = bias ? bias[j] : beta == T(0) ? T(0) : beta * c;
     }
 }
 
