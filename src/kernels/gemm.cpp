@@ -566,8 +566,8 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
     beta = 1;
   }
   const int64_t ldw = io ? out : in;
+  constexpr bool w16 = std::is_same_v<W, uint16_t>;  // bf16 weights: gemm_bf16 whatever the precision
   if constexpr (std::is_same_v<T, float>) {
-    constexpr bool w16 = std::is_same_v<W, uint16_t>;
     if (w16 || matmul_precision() == Precision::bf16) {  // packed panels of bf16 W are read; fp32 ones are not
       const PackedB16* p16 = nullptr;
       if constexpr (w16) p16 = packed;
@@ -581,7 +581,7 @@ void linear_of(View<const T> x, View<const W> w, View<const T> bias, View<T> y, 
         return run_gemm(g);
       }
   }
-  if constexpr (!std::is_same_v<W, uint16_t>)
+  if constexpr (!w16)
     run_gemm<T>({false, !io, n, out, in, T(1), x.data, x.stride(0), w.data, ldw, beta, y.data, y.stride(0), nullptr, 0,
                  0, bias0});
 }

@@ -43,7 +43,6 @@
 #include "pairs.h"
 #include "../core/hwy_targets.h"  // ATTN_AVX512_TARGET
 
-
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "../src/kernels/gemm_bf16.cpp"  // found through include/; src/ is not on the path
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
