@@ -71,24 +71,27 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
 // with the emulation.
 struct Path {
   int64_t target;
-  bool bf16, amx;
+  bool bf16, amx, amx_emulated = false;
   std::string name() const {
-    return std::string(hwy::TargetName(target)) + (amx ? " AMX" : bf16 ? " VDPBF16PS" : " emulated");
+    return std::string(hwy::TargetName(target)) +
+           (amx_emulated ? " AMX emulated" : amx ? " AMX" : bf16 ? " VDPBF16PS" : " emulated");
   }
 };
+// Every path on every target this CPU runs; AMX's paths with its tiles in software too where it has AVX512_BF16.
 std::vector<Path> paths() {
   std::vector<Path> out;
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
     out.push_back({t, false, false});
-    if (cpu_info().bf16 && avx512_target(t)) out.push_back({t, true, false});
+    if (cpu_info().bf16 && avx512_target(t)) out.push_back({t, true, false}), out.push_back({t, true, true, true});
     if (cpu_info().amx && avx512_target(t)) out.push_back({t, true, true});
   }
   return out;
 }
 
 struct Bf16Off : test::Bf16Instructions {  // a path's instructions for a scope
-  explicit Bf16Off(bool bf16, bool amx = false) : test::Bf16Instructions(bf16, amx) {}
-  Bf16Off(const Path& p) : Bf16Off(p.bf16, p.amx) {}
+  explicit Bf16Off(bool bf16, bool amx = false, bool amx_emulated = false)
+      : test::Bf16Instructions(bf16, amx, amx_emulated) {}
+  Bf16Off(const Path& p) : Bf16Off(p.bf16, p.amx, p.amx_emulated) {}
 };
 
 TEST(GemmBf16, EqualsThePlainDefinitionOnEveryPathCacheAndThreadCount) {

@@ -84,10 +84,14 @@ struct TempDir {
   }
 };
 
-// The bf16 instructions kernels may use, for a scope (set_cpu_bf16, set_cpu_amx), at most what the CPU has:
-// neither runs the emulation. What was read is restored after.
+// The bf16 instructions kernels may use, for a scope (set_cpu_bf16, set_cpu_amx), at most what the CPU has;
+// where emulate_amx, AMX's paths with its tiles in software (emulate_cpu_amx) on any CPU with AVX512_BF16.
+// What was read is restored after.
 struct Bf16Instructions {
-  Bf16Instructions(bool vdpbf16ps, bool amx) { set_cpu_bf16(vdpbf16ps), set_cpu_amx(amx); }
+  Bf16Instructions(bool vdpbf16ps, bool amx, bool emulate_amx = false) {
+    set_cpu_bf16(vdpbf16ps), set_cpu_amx(amx);
+    if (emulate_amx) emulate_cpu_amx();
+  }
   ~Bf16Instructions() { set_cpu_bf16(true), set_cpu_amx(true); }
   Bf16Instructions(const Bf16Instructions&) = delete;
   Bf16Instructions& operator=(const Bf16Instructions&) = delete;

@@ -13,6 +13,7 @@ struct CpuInfo {
   bool bf16 = false;  // avx512 + AVX512_BF16 (VDPBF16PS): the bf16 products' instruction without AMX
   bool amx = false;   // avx512 + AMX-BF16 + AMX-TILE, and the OS lets this process use tiles: TDPBF16PS, the
                       // bf16 GEMM's and flash tiles' instruction (else VDPBF16PS, else the emulation: the same bits)
+  bool amx_emulated = false;  // amx set by emulate_cpu_amx: the AMX paths with their tiles in software (tests)
   int64_t l1d = 0, l2 = 0, l3 = 0;  // bytes per core's L1d/L2 and the shared L3, as the OS reports them
   bool caches_read = false;         // false: the OS said nothing and the sizes below are assumed
   bool caches_forced = false;       // true: set by ATTN_CPU_CACHES or set_cpu_caches, not as read
@@ -33,5 +34,9 @@ void set_cpu_caches(int64_t l1d, int64_t l2);
 void set_cpu_bf16(bool on);
 // Tests and benchmarks: pretend the CPU lacks AMX (false); true restores what was read. As set_cpu_bf16.
 void set_cpu_amx(bool on);
+// Tests: run the AMX paths (their packing, tile layouts, edges and blocking) on a CPU with AVX512_BF16, AMX's
+// tile products computed in software by TDPBF16PS's definition (amx.h), even where the CPU has AMX; slow.
+// set_cpu_amx ends it. As set_cpu_bf16.
+void emulate_cpu_amx();
 
 }  // namespace attn

@@ -152,6 +152,13 @@ void set_cpu_caches(int64_t l1d, int64_t l2) {
 }
 
 void set_cpu_bf16(bool on) { mutable_info().bf16 = on && as_read().bf16; }
-void set_cpu_amx(bool on) { mutable_info().amx = on && as_read().amx; }
+void set_cpu_amx(bool on) {
+  CpuInfo& c = mutable_info();
+  c.amx = on && as_read().amx, c.amx_emulated = false;
+}
+void emulate_cpu_amx() {
+  CpuInfo& c = mutable_info();
+  c.amx = c.amx_emulated = as_read().bf16;  // every CPU with AMX has AVX512_BF16
+}
 
 }  // namespace attn

@@ -1,9 +1,15 @@
 // AMX-BF16 through the assembler (the compiler is not asked for the feature: code runs it only where
 // cpu_info().amx says the CPU has it and the OS granted the tiles): the tile configuration of a thread and
 // the one block product that the bf16 GEMM (gemm_bf16.cpp) and the bf16 flash tiles (flash_common.h) run.
-// Plain C++, x86-64 only; TDPBF16PS's arithmetic is register_block.h's GroupBlock (docs/kernels.md).
+// Plain C++, x86-64 only; TDPBF16PS's arithmetic is register_block.h's GroupBlock (docs/kernels.md). Under
+// emulate_cpu_amx (tests) the block is computed in software by that definition instead (Emulated), so the AMX
+// paths run, and are checked, on any CPU with AVX512_BF16.
 #pragma once
+#include <bit>
+#include <cmath>
 #include <cstdint>
+
+#include "attn/cpu.h"
 
 namespace attn::amx {
 
@@ -14,16 +20,22 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
-// The tiles configured for this thread while alive, released after (so a context switch saves no tile data).
+// The tiles configured for this thread while alive, released after (so a context switch saves no tile data);
+// none under emulate_cpu_amx.
 class Tiles {
  public:
-  Tiles() {
+  Tiles() : hardware_(!cpu_info().amx_emulated) {
     static const TileConfig config;
-    asm volatile("ldtilecfg %0" ::"m"(config));
+    if (hardware_) asm volatile("ldtilecfg %0" ::"m"(config));
   }
-  ~Tiles() { asm volatile("tilerelease" ::: "memory"); }
+  ~Tiles() {
+    if (hardware_) asm volatile("tilerelease" ::: "memory");
+  }
   Tiles(const Tiles&) = delete;
   Tiles& operator=(const Tiles&) = delete;
+
+ private:
+  bool hardware_;
 };
 
 template <int T>
@@ -51,11 +63,44 @@ struct BTiles {
   int64_t ld, group, col;
 };
 
+// x with a subnormal flushed to a zero of its sign, as TDPBF16PS flushes its inputs and sums.
+inline float Flushed(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  return u & 0x7F800000u ? x : std::bit_cast<float>(u & 0x80000000u);
+}
+// The bf16 in a pair word's low (k = 2q) or high (2q + 1) half, as an fp32, flushed.
+inline float Half(uint32_t word, bool high) {
+  return Flushed(std::bit_cast<float>(high ? word & 0xFFFF0000u : word << 16));
+}
+
+// Block in software, by TDPBF16PS's definition (docs/kernels.md): per element of C and group, E over the products
+// of the words' low halves and O over their high halves, in pair order from +0, each add rounded once (a product
+// of two bf16 is exact in fp32), then C + (E + O); inputs and sums flushed. Reads what the tile loads read.
+template <int NC>
+void Emulated(ATiles A, BTiles B, int64_t groups, float* c, int64_t ldc, bool zero) {
+  for (int64_t r = 0; r < 32; ++r)  // row r: row r % 16 of A's row tile r / 16
+    for (int64_t n = 0; n < 16 * NC; ++n) {
+      float acc = zero ? 0.f : c[r * ldc + n];
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint32_t* a = A.a + r * A.ld + g * A.group;                // the row's 16 pair words
+        const uint32_t* b = B.b + n / 16 * B.col + g * B.group + n % 16;  // pair row k at b[k·ld]
+        float e = 0.f, o = 0.f;
+        for (int64_t k = 0; k < 16; ++k) {
+          e = Flushed(std::fma(Half(a[k], false), Half(b[k * B.ld], false), e));
+          o = Flushed(std::fma(Half(a[k], true), Half(b[k * B.ld], true), o));
+        }
+        acc = Flushed(Flushed(acc) + Flushed(e + o));
+      }
+      c[r * ldc + n] = acc;
+    }
+}
+
 // C (32, 16·NC) at c (rows ldc floats apart) = C0 + A·B over `groups` groups, one TDPBF16PS per C tile and
 // group; C0 = 0 where `zero`, else C.
 template <int NC>
 inline void Block(ATiles A, BTiles B, int64_t groups, float* c, int64_t ldc, bool zero) {
   static_assert(NC == 1 || NC == 2);
+  if (cpu_info().amx_emulated) return Emulated<NC>(A, B, groups, c, ldc, zero);
   const int64_t cs = ldc * 4, as = A.ld * 4, bs = B.ld * 4;
   float* c1 = c + 16 * ldc;
   if (zero) {
