@@ -417,7 +417,8 @@ bool ScoresT(const Plan& pl, Block<E>& k, const QHead<E>& r, int64_t l0, int64_t
     std::fill(x + ha, x + h, -kInf);
     std::fill(x + std::max(k.vend[s], ha), x + w, -kInf);  // queries past the last that sees it (window, documents)
     for (int64_t l = ha; l < w; l += N) {
-      const VF pv = Exp2(df, hn::Sub(hn::LoadU(df, x + l), hn::LoadU(df, r.lse2 + l0 + l)));
+      const VF e = hn::Sub(hn::LoadU(df, x + l), hn::LoadU(df, r.lse2 + l0 + l));
+      const VF pv = pl.bf16 ? Exp2<true>(df, e) : Exp2<false>(df, e);  // as the forward made P
       hn::StoreU(pv, df, x + l);
       any = hn::Max(any, pv);
     }

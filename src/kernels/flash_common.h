@@ -49,16 +49,25 @@ using LoadF32 = regblock::HWY_NAMESPACE::LoadU;  // the V rows PVBlock reads: fp
 // x < -126 (the result would be subnormal: < 2^-126 against a row maximum of 1), NaN stays NaN.
 // x = q + f with q = round(x) and |f| <= 1/2; 2^f = e^(f·ln2) by Highway's polynomial for e^r on
 // |r| <= ln2/2 (the one its Exp uses); 2^q goes into the exponent bits. f is exact, so only the
-// polynomial and one rounding of f·ln2 contribute error (a few ulp).
+// polynomial and one rounding of f·ln2 contribute error (within an ulp: 8.2e-8 relative, test_exp2.cpp).
 // round(x) without a float->int conversion: t = x + 1.5·2^23 rounds x to an integer (nearest even)
 // in t's low mantissa bits, so t - 1.5·2^23 = q exactly and t's bits << 23 = q << 23 (|q| < 2^22).
+// kBf16: for the bf16 kernels, whose P is rounded to bf16's 8 significant bits (a relative error up to 2^-9)
+// right after, or summed into l beside such P: 2^f by a degree-3 minimax polynomial in f, relative error at
+// most 7.6e-5 = 2^-13.7 (flash_pack.h's kExp2Bf16Error, tested): three FMAs where e^r spends ten operations.
+template <bool kBf16 = false>
 HWY_INLINE VF Exp2(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
   const VF magic = hn::Set(d, 12582912.f);  // 1.5·2^23
   const VF t = hn::Add(x, magic);
-  const VF q = hn::Sub(t, magic);
-  const VF r = hn::Mul(hn::Sub(x, q), hn::Set(d, kLn2));
-  const VF y = hn::Add(hn::impl::ExpImpl<float>().ExpPoly(d, r), hn::Set(d, 1.f));
+  const VF f = hn::Sub(x, hn::Sub(t, magic));
+  VF y;
+  if constexpr (kBf16)
+    y = hn::MulAdd(hn::MulAdd(hn::MulAdd(hn::Set(d, 0.0551716685f), f, hn::Set(d, 0.242611125f)), f,
+                              hn::Set(d, 0.693260968f)),
+                   f, hn::Set(d, 0.999928057f));
+  else
+    y = hn::Add(hn::impl::ExpImpl<float>().ExpPoly(d, hn::Mul(f, hn::Set(d, kLn2))), hn::Set(d, 1.f));
   const VF scale = hn::BitCast(d, hn::Add(hn::ShiftLeft<23>(hn::BitCast(di, t)), hn::Set(di, 127 << 23)));
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.f)), hn::Mul(y, scale));
 }
@@ -169,10 +178,10 @@ HWY_INLINE void ChainRowsIf(bool chain, uint32_t* p, int64_t rows, int64_t strid
 }
 HWY_INLINE void ChainRowsIf(bool, float*, int64_t, int64_t, int64_t) {}
 
-// row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes); returns the sum of the new row over the
-// virtual lanes (SumLanes). With pairs (bf16): the new row goes to pairs [0, padded) as PairRow writes them
+// row[j] = 2^(row[j] - m) for j < n (n a multiple of the lanes; Exp2<kBf16>); returns the sum of the new row over
+// the virtual lanes (SumLanes). With pairs (bf16): the new row goes to pairs [0, padded) as PairRow writes them
 // (zero past n; pair words, not to row; or floats, which may be row itself: it has room for them).
-template <typename E = uint32_t>
+template <bool kBf16 = false, typename E = uint32_t>
 HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr, int64_t padded = 0) {
   const DF d;
   const int64_t N = hn::Lanes(d), pw = kPairWidth<E>;
@@ -184,11 +193,11 @@ HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr, int
     for (int64_t j = 0; j < 2 * padded; j += 2 * N) {
       VF p0 = hn::Zero(d), p1 = hn::Zero(d);
       if (j < n) {
-        p0 = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+        p0 = Exp2<kBf16>(d, hn::Sub(hn::LoadU(d, row + j), vm));
         sum[(j / N) % kSumVecs] = hn::Add(sum[(j / N) % kSumVecs], p0);
       }
       if (j + N < n) {
-        p1 = Exp2(d, hn::Sub(hn::LoadU(d, row + j + N), vm));
+        p1 = Exp2<kBf16>(d, hn::Sub(hn::LoadU(d, row + j + N), vm));
         sum[(j / N + 1) % kSumVecs] = hn::Add(sum[(j / N + 1) % kSumVecs], p1);
       }
       StorePairs(p0, p1, pairs + pw * j / 2, ne);
@@ -200,7 +209,7 @@ HWY_INLINE float Exp2Row(float* row, int64_t n, float m, E* pairs = nullptr, int
     for (int64_t v = 0; v < kSumVecs; ++v) {
       const int64_t j = j0 + v * N;
       if (j >= n) break;
-      const VF p = Exp2(d, hn::Sub(hn::LoadU(d, row + j), vm));
+      const VF p = Exp2<kBf16>(d, hn::Sub(hn::LoadU(d, row + j), vm));
       hn::StoreU(p, d, row + j);
       sum[v] = hn::Add(sum[v], p);
     }

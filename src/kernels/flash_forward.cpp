@@ -307,7 +307,8 @@ void ProcessKeys(const Plan& pl, Tile& t, int64_t s_lo, int64_t s_hi, const E* k
         rescale |= a != 1.f;
         // bf16 without dropout: P straight to its pairs
         E* pairs = pl.bf16 && !p.dropout() ? t.p_pairs<E>(pl, r) + pw * c0 / 2 : nullptr;
-        t.l[r] = a * t.l[r] + Exp2Row(row, nbp, m_use, pairs, padded);
+        t.l[r] = a * t.l[r] + (pl.bf16 ? Exp2Row<true>(row, nbp, m_use, pairs, padded)
+                                        : Exp2Row<false>(row, nbp, m_use, pairs, padded));
         t.m[r] = m_new;
       }
       if (p.dropout()) Dropout(pl, t, r0, nr, sb, c0, nb);

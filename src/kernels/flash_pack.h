@@ -11,6 +11,9 @@ namespace attn::flash {
 
 inline constexpr float kLog2e = 1.44269504088896340736f;  // scores live in the log2 domain: exp(x) = exp2(x·log2 e)
 inline constexpr float kLn2 = 0.69314718055994530942f;
+// The relative error of the bf16 kernels' 2^x (flash_common.h's Exp2<true>): its polynomial's minimax error on
+// |f| <= 1/2, 7.48e-5, plus three fp32 roundings of a value below 1.42 (3·2^-24·1.42 < 2.6e-7), rounded up.
+inline constexpr double kExp2Bf16Error = 7.6e-5;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
