@@ -1,6 +1,7 @@
 // The bf16 flash forward (flash_forward(p, Precision::bf16); sdpa() under an Autocast): Q·Kᵀ and P·V over
 // bf16 pairs with fp32 sums and softmax. Against an fp64 oracle with a bound derived from bf16's 8-bit
-// significand (and shown to be bf16's error, not fp32's); the same bits with VDPBF16PS and its emulation,
+// significand and the bf16 kernels' exp2 (and shown to be bf16's error, not fp32's); the same bits with AMX's
+// paths (their tiles in software where the CPU has none), VDPBF16PS and its emulation,
 // on every SIMD target with FMA, for any cache size, tile rows and thread count; and where sdpa() sends
 // bf16 (flash without weights) and where not (weights, the MHA training forward). Not speed
 // (bench/compare_torch.py --bf16).

@@ -1,9 +1,9 @@
 // gemm_bf16 (attn/gemm.h): the bits of AMX's TDPBF16PS arithmetic, written plainly here (per group of 32 k,
 // an fp32 chain over the even k and one over the odd k from 0, then C + (E + O), each sum rounded once,
-// subnormals flushed), on every SIMD target this CPU runs, with AMX, with VDPBF16PS and with the FMA
-// emulation, any cache size and thread count; the instructions against the plain definition on edge cases; and
-// the accuracy bound against an fp64 oracle derived from bf16's 8-bit significand. Not speed
-// (bench/gemm_bf16_vs_torch.py).
+// subnormals flushed), on every SIMD target this CPU runs, with AMX (its tiles in software too, emulate_cpu_amx),
+// with VDPBF16PS and with the FMA emulation, any cache size and thread count; the instructions against the plain
+// definition on edge cases; and the accuracy bound against an fp64 oracle derived from bf16's 8-bit significand.
+// Not speed (bench/gemm_vs_torch.py --dtype bf16).
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
