@@ -1,11 +1,15 @@
 // Tests of attn's thread pool (threads.h) and of what it promises the rest of the library: every item
 // once, chunk boundaries that do not depend on the thread count, one chunk at a time per worker, nested
-// loops, exceptions, concurrent callers; and the same bits for 1, 2 and 3 threads through a GPT training
-// step (every layer forward and backward, flash attention, cross-entropy, clipping, AdamW) and through
-// KV-cache generation. gemm's own thread tests are in test_gemm.cpp, the kernels' in test_flash.cpp.
+// loops, exceptions, concurrent callers, idle workers that stop spinning while the caller is preempted; and
+// the same bits for 1, 2 and 3 threads through a GPT training step (every layer forward and backward, flash
+// attention, cross-entropy, clipping, AdamW) and through KV-cache generation. gemm's own thread tests are in
+// test_gemm.cpp, the kernels' in test_flash.cpp.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -98,6 +102,53 @@ TEST(Pool, AnExceptionInABodyReachesTheCallerAndThePoolKeepsWorking) {
   std::atomic<int64_t> sum{0};
   parallel_items(100, int64_t(1) << 20, [&](int64_t i, int) { sum += i; });
   EXPECT_EQ(sum.load(), 4950);
+}
+
+// Parallel loops of 64 short chunks, back to back, for `d`.
+void loops_for(std::chrono::milliseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  std::atomic<int64_t> sink{0};
+  while (std::chrono::steady_clock::now() < until)
+    parallel_for(64, 1, [&](int64_t b, int64_t, int) {
+      int64_t x = b;
+      for (int i = 0; i < 2000; ++i) x = x * 6364136223846793005 + 1;
+      sink += x & 1;
+    });
+}
+
+long involuntary_switches() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  return u.ru_nivcsw;
+}
+
+TEST(Pool, IdleWorkersStopSpinningWhileTheCallerIsPreemptedAndSpinAgainWhenItIsNot) {
+  ThreadsGuard guard;
+  set_num_threads(2);
+  {  // more busy threads than CPUs: the caller is preempted at every slice, hundreds of times a second
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> hogs;
+    for (unsigned i = 0; i <= std::thread::hardware_concurrency(); ++i)
+      hogs.emplace_back([&] {
+        while (!stop.load(std::memory_order_relaxed)) {
+        }
+      });
+    loops_for(std::chrono::milliseconds(300));
+    const bool spun = workers_spin();
+    stop = true;
+    for (auto& t : hogs) t.join();
+    EXPECT_FALSE(spun) << "workers spun while busy threads outnumbered the CPUs";
+  }
+  // 120 ms of loops with at most 3 preemptions (counted as the pool counts them) span two checks at least 50 ms
+  // apart, the last of which then saw at most 60 a second
+  for (int tries = 0; tries < 50; ++tries) {
+    const long before = involuntary_switches();
+    loops_for(std::chrono::milliseconds(120));
+    if (involuntary_switches() - before > 3) continue;
+    EXPECT_TRUE(workers_spin()) << "workers still sleep at once after 120 ms with at most 3 preemptions";
+    return;
+  }
+  GTEST_SKIP() << "this machine never ran the caller 120 ms with at most 3 preemptions in 50 tries";
 }
 
 TEST(Pool, CallersOnSeveralThreadsEachGetTheirLoopDone) {
