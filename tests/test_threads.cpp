@@ -139,8 +139,9 @@ TEST(Pool, IdleWorkersStopSpinningWhileTheCallerIsPreemptedAndSpinAgainWhenItIsN
     for (auto& t : hogs) t.join();
     EXPECT_FALSE(spun) << "workers spun while busy threads outnumbered the CPUs";
   }
-  // 120 ms of loops with at most 3 preemptions (counted as the pool counts them) span two checks at least 50 ms
-  // apart, the last of which then saw at most 60 a second
+  // after the longest pause of spinning (1 s), 120 ms of loops with at most 3 preemptions (counted as the pool
+  // counts them) span two checks at least 50 ms apart, the last of which then saw at most 60 a second
+  loops_for(std::chrono::milliseconds(1100));
   for (int tries = 0; tries < 50; ++tries) {
     const long before = involuntary_switches();
     loops_for(std::chrono::milliseconds(120));

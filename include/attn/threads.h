@@ -20,8 +20,8 @@ int max_threads();            // the largest accepted thread count
 // least 1, set; returns the CPUs the default had. For ranks of an MPI job on one machine.
 int share_threads(int processes);
 std::string wait_policy();    // how idle threads wait, in words (for `attn info`)
-// Whether idle workers spin now before sleeping: not while the thread that runs parallel loops is being preempted
-// (more than 80 times a second: its cores shared with another busy task), rechecked every 50 ms.
+// Whether idle workers spin now before sleeping: not for a while (50 ms to 1 s) after the thread that runs
+// parallel loops was preempted 80 times a second or more (its cores shared with another busy task).
 bool workers_spin();
 
 namespace detail {

@@ -8,8 +8,10 @@
 // Workers spin only while the cores are ours: a spinning worker takes a share of a core from the caller, whose
 // loops and the serial code between them are the critical path. Beside a busy process on 2 cores, 2 threads
 // trained at 0.82x and generated at 0.60x the speed of 1 with the spin, 1.15x and 0.93x without it (bench/
-// busy_neighbour.py). So every kCheck the caller reads its own involuntary context switches: while other tasks
-// take its core more often than kShared times a second, workers sleep as soon as they run out of chunks.
+// busy_neighbour.py). So every kCheck the caller reads its own involuntary context switches: when other tasks
+// took its core more often than kShared times a second, workers sleep as soon as they run out of chunks, for
+// kCheck, doubling (up to kMaxOff) each time spinning again finds the core shared. (Sleeping workers leave
+// the caller its core, so without the doubling the check alternated: shared while spinning, free while not.)
 #include "attn/threads.h"
 
 #include <immintrin.h>
@@ -42,6 +44,7 @@ constexpr auto kCheck = std::chrono::milliseconds(50);  // how often the caller 
 // Preemptions a second of a caller whose core is shared. Training on 2 cores, 2 threads: ~17 a second a thread
 // on a quiet machine (kernel threads, timers), ~190 beside a busy process (`yes`).
 constexpr double kShared = 80;
+constexpr auto kMaxOff = std::chrono::seconds(1);  // spinning again a second at most: a 50 ms probe costs < 5%
 
 thread_local int tl_worker = -1;  // this thread's worker index while it runs a chunk; -1 outside
 
@@ -168,16 +171,27 @@ class Pool {
     }
   }
 
-  // Every kCheck, under call_mu_: workers spin while the calling thread was preempted (its involuntary context
-  // switches) fewer than kShared times a second since the last check; a check by another thread only records.
+  // Every kCheck, under call_mu_: whether the calling thread was preempted (its involuntary context switches)
+  // kShared times a second or more since the last check: then workers stop spinning for off_ (kCheck, doubled
+  // while spinning keeps finding it so), else they spin again once that time is over. A check by another thread
+  // than the last only records.
   void check_shared() {
     const auto now = std::chrono::steady_clock::now();
     const std::chrono::duration<double> since = now - checked_;
     if (since < kCheck) return;
     rusage u{};
     if (getrusage(RUSAGE_THREAD, &u) != 0) return;
-    if (checker_ == std::this_thread::get_id())
-      spin_.store(double(u.ru_nivcsw - preempted_) < kShared * since.count(), std::memory_order_relaxed);
+    if (checker_ == std::this_thread::get_id()) {
+      const bool spinning = spin_.load(std::memory_order_relaxed);
+      if (double(u.ru_nivcsw - preempted_) >= kShared * since.count()) {
+        off_ = std::clamp<std::chrono::steady_clock::duration>(spinning ? 2 * off_ : off_, kCheck, kMaxOff);
+        off_until_ = now + off_;
+        spin_.store(false, std::memory_order_relaxed);
+      } else if (now >= off_until_) {
+        if (spinning) off_ = {};  // a whole check spinning, unshared: the doubling starts over
+        spin_.store(true, std::memory_order_relaxed);
+      }
+    }
     checker_ = std::this_thread::get_id(), preempted_ = u.ru_nivcsw, checked_ = now;
   }
 
@@ -222,6 +236,8 @@ class Pool {
   std::chrono::steady_clock::time_point checked_{};  // check_shared's last check, its thread, and the
   std::thread::id checker_{};                         // thread's involuntary context switches then
   long preempted_ = 0;
+  std::chrono::steady_clock::duration off_{};         // how long workers last stopped spinning, and until when
+  std::chrono::steady_clock::time_point off_until_{};
   int threads_ = 1;
   std::string startup_error_;             // written once, in the constructor
   std::atomic<bool> failed_start_{false};
