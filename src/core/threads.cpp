@@ -41,8 +41,8 @@ constexpr auto kSpin = std::chrono::microseconds(100);  // bounded: ~one short s
 constexpr int64_t kMaxChunks = int64_t(1) << 31;        // chunk indices live in the low 32 bits of a claim
 constexpr uint64_t kClosed = 0xffffffffu;               // a claim word no chunk count reaches: nothing to claim
 constexpr auto kCheck = std::chrono::milliseconds(50);  // how often the caller asks whether its core is shared
-// Preemptions a second of a caller whose core is shared. Training on 2 cores, 2 threads: ~17 a second a thread
-// on a quiet machine (kernel threads, timers), ~190 beside a busy process (`yes`).
+// Preemptions a second of a caller whose core is shared. Training on 2 cores, 2 threads, the main thread: ~4 a
+// second on a quiet machine (at most 3 in 50 ms), 9 or more in most 50 ms beside a busy process (`yes`).
 constexpr double kShared = 80;
 constexpr auto kMaxOff = std::chrono::seconds(1);  // spinning again a second at most: a 50 ms probe costs < 5%
 
