@@ -5,6 +5,7 @@
 // (2) a thread that the OS takes away (a busy neighbour) delays only the one chunk it holds.
 // Idle threads spin for a bounded time, then sleep in the kernel: no core is burnt between calls.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,6 +28,26 @@ bool workers_spin();
 namespace detail {
 using ChunkFn = void (*)(void* ctx, int64_t begin, int64_t end, int worker);
 void run_parallel(int64_t n, int64_t grain, ChunkFn fn, void* ctx);
+
+// workers_spin()'s rule, fed every 50 ms or more with the calling thread's involuntary context switches so far:
+// at 80 a second or more since the last call, workers stop spinning for 50 ms, doubled while spinning again finds
+// it so, up to 1 s; else they spin again once that time is over, and a call that finds them spinning starts the
+// doubling over. Returns whether they spin. (threads.cpp's pool; its own test.)
+class SpinRule {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kCheck = std::chrono::milliseconds(50);
+  static constexpr double kShared = 80;
+  static constexpr auto kMaxOff = std::chrono::seconds(1);
+  bool update(Clock::time_point now, long preempted);
+  bool spinning() const { return spin_; }
+
+ private:
+  bool spin_ = true, started_ = false;
+  Clock::time_point checked_{}, off_until_{};
+  long preempted_ = 0;
+  Clock::duration off_{};
+};
 }  // namespace detail
 
 // body(begin, end, worker) for consecutive chunks [begin, end) of [0, n), each `grain` items long (the

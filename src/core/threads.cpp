@@ -8,10 +8,10 @@
 // Workers spin only while the cores are ours: a spinning worker takes a share of a core from the caller, whose
 // loops and the serial code between them are the critical path. Beside a busy process on 2 cores, 2 threads
 // trained at 0.82x and generated at 0.60x the speed of 1 with the spin, 1.15x and 0.93x without it (bench/
-// busy_neighbour.py). So every kCheck the caller reads its own involuntary context switches: when other tasks
-// took its core more often than kShared times a second, workers sleep as soon as they run out of chunks, for
-// kCheck, doubling (up to kMaxOff) each time spinning again finds the core shared. (Sleeping workers leave
-// the caller its core, so without the doubling the check alternated: shared while spinning, free while not.)
+// busy_neighbour.py). So every 50 ms the caller reads its own involuntary context switches: when other tasks
+// took its core 80 times a second or more, workers sleep as soon as they run out of chunks, for 50 ms, doubling
+// (up to 1 s) each time spinning again finds the core shared (threads.h's SpinRule). (Sleeping workers leave the
+// caller its core, so without the doubling the check alternated: shared while spinning, free while not.)
 #include "attn/threads.h"
 
 #include <immintrin.h>
@@ -40,11 +40,6 @@ constexpr int kMaxThreads = 256;
 constexpr auto kSpin = std::chrono::microseconds(100);  // bounded: ~one short serial gap of a training step
 constexpr int64_t kMaxChunks = int64_t(1) << 31;        // chunk indices live in the low 32 bits of a claim
 constexpr uint64_t kClosed = 0xffffffffu;               // a claim word no chunk count reaches: nothing to claim
-constexpr auto kCheck = std::chrono::milliseconds(50);  // how often the caller asks whether its core is shared
-// Preemptions a second of a caller whose core is shared. Training on 2 cores, 2 threads, the main thread: ~4 a
-// second on a quiet machine (at most 3 in 50 ms), 9 or more in most 50 ms beside a busy process (`yes`).
-constexpr double kShared = 80;
-constexpr auto kMaxOff = std::chrono::seconds(1);  // spinning again a second at most: a 50 ms probe costs < 5%
 
 thread_local int tl_worker = -1;  // this thread's worker index while it runs a chunk; -1 outside
 
@@ -171,28 +166,16 @@ class Pool {
     }
   }
 
-  // Every kCheck, under call_mu_: whether the calling thread was preempted (its involuntary context switches)
-  // kShared times a second or more since the last check: then workers stop spinning for off_ (kCheck, doubled
-  // while spinning keeps finding it so), else they spin again once that time is over. A check by another thread
-  // than the last only records.
+  // Every SpinRule::kCheck, under call_mu_: the calling thread's involuntary context switches to the rule (a
+  // thread other than the last one to check starts the rule over: the counts are per thread).
   void check_shared() {
     const auto now = std::chrono::steady_clock::now();
-    const std::chrono::duration<double> since = now - checked_;
-    if (since < kCheck) return;
+    if (now - checked_ < detail::SpinRule::kCheck) return;
     rusage u{};
     if (getrusage(RUSAGE_THREAD, &u) != 0) return;
-    if (checker_ == std::this_thread::get_id()) {
-      const bool spinning = spin_.load(std::memory_order_relaxed);
-      if (double(u.ru_nivcsw - preempted_) >= kShared * since.count()) {
-        off_ = std::clamp<std::chrono::steady_clock::duration>(spinning ? 2 * off_ : off_, kCheck, kMaxOff);
-        off_until_ = now + off_;
-        spin_.store(false, std::memory_order_relaxed);
-      } else if (now >= off_until_) {
-        if (spinning) off_ = {};  // a whole check spinning, unshared: the doubling starts over
-        spin_.store(true, std::memory_order_relaxed);
-      }
-    }
-    checker_ = std::this_thread::get_id(), preempted_ = u.ru_nivcsw, checked_ = now;
+    if (checker_ != std::this_thread::get_id()) rule_ = {}, checker_ = std::this_thread::get_id();
+    spin_.store(rule_.update(now, u.ru_nivcsw), std::memory_order_relaxed);
+    checked_ = now;
   }
 
   void work(int w, uint32_t seen) {
@@ -233,11 +216,9 @@ class Pool {
   std::atomic<int> sleeping_{0};     // workers in (or about to enter) futex_wait: a job must wake them
   std::atomic<bool> stop_{false};
   std::atomic<bool> spin_{true};     // workers spin before sleeping (check_shared)
-  std::chrono::steady_clock::time_point checked_{};  // check_shared's last check, its thread, and the
-  std::thread::id checker_{};                         // thread's involuntary context switches then
-  long preempted_ = 0;
-  std::chrono::steady_clock::duration off_{};         // how long workers last stopped spinning, and until when
-  std::chrono::steady_clock::time_point off_until_{};
+  detail::SpinRule rule_;            // check_shared's: under call_mu_, with the last checking thread and time
+  std::thread::id checker_{};
+  std::chrono::steady_clock::time_point checked_{};
   int threads_ = 1;
   std::string startup_error_;             // written once, in the constructor
   std::atomic<bool> failed_start_{false};
@@ -278,6 +259,24 @@ std::string wait_policy() {
 namespace detail {
 void run_parallel(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
   if (n > 0) pool().run(n, grain, fn, ctx);
+}
+
+// The rates: training on 2 cores, 2 threads, the main thread was preempted ~4 times a second on a quiet machine
+// (at most 3 in 50 ms), 9 times or more in most 50 ms beside a busy process (`yes`). A 50 ms probe a second at
+// most costs < 5% while the cores stay shared.
+bool SpinRule::update(Clock::time_point now, long preempted) {
+  if (started_) {
+    const std::chrono::duration<double> since = now - checked_;
+    if (double(preempted - preempted_) >= kShared * since.count()) {
+      off_ = std::clamp<Clock::duration>(spin_ ? 2 * off_ : off_, kCheck, kMaxOff);
+      off_until_ = now + off_, spin_ = false;
+    } else if (now >= off_until_) {
+      if (spin_) off_ = {};  // a whole check spinning, unshared: the doubling starts over
+      spin_ = true;
+    }
+  }
+  started_ = true, checked_ = now, preempted_ = preempted;
+  return spin_;
 }
 }  // namespace detail
 
