@@ -387,10 +387,10 @@ void Gemm(const Args<T>& g) {
                          : g.ta ? ARows<T>{g.A + pc * g.lda + i, 1, g.lda}
                                 : ARows<T>{g.A + i * g.lda + pc, g.lda, 1};
       const NextC<T> next{ni < i1 && nj < j1 ? g.C + ni * g.ldc + nj : nullptr, g.ldc};
+      const int64_t cols = std::min(nr, j1 - j);
       if (pc == 0 && g.bias)  // the block's C0, written where its chains read it (no pass over C before)
-        for (int64_t r = 0; r < mr; ++r)
-          std::copy(g.bias + j, g.bias + std::min(j + nr, j1), g.C + (i + r) * g.ldc + j);
-      MicroCols<T, MR, NV>(std::min(nr, j1 - j), a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc, mr, start,
+        bias_rows(g.bias + j, mr, cols, g.C + i * g.ldc + j, g.ldc);
+      MicroCols<T, MR, NV>(cols, a, panels + j * kc, nr, kc, g.C + i * g.ldc + j, g.ldc, mr, start,
                            g.beta, next);
     };
     const auto rows = [&](int64_t i) { return pack_a ? std::min<int64_t>(MR, i1 - i) : BlockRows<MR>(i1 - i); };

@@ -554,7 +554,7 @@ void GemmBf16(const Bf16Args& g) {
             float* c = C ? C + i * ldc + j : tile;
             const int64_t ldt = C ? ldc : nr;
             if (q0 == 0 && g.bias)  // the block's C0, as gemm.cpp writes it
-              for (int64_t r = 0; r < rows; ++r) std::copy(g.bias + j, g.bias + j + cols, c + r * ldt);
+              bias_rows(g.bias + j, rows, cols, c, ldt);
             Block(kernel, a, at, b, kc, c, ldt, rows, cols, zero);
             for (int64_t r = 0; g.C16 && last && r < rows; ++r)
               StoreBf16(c + r * ldt, cols, g.C16 + (i + r) * g.ldc + j);

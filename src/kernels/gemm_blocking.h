@@ -108,14 +108,21 @@ inline void* scratch(int which, size_t bytes) {
   return b.p;
 }
 
+// Every one of `rows` rows of C (ldc apart) = the bias's N values: the chains' start of a block (linear's bias).
+template <typename T>
+void bias_rows(const T* bias, int64_t rows, int64_t N, T* C, int64_t ldc) {
+  for (int64_t i = 0; i < rows; ++i) std::copy(bias, bias + N, C + i * ldc);
+}
+
 // C (M, N) = beta·C where there is nothing to multiply (K == 0, or alpha == 0); beta == 0 writes zeros
 // (C is not read); with a bias (N values), every row is the bias.
 template <typename T>
 void scale_c(int64_t M, int64_t N, T beta, T* C, int64_t ldc, const T* bias = nullptr) {
+  if (bias) return bias_rows(bias, M, N, C, ldc);
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       T& c = C[i * ldc + j];
-      c = bias ? bias[j] : beta == T(0) ? T(0) : beta * c;
+      c = beta == T(0) ? T(0) : beta * c;
     }
 }
 
