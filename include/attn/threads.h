@@ -39,8 +39,8 @@ class SpinRule {
   static constexpr auto kCheck = std::chrono::milliseconds(50);
   static constexpr double kShared = 80;
   static constexpr auto kMaxOff = std::chrono::seconds(1);
+  bool due(Clock::time_point now) const { return !started_ || now - checked_ >= kCheck; }  // time to update
   bool update(Clock::time_point now, long preempted);
-  bool spinning() const { return spin_; }
 
  private:
   bool spin_ = true, started_ = false;

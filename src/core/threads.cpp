@@ -166,16 +166,15 @@ class Pool {
     }
   }
 
-  // Every SpinRule::kCheck, under call_mu_: the calling thread's involuntary context switches to the rule (a
-  // thread other than the last one to check starts the rule over: the counts are per thread).
+  // When the rule is due, under call_mu_: the calling thread's involuntary context switches to it (a thread
+  // other than the last one to check starts the rule over: the counts are per thread).
   void check_shared() {
     const auto now = std::chrono::steady_clock::now();
-    if (now - checked_ < detail::SpinRule::kCheck) return;
+    if (!rule_.due(now)) return;
     rusage u{};
     if (getrusage(RUSAGE_THREAD, &u) != 0) return;
     if (checker_ != std::this_thread::get_id()) rule_ = {}, checker_ = std::this_thread::get_id();
     spin_.store(rule_.update(now, u.ru_nivcsw), std::memory_order_relaxed);
-    checked_ = now;
   }
 
   void work(int w, uint32_t seen) {
@@ -216,9 +215,8 @@ class Pool {
   std::atomic<int> sleeping_{0};     // workers in (or about to enter) futex_wait: a job must wake them
   std::atomic<bool> stop_{false};
   std::atomic<bool> spin_{true};     // workers spin before sleeping (check_shared)
-  detail::SpinRule rule_;            // check_shared's: under call_mu_, with the last checking thread and time
+  detail::SpinRule rule_;            // check_shared's, under call_mu_, and the last thread that checked
   std::thread::id checker_{};
-  std::chrono::steady_clock::time_point checked_{};
   int threads_ = 1;
   std::string startup_error_;             // written once, in the constructor
   std::atomic<bool> failed_start_{false};
