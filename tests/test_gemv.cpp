@@ -51,7 +51,7 @@ TEST(LinearRows, InOutHasTheBitsOfGemm) {
 TEST(Linear, BiasIsTheStartOfEachChain) {
   Rng rng(19);
   for (const auto& [n, in, out, io] : {std::tuple{200, 70, 131, false}, std::tuple{8, 700, 300, false},
-                                      std::tuple{130, 1100, 65, true}, std::tuple{30, 0, 17, false}})
+                                       std::tuple{130, 1100, 65, true}, std::tuple{30, 0, 17, false}})
     for (int threads : {1, 2}) {
       set_num_threads(threads);
       const Shape ws = io ? Shape{in, out} : Shape{out, in};
