@@ -108,8 +108,8 @@ void loops_for(std::chrono::milliseconds d) {
   std::atomic<int64_t> sink{0};
   while (std::chrono::steady_clock::now() < until)
     parallel_for(64, 1, [&](int64_t b, int64_t, int) {
-      int64_t x = b;
-      for (int i = 0; i < 2000; ++i) x = x * 6364136223846793005 + 1;
+      uint64_t x = uint64_t(b);  // unsigned: the LCG wraps by definition
+      for (int i = 0; i < 2000; ++i) x = x * 6364136223846793005u + 1;
       sink += x & 1;
     });
 }
