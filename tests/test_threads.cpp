@@ -1,7 +1,7 @@
 // Tests of attn's thread pool (threads.h) and of what it promises the rest of the library: every item
 // once, chunk boundaries that do not depend on the thread count, one chunk at a time per worker, nested
-// loops, exceptions, concurrent callers, idle workers that stop spinning while the caller is preempted (and
-// the rule for when they spin again); and the same bits for 1, 2 and 3 threads through a GPT training step
+// loops, exceptions, concurrent callers, loops on the caller alone while it is preempted (and the rule for when
+// the workers are used again); and the same bits for 1, 2 and 3 threads through a GPT training step
 // (every layer forward and backward, flash attention, cross-entropy, clipping, AdamW) and through KV-cache
 // generation. gemm's own thread tests are in test_gemm.cpp, the kernels' in test_flash.cpp.
 #include <gtest/gtest.h>
@@ -102,43 +102,55 @@ TEST(Pool, AnExceptionInABodyReachesTheCallerAndThePoolKeepsWorking) {
   EXPECT_EQ(sum.load(), 4950);
 }
 
-// Parallel loops of 64 short chunks, back to back, for `d`.
-void loops_for(std::chrono::milliseconds d) {
+// Parallel loops of 64 short chunks, back to back, for `d`: how many ran with the workers at rest (as the pool
+// said after each: the rule is updated only at the start of a loop, by its caller), and how many of those still
+// ran a chunk on a thread other than the caller.
+struct Loops {
+  int resting = 0, resting_elsewhere = 0;
+};
+Loops loops_for(std::chrono::milliseconds d) {
   const auto until = std::chrono::steady_clock::now() + d;
+  const auto caller = std::this_thread::get_id();
   std::atomic<int64_t> sink{0};
-  while (std::chrono::steady_clock::now() < until)
+  Loops loops;
+  while (std::chrono::steady_clock::now() < until) {
+    std::atomic<bool> elsewhere{false};
     parallel_for(64, 1, [&](int64_t b, int64_t, int) {
       uint64_t x = uint64_t(b);  // unsigned: the LCG wraps by definition
       for (int i = 0; i < 2000; ++i) x = x * 6364136223846793005u + 1;
       sink += x & 1;
+      if (std::this_thread::get_id() != caller) elsewhere = true;
     });
+    if (!workers_active()) ++loops.resting, loops.resting_elsewhere += elsewhere;
+  }
+  return loops;
 }
 
-TEST(Pool, IdleWorkersStopSpinningWhileTheCallerIsPreempted) {
+TEST(Pool, WhileTheCallerIsPreemptedLoopsRunOnItAlone) {
   ThreadsGuard guard;
   set_num_threads(2);
-  {  // more busy threads than CPUs: the caller is preempted at every slice, hundreds of times a second
-    std::atomic<bool> stop{false};
-    std::vector<std::thread> hogs;
-    for (unsigned i = 0; i <= std::thread::hardware_concurrency(); ++i)
-      hogs.emplace_back([&] {
-        while (!stop.load(std::memory_order_relaxed)) {
-        }
-      });
-    loops_for(std::chrono::milliseconds(300));
-    const bool spun = workers_spin();
-    stop = true;
-    for (auto& t : hogs) t.join();
-    EXPECT_FALSE(spun) << "workers spun while busy threads outnumbered the CPUs";
-  }
+  // twice as many busy threads as CPUs: the caller is preempted at every slice, hundreds of times a second
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hogs;
+  for (unsigned i = 0; i < 2 * std::thread::hardware_concurrency(); ++i)
+    hogs.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  const Loops loops = loops_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& t : hogs) t.join();
+  EXPECT_GT(loops.resting, 0) << "the workers were in use throughout while busy threads outnumbered the CPUs";
+  EXPECT_EQ(loops.resting_elsewhere, 0) << "loops ran chunks on the workers while they were to rest";
 }
 
-// The rule itself, on made-up clocks and counts (whether it spins again depends on the machine being quiet).
-TEST(Pool, SpinRuleStopsForAPauseThatDoublesWhileSpinningFindsTheCoreSharedAndStartsOverWhenNot) {
-  using detail::SpinRule;
+// The rule itself, on made-up clocks and counts (whether the workers are used again depends on the machine
+// being quiet).
+TEST(Pool, ShareRuleRestsTheWorkersForAPauseThatDoublesWhileUsingThemFindsTheCoreSharedAndStartsOverWhenNot) {
+  using detail::ShareRule;
   using ms = std::chrono::milliseconds;
-  SpinRule rule;
-  SpinRule::Clock::time_point t{};
+  ShareRule rule;
+  ShareRule::Clock::time_point t{};
   long preempted = 100;
   const auto check = [&](int elapsed_ms, long more) { return t += ms(elapsed_ms), rule.update(t, preempted += more); };
   EXPECT_TRUE(rule.due(t));      // a new rule is due at once, then every 50 ms
@@ -148,18 +160,18 @@ TEST(Pool, SpinRuleStopsForAPauseThatDoublesWhileSpinningFindsTheCoreSharedAndSt
   EXPECT_TRUE(check(50, 3));    // 60 a second: not shared
   EXPECT_FALSE(check(50, 4));   // 80 a second: shared, a pause of 50 ms
   EXPECT_FALSE(check(25, 0));   // quiet, but within the pause
-  EXPECT_TRUE(check(25, 0));    // the pause is over: spinning again
-  EXPECT_FALSE(check(50, 10));  // shared while spinning again: 100 ms
+  EXPECT_TRUE(check(25, 0));    // the pause is over: the workers are used again
+  EXPECT_FALSE(check(50, 10));  // shared while in use again: 100 ms
   EXPECT_FALSE(check(50, 0));
-  EXPECT_FALSE(check(40, 9));   // shared while not spinning (a heavier neighbour): the pause starts again, not doubled
+  EXPECT_FALSE(check(40, 9));   // shared while resting (a heavier neighbour): the pause starts again, not doubled
   EXPECT_FALSE(check(90, 0));
   EXPECT_TRUE(check(10, 0));    // 100 ms after it started
-  for (int off : {200, 400, 800, 1000, 1000}) {  // shared each time it spins again: doubled up to 1 s
+  for (int off : {200, 400, 800, 1000, 1000}) {  // shared each time they are used again: doubled up to 1 s
     EXPECT_FALSE(check(50, 20)) << off;
     EXPECT_FALSE(check(off - 1, 0)) << off;
     EXPECT_TRUE(check(1, 0)) << off;
   }
-  EXPECT_TRUE(check(50, 0));    // a whole check spinning, unshared: the doubling starts over
+  EXPECT_TRUE(check(50, 0));    // a whole check in use, unshared: the doubling starts over
   EXPECT_FALSE(check(50, 4));
   EXPECT_TRUE(check(50, 0));    // a pause of 50 ms again
 }

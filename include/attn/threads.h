@@ -21,19 +21,20 @@ int max_threads();            // the largest accepted thread count
 // least 1, set; returns the CPUs the default had. For ranks of an MPI job on one machine.
 int share_threads(int processes);
 std::string wait_policy();    // how idle threads wait, in words (for `attn info`)
-// Whether idle workers spin now before sleeping: not for a while (50 ms to 1 s) after the thread that runs
-// parallel loops was preempted 80 times a second or more (its cores shared with another busy task).
-bool workers_spin();
+// Whether parallel loops use the workers now (idle ones spin before sleeping): not for a while (50 ms to 1 s)
+// after the thread that runs parallel loops was preempted 80 times a second or more (its cores shared with
+// another busy task); meanwhile loops run on the calling thread alone, as with one thread.
+bool workers_active();
 
 namespace detail {
 using ChunkFn = void (*)(void* ctx, int64_t begin, int64_t end, int worker);
 void run_parallel(int64_t n, int64_t grain, ChunkFn fn, void* ctx);
 
-// workers_spin()'s rule, fed every 50 ms or more with the calling thread's involuntary context switches so far:
-// at 80 a second or more since the last call, workers stop spinning for 50 ms, doubled while spinning again finds
-// it so, up to 1 s; else they spin again once that time is over, and a call that finds them spinning starts the
-// doubling over. Returns whether they spin. (threads.cpp's pool; its own test.)
-class SpinRule {
+// workers_active()'s rule, fed every 50 ms or more with the calling thread's involuntary context switches so far:
+// at 80 a second or more since the last call, the workers rest for 50 ms, doubled while using them again finds it
+// so, up to 1 s; else they are used again once that time is over, and a call that finds them in use starts the
+// doubling over. Returns whether they are used. (threads.cpp's pool; its own test.)
+class ShareRule {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr auto kCheck = std::chrono::milliseconds(50);
@@ -43,7 +44,7 @@ class SpinRule {
   bool update(Clock::time_point now, long preempted);
 
  private:
-  bool spin_ = true, started_ = false;
+  bool on_ = true, started_ = false;
   Clock::time_point checked_{}, off_until_{};
   long preempted_ = 0;
   Clock::duration off_{};

@@ -5,13 +5,15 @@
 // it claimed anything, delays nobody (the caller runs the chunks itself).
 // Waiting: a worker spins for kSpin after its last chunk (back-to-back loops of a training step find it
 // awake), then sleeps on a futex; the caller spins, then yields its core to whoever holds a chunk.
-// Workers spin only while the cores are ours: a spinning worker takes a share of a core from the caller, whose
-// loops and the serial code between them are the critical path. Beside a busy process on 2 cores, 2 threads
-// trained at 0.82x and generated at 0.60x the speed of 1 with the spin, 1.15x and 0.93x without it (bench/
-// busy_neighbour.py). So every 50 ms the caller reads its own involuntary context switches: when other tasks
-// took its core 80 times a second or more, workers sleep as soon as they run out of chunks, for 50 ms, doubling
-// (up to 1 s) each time spinning again finds the core shared (threads.h's SpinRule). (Sleeping workers leave the
-// caller its core, so without the doubling the check alternated: shared while spinning, free while not.)
+// The workers are used only while the cores are ours: a worker takes a share of a core from the caller, whose
+// loops and the serial code between them are the critical path, and a worker preempted while it holds a chunk
+// makes the caller wait a time slice for it. Beside a busy process on 2 cores, 2 threads trained at 0.82x and
+// generated at 0.60x the speed of 1 with spinning workers, 1.03-1.07x and 0.71-0.89x with sleeping ones
+// (bench/busy_neighbour.py). So every 50 ms the caller reads its own involuntary context switches: when other
+// tasks took its core 80 times a second or more, loops run on the caller alone and the workers sleep, for 50 ms,
+// doubling (up to 1 s) each time using them again finds the core shared (threads.h's ShareRule). (The caller
+// alone keeps its core, so without the doubling the check alternated: shared while the workers ran, free while
+// not.)
 #include "attn/threads.h"
 
 #include <immintrin.h>
@@ -88,7 +90,7 @@ class Pool {
   ~Pool() { stop_workers(); }
 
   int threads() const { return threads_; }
-  bool spinning() const { return spin_.load(std::memory_order_relaxed); }
+  bool active() const { return active_.load(std::memory_order_relaxed); }
 
   void resize(int n) {
     std::lock_guard<std::mutex> lock(call_mu_);
@@ -112,13 +114,13 @@ class Pool {
     grain = std::max<int64_t>({grain, 1, (n + kMaxChunks - 1) / kMaxChunks});
     const int64_t chunks = (n + grain - 1) / grain;
     std::unique_lock<std::mutex> lock(call_mu_, std::defer_lock);
-    if (chunks <= 1 || threads_ == 1 || tl_worker >= 0 || !lock.try_lock()) {
-      // serial, same chunks: nested in a chunk (keep this worker's index), one thread, or the pool is busy
+    if (chunks <= 1 || threads_ == 1 || tl_worker >= 0 || !lock.try_lock() || !check_shared()) {
+      // serial, same chunks: nested in a chunk (keep this worker's index), one thread, the pool is busy, or
+      // the cores are shared
       const int worker = tl_worker >= 0 ? tl_worker : 0;
       for (int64_t c = 0; c < chunks; ++c) fn(ctx, c * grain, std::min(n, (c + 1) * grain), worker);
       return;
     }
-    check_shared();
     // Publish: close the claim word first, so that a late worker holding the last job's word can no
     // longer claim with it once it sees any new field (release/acquire on every field); then the fields;
     // then the claim word that makes them live.
@@ -166,21 +168,23 @@ class Pool {
     }
   }
 
-  // When the rule is due, under call_mu_: the calling thread's involuntary context switches to it (a thread
-  // other than the last one to check starts the rule over: the counts are per thread).
-  void check_shared() {
+  // Under call_mu_: whether loops use the workers now. When the rule is due, it gets the calling thread's
+  // involuntary context switches (a thread other than the last one to check starts the rule over: the counts
+  // are per thread).
+  bool check_shared() {
     const auto now = std::chrono::steady_clock::now();
-    if (!rule_.due(now)) return;
     rusage u{};
-    if (getrusage(RUSAGE_THREAD, &u) != 0) return;
-    if (checker_ != std::this_thread::get_id()) rule_ = {}, checker_ = std::this_thread::get_id();
-    spin_.store(rule_.update(now, u.ru_nivcsw), std::memory_order_relaxed);
+    if (rule_.due(now) && getrusage(RUSAGE_THREAD, &u) == 0) {
+      if (checker_ != std::this_thread::get_id()) rule_ = {}, checker_ = std::this_thread::get_id();
+      active_.store(rule_.update(now, u.ru_nivcsw), std::memory_order_relaxed);
+    }
+    return active_.load(std::memory_order_relaxed);
   }
 
   void work(int w, uint32_t seen) {
     for (;;) {
       const auto woken = [&] { return wake_.load(std::memory_order_acquire) != seen; };
-      if (!(spin_.load(std::memory_order_relaxed) ? spin_until(woken) : woken())) {
+      if (!(active_.load(std::memory_order_relaxed) ? spin_until(woken) : woken())) {
         sleeping_.fetch_add(1);
         while (wake_.load() == seen) futex_wait(wake_, seen);  // returns at once if it moved on
         sleeping_.fetch_sub(1);
@@ -214,8 +218,8 @@ class Pool {
   std::atomic<uint32_t> wake_{0};    // futex word: bumped for each job (and to stop)
   std::atomic<int> sleeping_{0};     // workers in (or about to enter) futex_wait: a job must wake them
   std::atomic<bool> stop_{false};
-  std::atomic<bool> spin_{true};     // workers spin before sleeping (check_shared)
-  detail::SpinRule rule_;            // check_shared's, under call_mu_, and the last thread that checked
+  std::atomic<bool> active_{true};   // loops use the workers, who spin before sleeping (check_shared)
+  detail::ShareRule rule_;           // check_shared's, under call_mu_, and the last thread that checked
   std::thread::id checker_{};
   int threads_ = 1;
   std::string startup_error_;             // written once, in the constructor
@@ -238,7 +242,7 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return pool().threads(); }
-bool workers_spin() { return pool().spinning(); }
+bool workers_active() { return pool().active(); }
 int max_threads() { return kMaxThreads; }
 
 int share_threads(int processes) {
@@ -251,7 +255,7 @@ int share_threads(int processes) {
 std::string wait_policy() {
   return cat("attn pool: chunks claimed dynamically; idle threads spin ",
              std::chrono::duration_cast<std::chrono::microseconds>(kSpin).count(),
-             " us (not while the cores are shared), then sleep (futex)");
+             " us, then sleep (futex); loops run on the calling thread alone while the cores are shared");
 }
 
 namespace detail {
@@ -262,19 +266,19 @@ void run_parallel(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
 // The rates: training on 2 cores, 2 threads, the main thread was preempted ~4 times a second on a quiet machine
 // (at most 3 in 50 ms), 9 times or more in most 50 ms beside a busy process (`yes`). A 50 ms probe a second at
 // most costs < 5% while the cores stay shared.
-bool SpinRule::update(Clock::time_point now, long preempted) {
+bool ShareRule::update(Clock::time_point now, long preempted) {
   if (started_) {
     const std::chrono::duration<double> since = now - checked_;
     if (double(preempted - preempted_) >= kShared * since.count()) {
-      off_ = std::clamp<Clock::duration>(spin_ ? 2 * off_ : off_, kCheck, kMaxOff);
-      off_until_ = now + off_, spin_ = false;
+      off_ = std::clamp<Clock::duration>(on_ ? 2 * off_ : off_, kCheck, kMaxOff);
+      off_until_ = now + off_, on_ = false;
     } else if (now >= off_until_) {
-      if (spin_) off_ = {};  // a whole check spinning, unshared: the doubling starts over
-      spin_ = true;
+      if (on_) off_ = {};  // a whole check with the workers, unshared: the doubling starts over
+      on_ = true;
     }
   }
   started_ = true, checked_ = now, preempted_ = preempted;
-  return spin_;
+  return on_;
 }
 }  // namespace detail
 
