@@ -8,12 +8,13 @@
 // The workers are used only while the cores are ours: a worker takes a share of a core from the caller, whose
 // loops and the serial code between them are the critical path, and a worker preempted while it holds a chunk
 // makes the caller wait a time slice for it. Beside a busy process on 2 cores, 2 threads trained at 0.82x and
-// generated at 0.60x the speed of 1 with spinning workers, 1.03-1.07x and 0.71-0.89x with sleeping ones
-// (bench/busy_neighbour.py). So every 50 ms the caller reads its own involuntary context switches: when other
-// tasks took its core 80 times a second or more, loops run on the caller alone and the workers sleep, for 50 ms,
-// doubling (up to 1 s) each time using them again finds the core shared (threads.h's ShareRule). (The caller
-// alone keeps its core, so without the doubling the check alternated: shared while the workers ran, free while
-// not.)
+// generated at 0.60x the speed of 1 with spinning workers; with sleeping ones, 0.88-1.07x and 0.81-0.84x (3000
+// characters); with the loops on the caller alone, 0.94-0.99x and 0.94-0.99x (bench/busy_neighbour.py and
+// interleaved runs of the CLI, Zen 4, 2026-12-07). So every 50 ms the caller reads its own involuntary context
+// switches: when other tasks took its core 80 times a second or more, loops run on the caller alone and the
+// workers sleep, for 50 ms, doubling (up to 1 s) each time using them again finds the core shared (threads.h's
+// ShareRule). (The caller alone keeps its core, so without the doubling the check alternated: shared while the
+// workers ran, free while not.)
 #include "attn/threads.h"
 
 #include <immintrin.h>
