@@ -115,7 +115,7 @@ class Pool {
     grain = std::max<int64_t>({grain, 1, (n + kMaxChunks - 1) / kMaxChunks});
     const int64_t chunks = (n + grain - 1) / grain;
     std::unique_lock<std::mutex> lock(call_mu_, std::defer_lock);
-    if (chunks <= 1 || threads_ == 1 || tl_worker >= 0 || !lock.try_lock() || !check_shared()) {
+    if (chunks <= 1 || threads_ == 1 || tl_worker >= 0 || !lock.try_lock() || !use_workers()) {
       // serial, same chunks: nested in a chunk (keep this worker's index), one thread, the pool is busy, or
       // the cores are shared
       const int worker = tl_worker >= 0 ? tl_worker : 0;
@@ -172,7 +172,7 @@ class Pool {
   // Under call_mu_: whether loops use the workers now. When the rule is due, it gets the calling thread's
   // involuntary context switches (a thread other than the last one to check starts the rule over: the counts
   // are per thread).
-  bool check_shared() {
+  bool use_workers() {
     const auto now = std::chrono::steady_clock::now();
     rusage u{};
     if (rule_.due(now) && getrusage(RUSAGE_THREAD, &u) == 0) {
@@ -219,8 +219,8 @@ class Pool {
   std::atomic<uint32_t> wake_{0};    // futex word: bumped for each job (and to stop)
   std::atomic<int> sleeping_{0};     // workers in (or about to enter) futex_wait: a job must wake them
   std::atomic<bool> stop_{false};
-  std::atomic<bool> active_{true};   // loops use the workers, who spin before sleeping (check_shared)
-  detail::ShareRule rule_;           // check_shared's, under call_mu_, and the last thread that checked
+  std::atomic<bool> active_{true};   // loops use the workers, who spin before sleeping (use_workers)
+  detail::ShareRule rule_;           // use_workers's, under call_mu_, and the last thread that checked
   std::thread::id checker_{};
   int threads_ = 1;
   std::string startup_error_;             // written once, in the constructor
