@@ -185,7 +185,7 @@ class Pool {
   void work(int w, uint32_t seen) {
     for (;;) {
       const auto woken = [&] { return wake_.load(std::memory_order_acquire) != seen; };
-      if (!(active_.load(std::memory_order_relaxed) ? spin_until(woken) : woken())) {
+      if (!spin_until(woken)) {  // kSpin for the next job (none comes while they rest), then sleep
         sleeping_.fetch_add(1);
         while (wake_.load() == seen) futex_wait(wake_, seen);  // returns at once if it moved on
         sleeping_.fetch_sub(1);
@@ -219,7 +219,7 @@ class Pool {
   std::atomic<uint32_t> wake_{0};    // futex word: bumped for each job (and to stop)
   std::atomic<int> sleeping_{0};     // workers in (or about to enter) futex_wait: a job must wake them
   std::atomic<bool> stop_{false};
-  std::atomic<bool> active_{true};   // loops use the workers, who spin before sleeping (use_workers)
+  std::atomic<bool> active_{true};   // loops use the workers (use_workers; read by workers_active)
   detail::ShareRule rule_;           // use_workers's, under call_mu_, and the last thread that checked
   std::thread::id checker_{};
   int threads_ = 1;
