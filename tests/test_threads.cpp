@@ -153,8 +153,11 @@ TEST(Pool, ShareRuleRestsTheWorkersForAPauseThatDoublesWhileUsingThemFindsTheCor
   ShareRule::Clock::time_point t{};
   long preempted = 100;
   const auto check = [&](int elapsed_ms, long more) { return t += ms(elapsed_ms), rule.update(t, preempted += more); };
-  EXPECT_TRUE(rule.due(t));      // a new rule is due at once, then every 50 ms
+  EXPECT_TRUE(rule.due(t));      // a new rule is due at once, then after 15 ms, then every 50 ms
   EXPECT_TRUE(check(0, 0));     // the first call only records
+  EXPECT_FALSE(rule.due(t + ms(14)));
+  EXPECT_TRUE(rule.due(t + ms(15)));
+  EXPECT_TRUE(check(15, 1));    // 67 a second: not shared
   EXPECT_FALSE(rule.due(t + ms(49)));
   EXPECT_TRUE(rule.due(t + ms(50)));
   EXPECT_TRUE(check(50, 3));    // 60 a second: not shared

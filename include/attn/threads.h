@@ -30,21 +30,26 @@ namespace detail {
 using ChunkFn = void (*)(void* ctx, int64_t begin, int64_t end, int worker);
 void run_parallel(int64_t n, int64_t grain, ChunkFn fn, void* ctx);
 
-// workers_active()'s rule, fed every 50 ms or more with the calling thread's involuntary context switches so far:
-// at 80 a second or more since the last call, the workers rest for 50 ms, doubled while using them again finds it
-// so, up to 1 s; else they are used again once that time is over, and a call that finds them in use starts the
-// doubling over. Returns whether they are used. (threads.cpp's pool; its own test.)
+// workers_active()'s rule, fed with the calling thread's involuntary context switches so far, 15 ms after its
+// first call and every 50 ms or more after that: at 80 a second or more since the last call, the workers rest for
+// 50 ms, doubled while using them again finds it so, up to 1 s; else they are used again once that time is over,
+// and a call that finds them in use starts the doubling over. Returns whether they are used. (threads.cpp's pool;
+// its own test.)
 class ShareRule {
  public:
   using Clock = std::chrono::steady_clock;
+  static constexpr auto kFirstCheck = std::chrono::milliseconds(15);  // a short run decides early
   static constexpr auto kCheck = std::chrono::milliseconds(50);
   static constexpr double kShared = 80;
   static constexpr auto kMaxOff = std::chrono::seconds(1);
-  bool due(Clock::time_point now) const { return !started_ || now - checked_ >= kCheck; }  // time to update
+  bool due(Clock::time_point now) const {  // time to update
+    return updates_ == 0 || now - checked_ >= (updates_ == 1 ? kFirstCheck : kCheck);
+  }
   bool update(Clock::time_point now, long preempted);
 
  private:
-  bool on_ = true, started_ = false;
+  bool on_ = true;
+  int updates_ = 0;  // 0, 1, or 2 for more
   Clock::time_point checked_{}, off_until_{};
   long preempted_ = 0;
   Clock::duration off_{};

@@ -10,11 +10,11 @@
 // makes the caller wait a time slice for it. Beside a busy process on 2 cores, 2 threads trained at 0.82x and
 // generated at 0.60x the speed of 1 with spinning workers; with sleeping ones, 0.88-1.07x and 0.81-0.84x (3000
 // characters); with the loops on the caller alone, 0.94-0.99x and 0.94-0.99x (bench/busy_neighbour.py and
-// interleaved runs of the CLI, Zen 4, 2026-12-07). So every 50 ms the caller reads its own involuntary context
-// switches: when other tasks took its core 80 times a second or more, loops run on the caller alone and the
-// workers sleep, for 50 ms, doubling (up to 1 s) each time using them again finds the core shared (threads.h's
-// ShareRule). (The caller alone keeps its core, so without the doubling the check alternated: shared while the
-// workers ran, free while not.)
+// interleaved runs of the CLI, Zen 4, 2026-12-07). So every 50 ms (the first time after 15 ms) the caller reads its
+// own involuntary context switches: when other tasks took its core 80 times a second or more, loops run on the
+// caller alone and the workers sleep, for 50 ms, doubling (up to 1 s) each time using them again finds the core
+// shared (threads.h's ShareRule). (The caller alone keeps its core, so without the doubling the check alternated:
+// shared while the workers ran, free while not.)
 #include "attn/threads.h"
 
 #include <immintrin.h>
@@ -266,9 +266,11 @@ void run_parallel(int64_t n, int64_t grain, ChunkFn fn, void* ctx) {
 
 // The rates: training on 2 cores, 2 threads, the main thread was preempted ~4 times a second on a quiet machine
 // (at most 3 in 50 ms), 9 times or more in most 50 ms beside a busy process (`yes`). A 50 ms probe a second at
-// most costs < 5% while the cores stay shared.
+// most costs < 5% while the cores stay shared. The first check comes after 15 ms: a 400-character generation
+// (0.2 s) beside `yes` spent a quarter of its time in a first window of 50 ms (0.87x `--threads 1`, 0.93x with 15
+// ms); quiet, 1 run in 20 rested the workers either way.
 bool ShareRule::update(Clock::time_point now, long preempted) {
-  if (started_) {
+  if (updates_ > 0) {
     const std::chrono::duration<double> since = now - checked_;
     if (double(preempted - preempted_) >= kShared * since.count()) {
       off_ = std::clamp<Clock::duration>(on_ ? 2 * off_ : off_, kCheck, kMaxOff);
@@ -278,7 +280,7 @@ bool ShareRule::update(Clock::time_point now, long preempted) {
       on_ = true;
     }
   }
-  started_ = true, checked_ = now, preempted_ = preempted;
+  updates_ = std::min(updates_ + 1, 2), checked_ = now, preempted_ = preempted;
   return on_;
 }
 }  // namespace detail
