@@ -174,18 +174,18 @@ class Pool {
   // are per thread).
   bool use_workers() {
     const auto now = std::chrono::steady_clock::now();
-    rusage u{};
-    if (rule_.due(now) && getrusage(RUSAGE_THREAD, &u) == 0) {
-      if (checker_ != std::this_thread::get_id()) rule_ = {}, checker_ = std::this_thread::get_id();
-      active_.store(rule_.update(now, u.ru_nivcsw), std::memory_order_relaxed);
-    }
-    return active_.load(std::memory_order_relaxed);
+    rusage u;
+    if (!rule_.due(now) || getrusage(RUSAGE_THREAD, &u) != 0) return active_.load(std::memory_order_relaxed);
+    if (checker_ != std::this_thread::get_id()) rule_ = {}, checker_ = std::this_thread::get_id();
+    const bool on = rule_.update(now, u.ru_nivcsw);
+    active_.store(on, std::memory_order_relaxed);
+    return on;
   }
 
   void work(int w, uint32_t seen) {
     for (;;) {
-      const auto woken = [&] { return wake_.load(std::memory_order_acquire) != seen; };
-      if (!spin_until(woken)) {  // kSpin for the next job (none comes while they rest), then sleep
+      // kSpin for the next job (none comes while the workers rest), then sleep
+      if (!spin_until([&] { return wake_.load(std::memory_order_acquire) != seen; })) {
         sleeping_.fetch_add(1);
         while (wake_.load() == seen) futex_wait(wake_, seen);  // returns at once if it moved on
         sleeping_.fetch_sub(1);
